@@ -1,0 +1,2 @@
+// placeholder, replaced by the bench argument parser
+#pragma once
