@@ -13,7 +13,7 @@ std::mutex g_prefix_mutex;
 std::string g_prefix = "[weft] ";
 }  // namespace
 
-const std::string& rank_prefix() {
+std::string rank_prefix() {
   std::lock_guard<std::mutex> lock(g_prefix_mutex);
   return g_prefix;
 }

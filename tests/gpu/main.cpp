@@ -1,2 +1,76 @@
+// The GPU test binary: run it under weftrun (-n 1, -n 2, ...). Without a GPU,
+// or with fewer GPUs than ranks, it says so and exits 77, which CTest and
+// scripts/test.sh report as skipped (never as passed).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-int main(int argc, char** argv) { ::testing::InitGoogleTest(&argc, argv); return RUN_ALL_TESTS(); }
+
+#include <cstdio>
+
+#include "gpu_test.hpp"
+#include "weft/core/error.hpp"
+#include "weft/runtime/launch_env.hpp"
+
+namespace weft::test {
+namespace {
+std::shared_ptr<Context> g_ctx;
+cudaStream_t g_stream = nullptr;
+}  // namespace
+
+Context& ctx() { return *g_ctx; }
+std::shared_ptr<Context> ctx_ptr() { return g_ctx; }
+cudaStream_t stream() { return g_stream; }
+
+std::vector<std::string> gather(const std::string& mine) { return g_ctx->store().all_gather(mine, "test verdict"); }
+
+bool all_ranks(bool mine) {
+  bool all = true;
+  for (auto& v : gather(mine ? "1" : "0")) all &= v == "1";
+  return all;
+}
+
+}  // namespace weft::test
+
+int main(int argc, char** argv) {
+  using namespace weft;
+  ::testing::InitGoogleTest(&argc, argv);
+  int gpus = 0;
+  cudaError_t rc = cudaGetDeviceCount(&gpus);
+  LaunchEnv le;
+  try {
+    le = detect_launch_env(process_env());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "weft GPU tests: %s\n", e.what());
+    return 1;
+  }
+  if (rc != cudaSuccess || gpus == 0) {
+    std::printf("SKIPPED: weft GPU tests need a CUDA GPU; none is visible here (%s).\n",
+                rc == cudaSuccess ? "0 devices" : cudaGetErrorName(rc));
+    return 77;
+  }
+  if (le.local_world_size > gpus) {
+    std::printf("SKIPPED: weft GPU tests at %d ranks per node need %d GPUs; this machine shows %d.\n",
+                le.local_world_size, le.local_world_size, gpus);
+    return 77;
+  }
+  if (le.rank != 0) {  // rank 0 reports; the others print failures only
+#ifdef GTEST_FLAG_SET
+    GTEST_FLAG_SET(brief, true);
+#else
+    ::testing::GTEST_FLAG(brief) = true;
+#endif
+  }
+  int result = 1;
+  try {
+    test::g_ctx = Context::from_env();
+    WEFT_CUDA(cudaStreamCreateWithFlags(&test::g_stream, cudaStreamNonBlocking));
+    result = RUN_ALL_TESTS();
+    // A test failing on one rank fails the job on every rank.
+    result = test::all_ranks(result == 0) ? 0 : 1;
+    cudaStreamDestroy(test::g_stream);
+    test::g_ctx.reset();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "weft GPU tests: %s\n", e.what());
+    return 1;
+  }
+  return result;
+}

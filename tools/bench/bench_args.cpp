@@ -1,1 +1,133 @@
 #include "bench_args.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "weft/core/env.hpp"
+#include "weft/core/error.hpp"
+
+namespace weft::bench {
+namespace {
+
+const std::vector<std::string> kOps = {"all_gather"};
+const std::vector<std::string> kAllGatherVariants = {"push", "pull", "ce", "auto"};
+
+bool is_pow2(std::uint64_t v) { return v && (v & (v - 1)) == 0; }
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (true) {
+    auto next = s.find(sep, pos);
+    out.push_back(s.substr(pos, next - pos));
+    if (next == std::string::npos) break;
+    pos = next + 1;
+  }
+  return out;
+}
+
+int parse_int(const std::string& flag, const std::string& value, int lo, int hi) {
+  std::size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(value, &used);
+  } catch (...) {
+    used = 0;
+  }
+  WEFT_REQUIRE(used == value.size() && !value.empty() && v >= lo && v <= hi, flag, " expects a whole number from ",
+               lo, " to ", hi, ", got '", value, "'");
+  return static_cast<int>(v);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+}  // namespace
+
+int dtype_bytes(const std::string& dtype) {
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  if (dtype == "fp32") return 4;
+  WEFT_FAIL("unknown --dtype '", dtype, "': expected bf16, fp16 or fp32");
+}
+
+std::vector<std::uint64_t> parse_size_list(const std::string& text) {
+  WEFT_REQUIRE(!text.empty(), "--bytes needs a size list such as 1K,64K or a range such as 1K:256M");
+  std::set<std::uint64_t> sizes;
+  for (const std::string& item : split(text, ',')) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      std::uint64_t v = parse_bytes(item, "--bytes size");
+      WEFT_REQUIRE(v > 0, "--bytes sizes must be positive, got '", item, "'");
+      sizes.insert(v);
+      continue;
+    }
+    std::uint64_t lo = parse_bytes(item.substr(0, colon), "--bytes range start");
+    std::uint64_t hi = parse_bytes(item.substr(colon + 1), "--bytes range end");
+    WEFT_REQUIRE(is_pow2(lo) && is_pow2(hi) && lo <= hi, "--bytes range '", item,
+                 "' must run between powers of two, low to high (e.g. 1K:256M)");
+    for (std::uint64_t v = lo; v <= hi; v *= 2) sizes.insert(v);
+  }
+  return {sizes.begin(), sizes.end()};
+}
+
+std::string bench_usage() {
+  return "usage: weftrun -n N weft-bench OP [options]\n"
+         "  OP                 all_gather\n"
+         "  --bytes LIST       per-rank sizes: 1K,64K,1M or a power-of-two range 1K:256M (default 1K:256M)\n"
+         "  --variant LIST     all_gather: push, pull, ce, auto or all (default all)\n"
+         "  --dtype T          bf16 (default), fp16, fp32: sizes must be whole elements\n"
+         "  --check            verify bitwise against NCCL (fresh random data, poisoned outputs)\n"
+         "  --json             one JSON object per line\n"
+         "  --samples N        timed samples per point, median reported (default 15)\n"
+         "  --warmup N         untimed samples first (default 3)\n"
+         "  --blocks N         thread blocks for SM variants (default: the plan chooses)\n";
+}
+
+BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
+  BenchArgs args;
+  std::vector<std::string> rest(argv.begin() + std::min<std::size_t>(1, argv.size()), argv.end());
+  std::string bytes = "1K:256M", variants = "all";
+  for (std::size_t i = 0; i < rest.size(); ++i) {
+    const std::string& a = rest[i];
+    auto value = [&]() -> const std::string& {
+      WEFT_REQUIRE(i + 1 < rest.size(), a, " needs a value");
+      return rest[++i];
+    };
+    if (a == "-h" || a == "--help") throw HelpRequested{bench_usage()};
+    else if (a == "--bytes") bytes = value();
+    else if (a == "--variant") variants = value();
+    else if (a == "--dtype") args.dtype = value();
+    else if (a == "--check") args.check = true;
+    else if (a == "--json") args.json = true;
+    else if (a == "--samples") args.samples = parse_int(a, value(), 1, 100000);
+    else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
+    else if (a == "--blocks") args.blocks = parse_int(a, value(), 0, 1024);
+    else if (!a.empty() && a[0] == '-') WEFT_FAIL("unknown option '", a, "'\n", bench_usage());
+    else if (args.op.empty()) args.op = a;
+    else WEFT_FAIL("unexpected argument '", a, "' (the operation is already '", args.op, "')");
+  }
+  WEFT_REQUIRE(!args.op.empty(), "no operation given: expected one of ", join(kOps), "\n", bench_usage());
+  WEFT_REQUIRE(std::find(kOps.begin(), kOps.end(), args.op) != kOps.end(), "unknown operation '", args.op,
+               "': expected one of ", join(kOps));
+  args.bytes = parse_size_list(bytes);
+  const int elem = dtype_bytes(args.dtype);
+  for (auto b : args.bytes)
+    WEFT_REQUIRE(b % elem == 0, "--bytes ", b, " is not a whole number of ", args.dtype, " elements (", elem,
+                 " bytes each)");
+  for (const std::string& v : split(variants, ',')) {
+    if (v == "all") {
+      for (auto& x : kAllGatherVariants)
+        if (x != "auto") args.variants.push_back(x);
+      continue;
+    }
+    WEFT_REQUIRE(std::find(kAllGatherVariants.begin(), kAllGatherVariants.end(), v) != kAllGatherVariants.end(),
+                 "unknown --variant '", v, "' for ", args.op, ": expected ", join(kAllGatherVariants), " or all");
+    args.variants.push_back(v);
+  }
+  return args;
+}
+
+}  // namespace weft::bench

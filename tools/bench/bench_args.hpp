@@ -1,2 +1,43 @@
-// placeholder, replaced by the bench argument parser
+// bench_args.hpp - the command line of weft-bench, parsed and validated without touching a GPU.
 #pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft::bench {
+
+/// Everything weft-bench was asked to do.
+struct BenchArgs {
+  std::string op;                     ///< "all_gather"
+  std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
+  std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant
+  std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
+  bool check = false;                 ///< verify bitwise against NCCL before timing
+  bool json = false;                  ///< one JSON object per line instead of a table
+  int samples = 15;                   ///< timed samples per (size, variant); the median is reported
+  int warmup = 3;                     ///< untimed samples first
+  int blocks = 0;                     ///< SM variants: thread blocks (0 = plan's choice)
+};
+
+/// Bytes of one element of `dtype`; throws naming the accepted types.
+int dtype_bytes(const std::string& dtype);
+
+/// Parses argv (argv[0] is the program). Throws weft::Error with a message
+/// that names the bad argument and what was expected. `--help` throws
+/// HelpRequested carrying the usage text.
+BenchArgs parse_bench_args(const std::vector<std::string>& argv);
+
+/// The usage text.
+std::string bench_usage();
+
+/// Thrown by parse_bench_args for --help / -h.
+struct HelpRequested {
+  std::string text;
+};
+
+/// Parses a size list: "1K,64K,1M", a power-of-two range "1K:256M", or a mix
+/// ("1K:4K,1M"). Throws on malformed sizes or ranges whose ends are not powers of two.
+std::vector<std::uint64_t> parse_size_list(const std::string& text);
+
+}  // namespace weft::bench

@@ -29,7 +29,7 @@ std::string str(Args&&... args) {
 
 /// The rank prefix used in errors and logs ("[weft rank 1/2] "), or "[weft] "
 /// before the rank is known. Set once by Context; thread-safe to read.
-const std::string& rank_prefix();
+std::string rank_prefix();
 /// Records this process's rank for rank_prefix(); called by the runtime.
 void set_rank_for_messages(int rank, int world_size);
 

@@ -1,0 +1,111 @@
+// weft/device/signal.cuh - tile-level wait/notify on 64-bit symmetric flags.
+//
+// Producers notify (release set/add on a flag, possibly a peer's); consumers
+// wait (acquire spin until flag CMP value). Flags only ever move forward:
+// each use compares against an epoch the owner advances, so nothing is reset.
+//
+// Every spin is bounded by World::wait_timeout_ns (WEFT_WAIT_TIMEOUT, default
+// 60 s). Past it, the waiter writes a WaitReport naming its rank, the flag, the
+// expected and the observed value, and traps; the host turns the report into
+// a weft::Error (Context::synchronize). A hang becomes an error you can read.
+#pragma once
+
+#include <cstdint>
+
+#include "weft/device/memory.cuh"
+#include "weft/device/world.cuh"
+
+#if defined(__CUDACC__)
+namespace weft::dev {
+
+namespace detail {
+/// Records a timed-out wait in the World's report and traps. Two waiters that
+/// time out at once may interleave their fields; either report names a real stuck wait.
+static __device__ __noinline__ void report_wait_timeout(const World& w, const std::uint64_t* flag, Cmp cmp,
+                                                 std::uint64_t expected, std::uint64_t observed,
+                                                 std::uint64_t waited_ns) {
+  if (WaitReport* r = w.wait_report) {
+    volatile WaitReport* vr = r;
+    if (vr->hit == 0) {
+      vr->rank = w.rank;
+      vr->flag_offset = w.offset_of(flag);
+      vr->expected = expected;
+      vr->observed = observed;
+      vr->cmp = static_cast<std::uint32_t>(cmp);
+      vr->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      vr->waited_ns = waited_ns;
+      __threadfence_system();
+      vr->hit = 1;
+      __threadfence_system();
+    }
+  }
+  __trap();
+}
+}  // namespace detail
+
+/// Spins until (*flag CMP value) holds, then returns the value seen.
+/// One thread; acquire at `scope` (use Scope::sys for flags that peers write).
+/// Blocks; bounded by w.wait_timeout_ns (then reports and traps).
+WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, Cmp cmp,
+                                     std::uint64_t value, Scope scope) {
+  std::uint64_t v = ld_relaxed(flag, scope);
+  if (!compare(v, cmp, value)) {
+    std::uint64_t start = 0;
+    std::uint32_t spins = 0;
+    do {
+      v = ld_relaxed(flag, scope);
+      if (w.wait_timeout_ns != 0 && (++spins & 1023u) == 0) {
+        std::uint64_t now = globaltimer_ns();
+        if (start == 0) start = now;
+        else if (now - start > w.wait_timeout_ns)
+          detail::report_wait_timeout(w, flag, cmp, value, v, now - start);
+      }
+    } while (!compare(v, cmp, value));
+  }
+  fence_acq_rel(scope);  // relaxed load + fence = acquire: later reads see what was released
+  return v;
+}
+
+/// Warp-cooperative wait: every lane of the warp calls it with the same
+/// arguments; lane i watches flags[i], flags[i+32], ... until each satisfies
+/// (flag CMP value). Returns when all `count` flags do. Acquire at `scope`;
+/// __syncwarp makes every lane's acquire cover the whole warp's later reads.
+/// Blocks; bounded by the World's timeout.
+WEFT_DEVICE void wait(const World& w, const std::uint64_t* flags, int count, std::uint64_t value,
+                      Cmp cmp, Scope scope) {
+  for (int i = static_cast<int>(threadIdx.x & 31u); i < count; i += 32)
+    wait_until(w, flags + i, cmp, value, scope);
+  __syncwarp();
+}
+
+/// Sets or adds `value` to `flag` on rank `pe` (flag is a symmetric address on
+/// this rank; pe may be this rank). Release at `scope`: this thread's earlier
+/// writes, and writes it has observed, are visible before the flag changes.
+/// Use Scope::sys whenever pe is another GPU. Does not block.
+WEFT_DEVICE void notify(const World& w, std::uint64_t* flag, int pe, std::uint64_t value, SignalOp op,
+                        Scope scope) {
+  std::uint64_t* target = w.symm_at(flag, pe);
+  if (op == SignalOp::set) st_release(target, value, scope);
+  else red_release(target, value, scope);
+}
+
+/// The epoch of this launch: the last completed launch's epoch + 1. Every block
+/// calls it (any thread). Ordinary load: the previous launch on the same stream
+/// finished before this one started. Does not block.
+WEFT_DEVICE std::uint64_t epoch_begin(LaunchEpoch e) { return *e.value + 1; }
+
+/// Every thread of every block calls it once, last: the final block to arrive
+/// publishes `epoch` for the next launch. Does not block (one block barrier).
+WEFT_DEVICE void epoch_end(LaunchEpoch e, std::uint64_t epoch) {
+  __syncthreads();
+  if (threadIdx.x + threadIdx.y + threadIdx.z == 0) {
+    unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+    if (atomicAdd(e.arrivals, 1u) == blocks - 1) {
+      *e.arrivals = 0;
+      *e.value = epoch;
+    }
+  }
+}
+
+}  // namespace weft::dev
+#endif  // __CUDACC__

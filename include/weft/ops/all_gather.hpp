@@ -1,0 +1,81 @@
+// weft/ops/all_gather.hpp - AllGather among the ranks of one node, as a reusable plan.
+//
+// Every rank contributes `bytes_per_rank` bytes; every rank ends with all
+// contributions concatenated in rank order (world_size x bytes_per_rank).
+// Three ways to move the data, as in the paper's tutorial:
+//   push        - SMs store this rank's shard into every peer's output (NVLink stores);
+//   pull        - SMs load every peer's shard from its input (NVLink loads);
+//   copy_engine - cudaMemcpyAsync to each peer's output, arrival published by
+//                 stream memory operations (no SMs used).
+// Every variant is epoch-tagged: back-to-back runs need no reset and no extra barrier.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/runtime/context.hpp"
+
+namespace weft {
+
+enum class AllGatherVariant { automatic, push, pull, copy_engine };
+
+/// "auto", "push", "pull", "ce".
+const char* to_string(AllGatherVariant v);
+/// Parses the names above ("copy_engine" too); throws naming the accepted names.
+AllGatherVariant parse_all_gather_variant(const std::string& name);
+
+/// What an AllGather plan is built for.
+struct AllGatherOptions {
+  std::uint64_t bytes_per_rank = 0;  ///< each rank's contribution (> 0)
+  AllGatherVariant variant = AllGatherVariant::automatic;
+  /// Thread blocks for the SM variants; 0 lets the plan choose from the size.
+  int blocks = 0;
+};
+
+/// A planned AllGather: allocates its signals once (collective), runs many times.
+class AllGather {
+ public:
+  /// Collective. Validates the options and picks the variant and block count.
+  AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& options);
+
+  /// Gathers `input` (bytes_per_rank on this rank) into `output`
+  /// (world_size x bytes_per_rank) on `stream`. Every rank calls it, in the same
+  /// order. Where the buffers must live:
+  ///   push, copy_engine: `output` in the symmetric heap (peers write into it);
+  ///   pull:              `input` in the symmetric heap (peers read from it).
+  /// The other buffer may be any device memory. `input` may alias this rank's
+  /// slot of `output`. Throws weft::Error naming the violated requirement.
+  /// Not capturable in a CUDA graph for copy_engine (stream memory operations
+  /// carry host-side epochs); the SM variants are.
+  void run(const void* input, void* output, cudaStream_t stream);
+
+  AllGatherVariant variant() const { return variant_; }
+  int blocks() const { return blocks_; }
+  std::uint64_t bytes_per_rank() const { return bytes_; }
+  /// SMs the plan occupies while it runs (0 for copy_engine).
+  int sms_used() const { return variant_ == AllGatherVariant::copy_engine ? 0 : blocks_; }
+
+ private:
+  void validate(const void* input, const void* output) const;
+  void run_copy_engine(const void* input, void* output, cudaStream_t stream);
+
+  std::shared_ptr<Context> ctx_;
+  std::uint64_t bytes_;
+  AllGatherVariant variant_;
+  int blocks_;
+  SignalArray signals_;  // [0, W): ready / input-ready; [W, 2W): arrived / done-reading
+  std::vector<cudaStream_t> side_streams_;
+  std::vector<cudaEvent_t> side_events_;
+  cudaEvent_t fork_event_ = nullptr;
+
+ public:
+  ~AllGather();
+  AllGather(const AllGather&) = delete;
+  AllGather& operator=(const AllGather&) = delete;
+};
+
+}  // namespace weft

@@ -1,0 +1,153 @@
+// weft/runtime/context.hpp - one object per process that holds the job together.
+//
+//   auto ctx = weft::Context::from_env();   // rendezvous, team, heap, NCCL
+//   weft::AllGather ag(ctx, {.bytes_per_rank = 1 << 20});
+//   ag.run(in, out, stream);
+//
+// The Context owns, in this order of construction: the rendezvous store, the
+// team (GPU picked and made current), the symmetric heap, an NCCL communicator
+// (for host-side collectives and baselines), and the device World that
+// kernels receive.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weft/device/world.cuh"
+#include "weft/runtime/heap.hpp"
+#include "weft/runtime/launch_env.hpp"
+#include "weft/runtime/store.hpp"
+#include "weft/runtime/team.hpp"
+
+namespace weft {
+
+/// Settings for Context::from_env; zero/negative values defer to the environment.
+struct ContextOptions {
+  /// Bytes of symmetric heap per rank. 0: WEFT_HEAP_SIZE, else 1 GiB.
+  std::uint64_t heap_bytes = 0;
+  /// Create the NCCL communicator (needed for baselines and host collectives).
+  bool create_nccl = true;
+  /// Rendezvous timeout. 0: WEFT_STORE_TIMEOUT (seconds), else 120 s.
+  std::chrono::milliseconds store_timeout{0};
+  /// Bound on every device spin-wait. Negative: WEFT_WAIT_TIMEOUT (seconds; 0
+  /// turns the bound off), else 60 s.
+  std::chrono::milliseconds wait_timeout{-1};
+};
+
+/// The process's handle on the job. Create one per process, collectively.
+class Context {
+ public:
+  /// Collective: reads the launcher's environment (weftrun, torchrun, mpirun,
+  /// Slurm, or none for a single process), meets the other ranks, picks this
+  /// rank's GPU, builds the heap and the NCCL communicator. Throws weft::Error
+  /// with the rank and what failed.
+  static std::shared_ptr<Context> from_env(const ContextOptions& options = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const { return team_.rank; }
+  int world_size() const { return team_.world_size; }
+  const LaunchEnv& launch_env() const { return env_; }
+  const Team& team() const { return team_; }
+  Store& store() { return *store_; }
+  SymmetricHeap& heap() { return *heap_; }
+  /// The NCCL communicator over all ranks (throws if created without one).
+  ncclComm_t nccl() const;
+  /// The device view kernels take as their World argument.
+  const dev::World& world() const { return world_; }
+
+  /// Enqueues a barrier across all ranks on `stream`: work after it on any
+  /// rank's stream starts only once every rank's stream reached it, and puts
+  /// issued before it are complete. A one-block kernel; calls on one rank must
+  /// not run concurrently on two streams.
+  void barrier(cudaStream_t stream);
+  /// Host barrier through the rendezvous store (not ordered with GPU work).
+  void host_barrier(const std::string& what);
+
+  /// cudaStreamSynchronize that turns a timed-out device wait into an error
+  /// naming the rank, the flag, the expected and the observed value.
+  void synchronize(cudaStream_t stream);
+  /// Throws the timed-out-wait error if any wait on this rank gave up; else no-op.
+  void check_wait_report() const;
+  /// Bound applied to device spin-waits (0 = none).
+  std::chrono::milliseconds wait_timeout() const { return wait_timeout_; }
+
+ private:
+  Context() = default;
+
+  LaunchEnv env_;
+  std::unique_ptr<Store> store_;
+  Team team_;
+  std::unique_ptr<SymmetricHeap> heap_;
+  ncclComm_t nccl_ = nullptr;
+  dev::World world_{};
+  dev::WaitReport* wait_report_ = nullptr;  // mapped pinned host memory
+  std::uint64_t* barrier_epoch_ = nullptr;  // device memory
+  std::chrono::milliseconds wait_timeout_{0};
+};
+
+/// A symmetric allocation owned by an object: allocated collectively on
+/// construction, freed collectively on destruction (errors there are logged,
+/// not thrown).
+class SymmetricBuffer {
+ public:
+  SymmetricBuffer() = default;
+  /// Collective: `bytes` of `type` named `name` on every rank's heap, zeroed.
+  SymmetricBuffer(SymmetricHeap& heap, std::uint64_t bytes, const std::string& type, const std::string& name);
+  ~SymmetricBuffer();
+  SymmetricBuffer(SymmetricBuffer&& o) noexcept;
+  SymmetricBuffer& operator=(SymmetricBuffer&& o) noexcept;
+
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  void reset();
+  SymmetricHeap* heap_ = nullptr;
+  void* ptr_ = nullptr;
+  std::uint64_t bytes_ = 0;
+};
+
+/// A symmetric array of 64-bit signal flags plus the epoch their owner advances.
+/// Every use of the flags is one epoch (1, 2, 3, ...), the same on every rank;
+/// producers set a flag to the epoch (or add to it) and consumers wait for
+/// flag >= epoch (or epoch x contributions). Flags only grow, so repeated runs
+/// never need a reset.
+///
+/// The epoch lives in device memory (dev::LaunchEpoch): kernels read it at
+/// start and the last block to finish advances it, so a captured CUDA graph
+/// replays correctly. Host-driven users (stream memory operations) advance a
+/// host copy instead with next_host_epoch(); one array uses one of the two.
+class SignalArray {
+ public:
+  SignalArray() = default;
+  /// Collective: `count` zeroed flags named `name`, and a zeroed device epoch.
+  SignalArray(SymmetricHeap& heap, std::uint64_t count, const std::string& name);
+  ~SignalArray();
+  SignalArray(SignalArray&&) noexcept;
+  SignalArray& operator=(SignalArray&&) noexcept;
+
+  std::uint64_t* flags() const { return buffer_.as<std::uint64_t>(); }
+  std::uint64_t count() const { return count_; }
+  /// The device-side epoch for kernels (dev::epoch_begin / dev::epoch_end).
+  dev::LaunchEpoch launch_epoch() const { return {epoch_device_, arrivals_device_}; }
+  /// Advances and returns the host-side epoch.
+  std::uint64_t next_host_epoch() { return ++host_epoch_; }
+
+ private:
+  SymmetricBuffer buffer_;
+  std::uint64_t count_ = 0;
+  std::uint64_t host_epoch_ = 0;
+  std::uint64_t* epoch_device_ = nullptr;
+  unsigned* arrivals_device_ = nullptr;
+};
+
+}  // namespace weft

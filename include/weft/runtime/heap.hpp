@@ -1,0 +1,101 @@
+// weft/runtime/heap.hpp - the symmetric heap: the same buffers on every rank, reachable from every peer.
+//
+// Every rank reserves a heap of the same size; collective allocations return
+// the same offset on every rank, so a pointer into this rank's heap names the
+// same object everywhere (World::symm_at turns it into a peer's address).
+// SymmetricHeap is the interface; NativeHeap (CUDA VMM + POSIX-fd IPC, one
+// node) implements it, and an NVSHMEM-backed heap for many nodes will too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weft {
+
+/// The offset bookkeeping of a heap: first-fit over a sorted free list with
+/// coalescing. Pure CPU logic; every rank runs an identical copy, so identical
+/// requests give identical offsets.
+class HeapAllocator {
+ public:
+  /// A heap of `capacity` bytes whose blocks start at multiples of `alignment` (a power of two).
+  HeapAllocator(std::uint64_t capacity, std::uint64_t alignment);
+  /// Reserves `bytes` (rounded up to the alignment; 0 is treated as 1). Returns
+  /// the offset, or nullopt when no free block is large enough.
+  std::optional<std::uint64_t> allocate(std::uint64_t bytes);
+  /// Returns the block at `offset` to the free list. Throws weft::Error if no
+  /// block starts there (double free, foreign pointer).
+  void release(std::uint64_t offset);
+  /// Size reserved for the block at `offset` (after rounding), or 0 if none.
+  std::uint64_t block_size(std::uint64_t offset) const;
+  /// The live block containing [offset, offset + bytes), as (start, size), if any.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> find_block(std::uint64_t offset,
+                                                                     std::uint64_t bytes = 1) const;
+  std::uint64_t capacity() const { return capacity_; }
+  std::uint64_t alignment() const { return alignment_; }
+  std::uint64_t bytes_in_use() const { return in_use_; }
+  std::uint64_t largest_free_block() const;
+  std::size_t live_blocks() const { return used_.size(); }
+
+ private:
+  std::uint64_t capacity_, alignment_, in_use_ = 0;
+  std::map<std::uint64_t, std::uint64_t> free_;  // offset -> size
+  std::map<std::uint64_t, std::uint64_t> used_;  // offset -> size
+};
+
+/// What one rank asked of a collective heap call, as exchanged between ranks.
+struct HeapRequest {
+  std::uint64_t sequence = 0;  ///< n-th collective heap call on this rank
+  std::string kind;            ///< "alloc" or "free"
+  std::uint64_t bytes = 0;     ///< alloc: requested size; free: offset
+  std::string type;            ///< element type name ("bf16", "u64", "bytes")
+  std::string name;            ///< what the buffer is for ("all_gather.output")
+
+  std::string serialize() const;
+  static HeapRequest deserialize(const std::string& blob);
+  std::string describe() const;  ///< "alloc of 1048576 bytes of bf16 for 'x'"
+};
+
+/// Checks that every rank made the same request. Returns the empty string if
+/// they agree, else a message naming the first disagreeing rank and both
+/// requests. Each rank evaluates it on the same all-gathered data, so all
+/// ranks reach the same verdict.
+std::string check_same_request(const std::vector<HeapRequest>& per_rank);
+
+/// The interface every symmetric heap backend offers.
+class SymmetricHeap {
+ public:
+  virtual ~SymmetricHeap() = default;
+
+  /// Collective: every rank calls with the same size, type and name, in the
+  /// same order. Returns this rank's address of the new buffer, zero-filled.
+  /// Throws weft::Error on every rank if the ranks' requests differ (naming
+  /// both) or the heap is exhausted (naming the heap size and WEFT_HEAP_SIZE).
+  virtual void* alloc(std::uint64_t bytes, const std::string& type, const std::string& name) = 0;
+  /// Typed convenience: `count` elements of T.
+  template <class T>
+  T* alloc(std::uint64_t count, const std::string& type, const std::string& name) {
+    return static_cast<T*>(alloc(count * sizeof(T), type, name));
+  }
+  /// Collective: every rank frees the same buffer. Throws if ranks disagree or
+  /// the pointer is not the start of a live block.
+  virtual void free(void* p) = 0;
+
+  /// Host-visible address of symmetric object `p` on rank `pe`, mapped into
+  /// this process (for copy-engine transfers and tests).
+  virtual void* peer_ptr(const void* p, int pe) const = 0;
+  /// True if [p, p + bytes) lies inside one live allocation of this heap.
+  virtual bool contains(const void* p, std::uint64_t bytes) const = 0;
+  /// Name and offset of the allocation holding heap offset `offset`, for reports.
+  virtual std::string describe_offset(std::uint64_t offset) const = 0;
+
+  virtual char* base() const = 0;                 ///< this rank's heap
+  virtual std::uint64_t capacity() const = 0;     ///< bytes per rank
+  virtual char* const* peer_bases_device() const = 0;  ///< device array [world] of mapped bases
+  virtual const HeapAllocator& allocator() const = 0;
+};
+
+}  // namespace weft

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build, every GPU test, the examples and the
+# benchmarks, logs under $OUT, a short table last. Nothing is fetched: the
+# machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
+# with the working tree (device tool: carry [".deps"]).
+#
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples bench (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/weft-out}
+mkdir -p "$OUT"
+export PATH="$PATH:/usr/local/cuda/bin"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+BUILD=${WEFT_BUILD_DIR:-build-gpu}
+STAGES=${*:-build cpu gpu examples bench}
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || echo 0)
+declare -a SUMMARY
+note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); echo "### $1: $2"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+run_logged() {  # name, log, command...
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS
+  "$@" >"$OUT/$log" 2>&1
+  local rc=$?
+  note "$name" "rc=$rc ($((SECONDS - t0)) s) -> $log"
+  return $rc
+}
+
+{ nvidia-smi; nvidia-smi topo -m; } >"$OUT/machine.txt" 2>&1
+note "machine" "$GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)"
+
+if has build; then
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/configure.log" 2>&1 ||
+      { note configure "FAILED"; tail -n 30 "$OUT/configure.log"; }
+  fi
+  run_logged build build.log cmake --build "$BUILD" -j "$(nproc)" || tail -n 40 "$OUT/build.log"
+fi
+
+if has cpu; then
+  run_logged "cpu tests" cpu_tests.log ctest --test-dir "$BUILD" -L cpu --output-on-failure
+fi
+
+if has gpu; then
+  "$BUILD/weftrun" -n "$GPUS" -- "$BUILD/weft-info" >"$OUT/weft_info.txt" 2>&1
+  note "weft-info" "rc=$? -> weft_info.txt"
+  for n in 1 2 4 8; do
+    [ "$n" -le "$GPUS" ] || continue
+    run_logged "gpu tests, world $n" "gpu_tests_w$n.log" \
+      "$BUILD/weftrun" -n "$n" --timeout 600 -- "$BUILD/tests/weft_gpu_tests"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[ info \]|FAILED  \]" "$OUT/gpu_tests_w$n.log" | head -n 20
+  done
+  if [ "$GPUS" -ge 2 ]; then
+    run_logged "provoked hang, world 2" gpu_wait_timeout.log env WEFT_TEST_PROVOKE_TIMEOUT=1 WEFT_WAIT_TIMEOUT=2 \
+      "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter='WaitTimeout.*'
+    grep -E "provoked|PASSED|FAILED" "$OUT/gpu_wait_timeout.log" | head -n 5
+    # weftrun must report a rank killed mid-run within 10 s.
+    t0=$(date +%s.%N)
+    "$BUILD/weftrun" -n 2 -- bash -c 'if [ "$WEFT_RANK" = 1 ]; then sleep 2; kill -9 $$; fi; sleep 60' \
+      >"$OUT/weftrun_kill.txt" 2>&1
+    rc=$?
+    note "weftrun rank killed" "rc=$rc after $(echo "$(date +%s.%N) - $t0" | bc) s: $(grep -o 'rank 1.*SIGKILL[^;]*' "$OUT/weftrun_kill.txt" | head -n1)"
+  fi
+fi
+
+if has examples && [ "$GPUS" -ge 2 ]; then
+  run_logged "example 01 notify/wait" example01.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_01_notify_wait"
+  cat "$OUT/example01.log"
+  run_logged "example 02 allgather" example02.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_02_intranode_allgather"
+  cat "$OUT/example02.log"
+fi
+
+if has bench; then
+  run_logged "bench all_gather" bench_all_gather.txt \
+    "$BUILD/weftrun" -n "$GPUS" --timeout 580 -- "$BUILD/weft-bench" all_gather --bytes 1K:256M --check ${BENCH_ARGS:-}
+  cat "$OUT/bench_all_gather.txt"
+fi
+
+echo
+echo "==== summary ($(date -u +%F) on $GPUS GPU(s)) ===="
+printf '%s\n' "${SUMMARY[@]}"

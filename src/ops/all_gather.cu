@@ -1,0 +1,215 @@
+// AllGather on one node: the plan (host) and its two SM kernels (push, pull).
+// The copy-engine variant is host code: copies and stream memory operations.
+//
+// Flags (one SignalArray of 2W): for rank r, slot [p] is written by peer p and
+// slot [W + p] too; values are epochs (set) or epoch x blocks (add).
+//   push: ready[p]   = e        "p's output may be overwritten for epoch e"
+//         arrived[p] += 1/block "a block of p has stored its slice of p's shard here"
+//   pull: ready[p]   = e        "p's input holds epoch e's data"
+//         done[p]    += 1/block "a block of p has finished reading my input"
+#include <algorithm>
+
+#include "weft/core/driver.hpp"
+#include "weft/core/env.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device.cuh"
+#include "weft/ops/all_gather.hpp"
+
+namespace weft {
+namespace {
+
+constexpr int kThreads = 512;
+
+struct Args {
+  dev::World w;
+  const char* input;
+  char* output;
+  std::uint64_t bytes;
+  std::uint64_t* ready;    // [W]
+  std::uint64_t* counted;  // [W] arrived (push) or done (pull)
+  dev::LaunchEpoch epoch;
+};
+
+// This block's slice [lo, hi) of a shard, 16-byte aligned so copies vectorise.
+__device__ void block_slice(std::uint64_t bytes, std::uint64_t& lo, std::uint64_t& hi) {
+  std::uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
+  per = (per + 15) / 16 * 16;
+  lo = std::min<std::uint64_t>(bytes, per * blockIdx.x);
+  hi = std::min<std::uint64_t>(bytes, lo + per);
+}
+
+// Block 0's threads wait, one peer each, until every peer's blocks have counted in.
+__device__ void wait_counts(const Args& a, std::uint64_t target) {
+  if (blockIdx.x != 0) return;
+  for (int p = static_cast<int>(threadIdx.x); p < a.w.size; p += blockDim.x)
+    if (p != a.w.rank) dev::wait_until(a.w, a.counted + p, dev::Cmp::ge, target, dev::Scope::sys);
+}
+
+__global__ void __launch_bounds__(kThreads) push_kernel(Args a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int me = a.w.rank, world = a.w.size;
+  if (blockIdx.x == 0)  // my output is free: peers may write epoch e into it
+    for (int p = static_cast<int>(threadIdx.x); p < world; p += blockDim.x)
+      if (p != me) dev::notify(a.w, a.ready + me, p, e, dev::SignalOp::set, dev::Scope::sys);
+
+  std::uint64_t lo, hi;
+  block_slice(a.bytes, lo, hi);
+  char* mine = a.output + me * a.bytes;
+  if (a.input != mine) dev::copy_block(mine + lo, a.input + lo, hi - lo);
+  for (int i = 1; i < world; ++i) {
+    const int p = (me + i) % world;  // rank-rotated: no two ranks hit the same peer first
+    if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + p, dev::Cmp::ge, e, dev::Scope::sys);
+    __syncthreads();
+    dev::copy_block(a.w.symm_at(mine + lo, p), a.input + lo, hi - lo);
+    __syncthreads();  // the release below covers every thread's stores (cumulativity)
+    if (threadIdx.x == 0) dev::notify(a.w, a.counted + me, p, 1, dev::SignalOp::add, dev::Scope::sys);
+  }
+  wait_counts(a, e * gridDim.x);
+  dev::epoch_end(a.epoch, e);
+}
+
+__global__ void __launch_bounds__(kThreads) pull_kernel(Args a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int me = a.w.rank, world = a.w.size;
+  if (blockIdx.x == 0) {  // my input holds epoch e's data: peers may read it
+    dev::fence_sc(dev::Scope::sys);
+    for (int p = static_cast<int>(threadIdx.x); p < world; p += blockDim.x)
+      if (p != me) dev::notify(a.w, a.ready + me, p, e, dev::SignalOp::set, dev::Scope::sys);
+  }
+  std::uint64_t lo, hi;
+  block_slice(a.bytes, lo, hi);
+  char* mine = a.output + me * a.bytes;
+  if (a.input != mine) dev::copy_block(mine + lo, a.input + lo, hi - lo);
+  for (int i = 1; i < world; ++i) {
+    const int p = (me + world - i) % world;
+    if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + p, dev::Cmp::ge, e, dev::Scope::sys);
+    __syncthreads();
+    dev::copy_block(a.output + p * a.bytes + lo, a.w.symm_at(a.input + lo, p), hi - lo);
+    __syncthreads();  // every thread's loads of p's input are done before p hears so
+    if (threadIdx.x == 0) dev::notify(a.w, a.counted + me, p, 1, dev::SignalOp::add, dev::Scope::sys);
+  }
+  wait_counts(a, e * gridDim.x);  // peers finished reading my input: the caller may overwrite it
+  dev::epoch_end(a.epoch, e);
+}
+
+int choose_blocks(std::uint64_t bytes, int sm_count) {
+  // About 256 KB per block, at most 32 blocks (a quarter of an H200), at least 1.
+  auto b = static_cast<int>((bytes + (256u << 10) - 1) / (256u << 10));
+  return std::clamp(b, 1, std::min(32, sm_count));
+}
+
+}  // namespace
+
+const char* to_string(AllGatherVariant v) {
+  switch (v) {
+    case AllGatherVariant::automatic: return "auto";
+    case AllGatherVariant::push: return "push";
+    case AllGatherVariant::pull: return "pull";
+    case AllGatherVariant::copy_engine: return "ce";
+  }
+  return "?";
+}
+
+AllGatherVariant parse_all_gather_variant(const std::string& name) {
+  if (name == "auto") return AllGatherVariant::automatic;
+  if (name == "push") return AllGatherVariant::push;
+  if (name == "pull") return AllGatherVariant::pull;
+  if (name == "ce" || name == "copy_engine") return AllGatherVariant::copy_engine;
+  WEFT_FAIL("unknown all_gather variant '", name, "': expected auto, push, pull or ce");
+}
+
+AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& options)
+    : ctx_(std::move(ctx)), bytes_(options.bytes_per_rank), variant_(options.variant) {
+  WEFT_REQUIRE(ctx_, "AllGather needs a Context");
+  WEFT_REQUIRE(bytes_ > 0, "AllGather: bytes_per_rank must be positive");
+  WEFT_REQUIRE(options.blocks >= 0 && options.blocks <= ctx_->team().sm_count, "AllGather: blocks = ",
+               options.blocks, " must be between 0 (automatic) and the GPU's ", ctx_->team().sm_count, " SMs");
+  // Push for every size: it measured best or level on 2 x H200 (docs/PERF.md).
+  if (variant_ == AllGatherVariant::automatic) variant_ = AllGatherVariant::push;
+  blocks_ = options.blocks ? options.blocks : choose_blocks(bytes_, ctx_->team().sm_count);
+  const int world = ctx_->world_size();
+  signals_ = SignalArray(ctx_->heap(), 2 * static_cast<std::uint64_t>(world),
+                         str("all_gather.", to_string(variant_), ".flags"));
+  if (variant_ == AllGatherVariant::copy_engine) {
+    WEFT_CUDA(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
+    side_streams_.resize(world);
+    side_events_.resize(world);
+    for (int p = 0; p < world; ++p) {
+      WEFT_CUDA(cudaStreamCreateWithFlags(&side_streams_[p], cudaStreamNonBlocking));
+      WEFT_CUDA(cudaEventCreateWithFlags(&side_events_[p], cudaEventDisableTiming));
+    }
+  }
+}
+
+AllGather::~AllGather() {
+  for (auto s : side_streams_) cudaStreamDestroy(s);
+  for (auto e : side_events_) cudaEventDestroy(e);
+  if (fork_event_) cudaEventDestroy(fork_event_);
+}
+
+void AllGather::validate(const void* input, const void* output) const {
+  const std::uint64_t total = bytes_ * ctx_->world_size();
+  WEFT_REQUIRE(input && output, "AllGather::run: input and output must be device pointers (got ", input, ", ",
+               output, ")");
+  SymmetricHeap& heap = ctx_->heap();
+  if (variant_ == AllGatherVariant::pull) {
+    WEFT_REQUIRE(heap.contains(input, bytes_), "AllGather (pull): the input (", input, ", ", bytes_,
+                 " bytes) must lie in one symmetric-heap allocation, since peers read it; allocate it with "
+                 "ctx->heap().alloc(...)");
+  } else {
+    WEFT_REQUIRE(heap.contains(output, total), "AllGather (", to_string(variant_), "): the output (", output, ", ",
+                 total, " bytes = world ", ctx_->world_size(), " x ", bytes_,
+                 ") must lie in one symmetric-heap allocation, since peers write into it; allocate it with "
+                 "ctx->heap().alloc(...)");
+  }
+}
+
+void AllGather::run(const void* input, void* output, cudaStream_t stream) {
+  validate(input, output);
+  if (variant_ == AllGatherVariant::copy_engine) return run_copy_engine(input, output, stream);
+  const int world = ctx_->world_size();
+  Args a{ctx_->world(), static_cast<const char*>(input), static_cast<char*>(output), bytes_,
+         signals_.flags(), signals_.flags() + world, signals_.launch_epoch()};
+  if (variant_ == AllGatherVariant::push) push_kernel<<<blocks_, kThreads, 0, stream>>>(a);
+  else pull_kernel<<<blocks_, kThreads, 0, stream>>>(a);
+  WEFT_CUDA(cudaGetLastError());
+}
+
+void AllGather::run_copy_engine(const void* input, void* output, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  WEFT_REQUIRE(capturing == cudaStreamCaptureStatusNone,
+               "AllGather (ce) cannot be captured in a CUDA graph: its stream memory operations carry "
+               "host-side epochs. Use the push or pull variant inside graphs.");
+  const Driver& cu = driver();
+  const int me = ctx_->rank(), world = ctx_->world_size();
+  SymmetricHeap& heap = ctx_->heap();
+  const std::uint64_t e = signals_.next_host_epoch();
+  std::uint64_t* ready = signals_.flags();
+  std::uint64_t* arrived = ready + world;
+  auto dptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  char* mine = static_cast<char*>(output) + me * bytes_;
+
+  // My output is free for epoch e: tell every peer (a memory barrier precedes each write).
+  for (int p = 0; p < world; ++p)
+    if (p != me) WEFT_CU(cu.cuStreamWriteValue64(stream, dptr(heap.peer_ptr(ready + me, p)), e, 0));
+  WEFT_CUDA(cudaEventRecord(fork_event_, stream));
+  // One side stream per peer, so the copy engines serve all peers at once.
+  for (int i = 1; i < world; ++i) {
+    const int p = (me + i) % world;
+    cudaStream_t s = side_streams_[p];
+    WEFT_CUDA(cudaStreamWaitEvent(s, fork_event_));
+    WEFT_CU(cu.cuStreamWaitValue64(s, dptr(ready + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+    WEFT_CUDA(cudaMemcpyAsync(heap.peer_ptr(mine, p), input, bytes_, cudaMemcpyDeviceToDevice, s));
+    WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(arrived + me, p)), e, 0));
+    WEFT_CUDA(cudaEventRecord(side_events_[p], s));
+  }
+  if (input != mine) WEFT_CUDA(cudaMemcpyAsync(mine, input, bytes_, cudaMemcpyDeviceToDevice, stream));
+  for (int p = 0; p < world; ++p) {
+    if (p == me) continue;
+    WEFT_CUDA(cudaStreamWaitEvent(stream, side_events_[p]));
+    WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(arrived + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+  }
+}
+
+}  // namespace weft

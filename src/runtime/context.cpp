@@ -1,0 +1,180 @@
+#include "weft/runtime/context.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <exception>
+
+#include "native_heap.hpp"
+#include "weft/core/env.hpp"
+#include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
+
+namespace weft {
+
+void launch_barrier_kernel(const dev::World& world, cudaStream_t stream);  // stream_barrier.cu
+
+std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
+  // NVLink multicast must never be used on weft's machines (it can take a
+  // shared host's GPUs down); make sure NCCL and NVSHMEM leave it off.
+  ::setenv("NCCL_NVLS_ENABLE", "0", 0);
+  ::setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+
+  std::shared_ptr<Context> ctx(new Context());
+  EnvMap env = process_env();
+  ctx->env_ = detect_launch_env(env);
+  set_rank_for_messages(ctx->env_.rank, ctx->env_.world_size);
+
+  StoreOptions so;
+  so.master_addr = ctx->env_.master_addr;
+  so.master_port = ctx->env_.master_port;
+  so.rank = ctx->env_.rank;
+  so.world_size = ctx->env_.world_size;
+  so.timeout = options.store_timeout.count() > 0
+                   ? options.store_timeout
+                   : env_seconds(env, "WEFT_STORE_TIMEOUT", std::chrono::seconds(120));
+  ctx->store_ = Store::connect(so);
+  ctx->team_ = Team::discover(ctx->env_, *ctx->store_);
+
+  std::uint64_t heap_bytes = options.heap_bytes ? options.heap_bytes
+                                                : env_bytes(env, "WEFT_HEAP_SIZE", std::uint64_t{1} << 30);
+  ctx->heap_ = make_native_heap(*ctx->store_, ctx->team_, heap_bytes);
+
+  if (options.create_nccl) {
+    ncclUniqueId id{};
+    if (ctx->rank() == 0) WEFT_NCCL(ncclGetUniqueId(&id));
+    std::string blob = ctx->store_->broadcast(
+        0, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)), "NCCL unique id");
+    std::memcpy(&id, blob.data(), sizeof(id));
+    WEFT_NCCL(ncclCommInitRank(&ctx->nccl_, ctx->world_size(), id, ctx->rank()));
+  }
+
+  ctx->wait_timeout_ = options.wait_timeout.count() >= 0
+                           ? options.wait_timeout
+                           : env_seconds(env, "WEFT_WAIT_TIMEOUT", std::chrono::seconds(60));
+  WEFT_CUDA(cudaHostAlloc(&ctx->wait_report_, sizeof(dev::WaitReport), cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(ctx->wait_report_, 0, sizeof(dev::WaitReport));
+  WEFT_CUDA(cudaMalloc(&ctx->barrier_epoch_, sizeof(std::uint64_t)));
+  WEFT_CUDA(cudaMemset(ctx->barrier_epoch_, 0, sizeof(std::uint64_t)));
+
+  auto* barrier_flags = ctx->heap_->alloc<std::uint64_t>(ctx->world_size(), "u64", "weft.barrier_flags");
+  dev::World& w = ctx->world_;
+  w.rank = ctx->rank();
+  w.size = ctx->world_size();
+  w.heap_base = ctx->heap_->base();
+  w.heap_bytes = ctx->heap_->capacity();
+  w.peer_base = ctx->heap_->peer_bases_device();
+  w.barrier_flags = barrier_flags;
+  w.barrier_epoch = ctx->barrier_epoch_;
+  w.wait_timeout_ns = static_cast<std::uint64_t>(ctx->wait_timeout_.count()) * 1000000ull;
+  void* report_device = nullptr;
+  WEFT_CUDA(cudaHostGetDevicePointer(&report_device, ctx->wait_report_, 0));
+  w.wait_report = static_cast<dev::WaitReport*>(report_device);
+  WEFT_LOG(info, "context ready: ", describe(ctx->env_), ", GPU ", ctx->team_.device, " (",
+           ctx->team_.pci_bus_id[ctx->rank()], ")");
+  return ctx;
+}
+
+Context::~Context() {
+  // Release in reverse order of construction; the heap meets its peers first.
+  heap_.reset();
+  // After a trapped wait this rank's CUDA context is dead: abort NCCL rather than tear it down politely.
+  const bool broken = wait_report_ && wait_report_->hit;
+  if (nccl_) {
+    if (std::uncaught_exceptions() == 0 && !broken) ncclCommDestroy(nccl_);
+    else ncclCommAbort(nccl_);
+  }
+  if (barrier_epoch_) cudaFree(barrier_epoch_);
+  if (wait_report_) cudaFreeHost(wait_report_);
+  store_.reset();
+}
+
+ncclComm_t Context::nccl() const {
+  WEFT_REQUIRE(nccl_, "this Context was created without an NCCL communicator (ContextOptions::create_nccl)");
+  return nccl_;
+}
+
+void Context::barrier(cudaStream_t stream) { launch_barrier_kernel(world_, stream); }
+
+void Context::host_barrier(const std::string& what) { store_->barrier(what); }
+
+void Context::check_wait_report() const {
+  const volatile dev::WaitReport* r = wait_report_;
+  if (!r || r->hit == 0) return;
+  auto cmp = static_cast<dev::Cmp>(r->cmp);
+  std::string flag = r->flag_offset == ~std::uint64_t{0}
+                         ? std::string("a flag outside the symmetric heap")
+                         : "signal " + heap_->describe_offset(r->flag_offset);
+  WEFT_FAIL("device wait timed out: rank ", r->rank, " (block ", r->block, ") waited ",
+            static_cast<double>(r->waited_ns) / 1e9, " s for ", flag, " to become ", dev::cmp_name(cmp), " ",
+            r->expected, "; it holds ", r->observed,
+            ". A peer never signalled: check that every rank made the same calls, in the same order. "
+            "(WEFT_WAIT_TIMEOUT sets the bound; the CUDA context of this rank is now unusable.)");
+}
+
+void Context::synchronize(cudaStream_t stream) {
+  cudaError_t rc = cudaStreamSynchronize(stream);
+  if (rc != cudaSuccess) check_wait_report();
+  WEFT_CUDA(rc);
+}
+
+SymmetricBuffer::SymmetricBuffer(SymmetricHeap& heap, std::uint64_t bytes, const std::string& type,
+                                 const std::string& name)
+    : heap_(&heap), ptr_(heap.alloc(bytes, type, name)), bytes_(bytes) {}
+
+SymmetricBuffer::~SymmetricBuffer() { reset(); }
+
+SymmetricBuffer::SymmetricBuffer(SymmetricBuffer&& o) noexcept
+    : heap_(std::exchange(o.heap_, nullptr)), ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+SymmetricBuffer& SymmetricBuffer::operator=(SymmetricBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    heap_ = std::exchange(o.heap_, nullptr);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void SymmetricBuffer::reset() {
+  if (!ptr_) return;
+  try {
+    if (std::uncaught_exceptions() == 0) heap_->free(ptr_);
+  } catch (const std::exception& e) {
+    WEFT_LOG(warn, "freeing a symmetric buffer failed: ", e.what());
+  }
+  ptr_ = nullptr;
+}
+
+SignalArray::SignalArray(SymmetricHeap& heap, std::uint64_t count, const std::string& name)
+    : buffer_(heap, count * sizeof(std::uint64_t), "u64", name), count_(count) {
+  WEFT_CUDA(cudaMalloc(&epoch_device_, sizeof(std::uint64_t) + sizeof(unsigned)));
+  WEFT_CUDA(cudaMemset(epoch_device_, 0, sizeof(std::uint64_t) + sizeof(unsigned)));
+  arrivals_device_ = reinterpret_cast<unsigned*>(epoch_device_ + 1);
+}
+
+SignalArray::~SignalArray() {
+  if (epoch_device_) cudaFree(epoch_device_);
+}
+
+SignalArray::SignalArray(SignalArray&& o) noexcept
+    : buffer_(std::move(o.buffer_)),
+      count_(std::exchange(o.count_, 0)),
+      host_epoch_(std::exchange(o.host_epoch_, 0)),
+      epoch_device_(std::exchange(o.epoch_device_, nullptr)),
+      arrivals_device_(std::exchange(o.arrivals_device_, nullptr)) {}
+
+SignalArray& SignalArray::operator=(SignalArray&& o) noexcept {
+  if (this != &o) {
+    if (epoch_device_) cudaFree(epoch_device_);
+    buffer_ = std::move(o.buffer_);
+    count_ = std::exchange(o.count_, 0);
+    host_epoch_ = std::exchange(o.host_epoch_, 0);
+    epoch_device_ = std::exchange(o.epoch_device_, nullptr);
+    arrivals_device_ = std::exchange(o.arrivals_device_, nullptr);
+  }
+  return *this;
+}
+
+}  // namespace weft

@@ -1,0 +1,170 @@
+#include "weft/runtime/team.hpp"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "weft/core/driver.hpp"
+#include "weft/core/error.hpp"
+#include "nvml_links.hpp"  // private header in src/runtime
+
+namespace weft {
+
+std::string PeerLink::describe() const {
+  if (!same_node) return "other node";
+  if (performance_rank == -2) return "self";
+  if (nvlinks > 0) return str("NV", nvlinks);
+  if (nvlinks_via_switch > 0 && peer_access) return str("NV", nvlinks_via_switch, " via NVSwitch");
+  if (peer_access) return "P2P (PCIe)";
+  return "no P2P";
+}
+
+namespace {
+
+std::string join_fields(const std::vector<std::string>& fields) {
+  std::string out;
+  for (auto& f : fields) {
+    out += std::to_string(f.size());
+    out += ':';
+    out += f;
+  }
+  return out;
+}
+
+std::vector<std::string> split_fields(const std::string& blob) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos < blob.size()) {
+    std::size_t colon = blob.find(':', pos);
+    WEFT_REQUIRE(colon != std::string::npos, "corrupt team record from a peer");
+    std::size_t n = std::stoul(blob.substr(pos, colon - pos));
+    out.push_back(blob.substr(colon + 1, n));
+    pos = colon + 1 + n;
+  }
+  return out;
+}
+
+}  // namespace
+
+Team Team::discover(const LaunchEnv& env, Store& store) {
+  Team t;
+  t.rank = env.rank;
+  t.world_size = env.world_size;
+  t.local_rank = env.local_rank;
+  t.local_world_size = env.local_world_size;
+
+  int count = 0;
+  cudaError_t rc = cudaGetDeviceCount(&count);
+  WEFT_REQUIRE(rc == cudaSuccess && count > 0, "no CUDA GPU is visible to rank ", env.rank,
+               " (cudaGetDeviceCount: ", cudaGetErrorName(rc), ", ", count, " devices)");
+  EnvMap penv = process_env();
+  t.device = static_cast<int>(env_int(penv, "WEFT_DEVICE", env.local_rank % count));
+  WEFT_REQUIRE(t.device >= 0 && t.device < count, "WEFT_DEVICE=", t.device, " but only ", count,
+               " GPUs are visible");
+  WEFT_CUDA(cudaSetDevice(t.device));
+  WEFT_CUDA(cudaFree(nullptr));  // create the context now, not inside a timed region
+
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  char bus[64] = {};
+  WEFT_CUDA(cudaDeviceGetPCIBusId(bus, sizeof(bus), t.device));
+  cudaDeviceProp prop{};
+  WEFT_CUDA(cudaGetDeviceProperties(&prop, t.device));
+  t.sm_count = prop.multiProcessorCount;
+
+  CUdevice cu_dev = 0;
+  WEFT_CU(driver().cuDeviceGet(&cu_dev, t.device));
+  int vmm = 0, fd = 0;
+  WEFT_CU(driver().cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu_dev));
+  WEFT_CU(driver().cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cu_dev));
+  t.vmm_supported = vmm != 0;
+  t.vmm_fd_supported = fd != 0;
+
+  auto all = store.all_gather(join_fields({host, bus, prop.name, std::to_string(t.device)}), "team discovery");
+  t.hostname.resize(t.world_size);
+  t.pci_bus_id.resize(t.world_size);
+  t.gpu_name.resize(t.world_size);
+  std::vector<int> device_of(t.world_size);
+  t.node_of.assign(t.world_size, -1);
+  std::vector<std::string> nodes;
+  for (int r = 0; r < t.world_size; ++r) {
+    auto f = split_fields(all[r]);
+    WEFT_REQUIRE(f.size() == 4, "corrupt team record from rank ", r);
+    t.hostname[r] = f[0];
+    t.pci_bus_id[r] = f[1];
+    t.gpu_name[r] = f[2];
+    device_of[r] = std::stoi(f[3]);
+    auto it = std::find(nodes.begin(), nodes.end(), f[0]);
+    t.node_of[r] = static_cast<int>(it - nodes.begin());
+    if (it == nodes.end()) nodes.push_back(f[0]);
+  }
+  t.num_nodes = static_cast<int>(nodes.size());
+  t.node_id = t.node_of[t.rank];
+  for (int r = 0; r < t.world_size; ++r)
+    if (t.node_of[r] == t.node_id) t.local_ranks.push_back(r);
+  WEFT_REQUIRE(static_cast<int>(t.local_ranks.size()) == t.local_world_size, "the launcher says ",
+               t.local_world_size, " ranks run on this node (", host, ") but ", t.local_ranks.size(),
+               " ranks reported this host name");
+
+  auto links = nvml_links(bus);
+  t.links.resize(t.world_size);
+  for (int r = 0; r < t.world_size; ++r) {
+    PeerLink& l = t.links[r];
+    l.same_node = t.node_of[r] == t.node_id;
+    if (!l.same_node) continue;
+    if (r == t.rank) {
+      l.peer_access = true;
+      l.native_atomics = true;
+      l.performance_rank = -2;  // marks "self" for describe()
+      continue;
+    }
+    WEFT_REQUIRE(t.pci_bus_id[r] != bus, "ranks ", t.rank, " and ", r, " would share GPU ", bus,
+                 " on ", host, ": run at most one rank per GPU (or set WEFT_DEVICE per rank)");
+    int access = 0;
+    WEFT_CUDA(cudaDeviceCanAccessPeer(&access, t.device, device_of[r]));
+    l.peer_access = access != 0;
+    int v = 0;
+    if (cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrNativeAtomicSupported, t.device, device_of[r]) == cudaSuccess)
+      l.native_atomics = v != 0;
+    if (cudaDeviceGetP2PAttribute(&v, cudaDevP2PAttrPerformanceRank, t.device, device_of[r]) == cudaSuccess)
+      l.performance_rank = v;
+    l.nvlinks = links.links_to(t.pci_bus_id[r]);
+    l.nvlinks_via_switch = links.switch_links;
+  }
+  if (!links.unavailable.empty()) {
+    t.nvlink_summary = "NVML: " + links.unavailable;
+  } else {
+    std::map<std::string, int> by_far_end;
+    for (auto& e : links.active) by_far_end[e.remote_type + " " + e.remote_bus_id]++;
+    t.nvlink_summary = str(links.active.size(), " active NVLinks");
+    for (auto& [end, n] : by_far_end) t.nvlink_summary += str(", ", n, " to ", end);
+  }
+
+  // Every rank's row of the link matrix, so any rank can print the whole of it.
+  std::vector<std::string> row;
+  for (int r = 0; r < t.world_size; ++r)
+    row.push_back(std::string(t.links[r].peer_access ? "1" : "0") + t.links[r].describe());
+  auto rows = store.all_gather(join_fields(row), "team link matrix");
+  t.link_matrix.assign(t.world_size, std::vector<std::string>(t.world_size));
+  t.peer_access_matrix.assign(t.world_size, std::vector<bool>(t.world_size));
+  for (int from = 0; from < t.world_size; ++from) {
+    auto cells = split_fields(rows[from]);
+    WEFT_REQUIRE(static_cast<int>(cells.size()) == t.world_size, "corrupt link row from rank ", from);
+    for (int to = 0; to < t.world_size; ++to) {
+      t.peer_access_matrix[from][to] = cells[to][0] == '1';
+      t.link_matrix[from][to] = cells[to].substr(1);
+    }
+  }
+  return t;
+}
+
+bool Team::all_local_peers_accessible() const {
+  for (int r : local_ranks)
+    if (!links[r].peer_access) return false;
+  return true;
+}
+
+}  // namespace weft

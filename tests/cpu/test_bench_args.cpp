@@ -1,0 +1,88 @@
+// weft-bench's argument validation (no GPU needed), and the binary's behaviour
+// on bad input and on a machine without a GPU.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <sys/wait.h>
+
+#include "bench_args.hpp"
+#include "weft/core/error.hpp"
+
+using namespace weft;
+using namespace weft::bench;
+
+namespace {
+std::string error_of(std::vector<std::string> argv) {
+  argv.insert(argv.begin(), "weft-bench");
+  try {
+    parse_bench_args(argv);
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const HelpRequested&) {
+    return "help";
+  }
+  return "";
+}
+
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::array<char, 512> buf{};
+  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
+  int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+}  // namespace
+
+TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
+  BenchArgs a = parse_bench_args({"weft-bench", "all_gather"});
+  EXPECT_EQ(a.op, "all_gather");
+  ASSERT_EQ(a.bytes.size(), 19u);
+  EXPECT_EQ(a.bytes.front(), 1024u);
+  EXPECT_EQ(a.bytes.back(), 256u << 20);
+  EXPECT_EQ(a.variants, (std::vector<std::string>{"push", "pull", "ce"}));
+}
+
+TEST(BenchArgs, ParsesListsRangesAndFlags) {
+  BenchArgs a = parse_bench_args({"weft-bench", "all_gather", "--bytes", "4K:16K,1M,4K", "--variant", "pull,auto",
+                                  "--check", "--json", "--samples", "7", "--warmup", "0", "--blocks", "8",
+                                  "--dtype", "fp32"});
+  EXPECT_EQ(a.bytes, (std::vector<std::uint64_t>{4096, 8192, 16384, 1 << 20}));
+  EXPECT_EQ(a.variants, (std::vector<std::string>{"pull", "auto"}));
+  EXPECT_TRUE(a.check);
+  EXPECT_TRUE(a.json);
+  EXPECT_EQ(a.samples, 7);
+  EXPECT_EQ(a.warmup, 0);
+  EXPECT_EQ(a.blocks, 8);
+}
+
+TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
+  EXPECT_NE(error_of({}).find("no operation given: expected one of all_gather"), std::string::npos);
+  EXPECT_NE(error_of({"all_reduce_x"}).find("unknown operation 'all_reduce_x'"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--bytes", "3K:5K"}).find("powers of two"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--bytes", "12Q"}).find("cannot read --bytes size '12Q'"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--bytes", "1001"}).find("not a whole number of bf16 elements"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--variant", "fast"}).find("expected push, pull, ce, auto or all"),
+            std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--samples", "0"}).find("--samples expects a whole number from 1"),
+            std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--samples"}).find("--samples needs a value"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--dtype", "int4"}).find("expected bf16, fp16 or fp32"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--frobnicate"}).find("unknown option '--frobnicate'"), std::string::npos);
+  EXPECT_EQ(error_of({"--help"}), "help");
+}
+
+TEST(BenchBinary, BadArgumentsExit2) {
+  auto [code, out] = run(std::string(WEFT_BENCH_PATH) + " all_gather --bytes 3K:5K");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("powers of two"), std::string::npos) << out;
+}
+
+TEST(BenchBinary, WithoutAGpuSaysSoAndFails) {
+  int code = run("nvidia-smi -L").first;
+  if (code == 0) GTEST_SKIP() << "this machine has a GPU; the no-GPU message cannot be checked here";
+  auto [rc, out] = run(std::string(WEFT_BENCH_PATH) + " all_gather --bytes 1K");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("no CUDA GPU is visible"), std::string::npos) << out;
+}

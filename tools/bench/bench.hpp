@@ -1,0 +1,15 @@
+// bench.hpp - one entry point per benchmarked operation.
+#pragma once
+
+#include <memory>
+
+#include "bench_args.hpp"
+#include "weft/runtime/context.hpp"
+
+namespace weft::bench {
+
+/// weft-bench all_gather: every requested variant against NCCL (exit code 0,
+/// or 3 if a check failed). Collective; rank 0 prints.
+int bench_all_gather(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+
+}  // namespace weft::bench

@@ -1,0 +1,25 @@
+// timing.hpp - how weft-bench times anything: CUDA events, warm-up excluded, ranks started together.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <vector>
+
+#include "weft/runtime/context.hpp"
+
+namespace weft::bench {
+
+/// Median of a sample (copied, not modified).
+double median(std::vector<double> values);
+
+/// Times `fn` (which enqueues one call on `stream`) on every rank together.
+/// Each sample: a device barrier on the stream (so every rank starts at the
+/// same moment), a start event, `calls_per_sample` calls back to back, an end
+/// event. Returns microseconds per call: the median over `samples` samples on
+/// this rank, then the maximum of those medians over all ranks (the job is as
+/// slow as its slowest rank). Collective.
+double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void()>& fn, int calls_per_sample,
+                     int samples, int warmup);
+
+}  // namespace weft::bench
