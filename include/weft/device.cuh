@@ -2,6 +2,7 @@
 #pragma once
 
 #include "weft/device/copy.cuh"
+#include "weft/device/ll.cuh"
 #include "weft/device/memory.cuh"
 #include "weft/device/shmem.cuh"
 #include "weft/device/signal.cuh"

@@ -19,6 +19,8 @@ namespace weft {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr std::uint64_t kAutoLowLatencyMaxBytes = 64u << 10;
+constexpr std::uint64_t kAutoCopyEngineMinBytes = 16u << 20;
 
 struct Args {
   dev::World w;
@@ -28,6 +30,8 @@ struct Args {
   std::uint64_t* ready;    // [W]
   std::uint64_t* counted;  // [W] arrived (push) or done (pull)
   dev::LaunchEpoch epoch;
+  bool in_place;           // input is this rank's slot of output (pull reads peers' slots then)
+  std::uint64_t* staging;  // ll: [2][W][words] lines
 };
 
 // This block's slice [lo, hi) of a shard, 16-byte aligned so copies vectorise.
@@ -84,7 +88,8 @@ __global__ void __launch_bounds__(kThreads) pull_kernel(Args a) {
     const int p = (me + world - i) % world;
     if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + p, dev::Cmp::ge, e, dev::Scope::sys);
     __syncthreads();
-    dev::copy_block(a.output + p * a.bytes + lo, a.w.symm_at(a.input + lo, p), hi - lo);
+    const char* theirs = a.in_place ? a.output + p * a.bytes : a.input;  // p's input, at p's offset
+    dev::copy_block(a.output + p * a.bytes + lo, a.w.symm_at(theirs + lo, p), hi - lo);
     __syncthreads();  // every thread's loads of p's input are done before p hears so
     if (threadIdx.x == 0) dev::notify(a.w, a.counted + me, p, 1, dev::SignalOp::add, dev::Scope::sys);
   }
@@ -92,9 +97,54 @@ __global__ void __launch_bounds__(kThreads) pull_kernel(Args a) {
   dev::epoch_end(a.epoch, e);
 }
 
-int choose_blocks(std::uint64_t bytes, int sm_count) {
-  // About 256 KB per block, at most 32 blocks (a quarter of an H200), at least 1.
-  auto b = static_cast<int>((bytes + (256u << 10) - 1) / (256u << 10));
+// Reads the 4 bytes of word i (fewer at the tail; the rest zero).
+__device__ std::uint32_t load_word(const char* p, std::uint64_t bytes, std::uint64_t i) {
+  if (4 * i + 4 <= bytes && (reinterpret_cast<std::uintptr_t>(p) & 3u) == 0)
+    return *reinterpret_cast<const std::uint32_t*>(p + 4 * i);
+  std::uint32_t v = 0;
+  for (std::uint64_t b = 4 * i; b < std::min(bytes, 4 * i + 4); ++b)
+    v |= std::uint32_t(static_cast<unsigned char>(p[b])) << (8 * (b - 4 * i));
+  return v;
+}
+__device__ void store_word(char* p, std::uint64_t bytes, std::uint64_t i, std::uint32_t v) {
+  if (4 * i + 4 <= bytes && (reinterpret_cast<std::uintptr_t>(p) & 3u) == 0) {
+    *reinterpret_cast<std::uint32_t*>(p + 4 * i) = v;
+    return;
+  }
+  for (std::uint64_t b = 4 * i; b < std::min(bytes, 4 * i + 4); ++b) p[b] = static_cast<char>(v >> (8 * (b - 4 * i)));
+}
+
+// LL: every thread sends its words (payload + epoch flag, one store per line)
+// to every peer's staging, then collects the peers' words from its own staging.
+// Staging is double-buffered by epoch parity: a rank that runs epoch e + 2 has
+// finished e + 1, so every peer has finished reading e's lines (stream order).
+__global__ void __launch_bounds__(kThreads) ll_kernel(Args a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const auto flag = static_cast<std::uint32_t>(e);
+  const int me = a.w.rank, world = a.w.size;
+  const std::uint64_t words = (a.bytes + 3) / 4;
+  std::uint64_t* stage = a.staging + (e & 1) * world * words;
+  const std::uint64_t first = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  char* mine = a.output + me * a.bytes;
+  for (std::uint64_t i = first; i < words; i += stride) {
+    const std::uint32_t v = load_word(a.input, a.bytes, i);
+    for (int k = 1; k < world; ++k)
+      dev::ll_store(a.w.symm_at(stage + me * words + i, (me + k) % world), v, flag);
+    if (!a.in_place) store_word(mine, a.bytes, i, v);
+  }
+  for (int k = 1; k < world; ++k) {
+    const int p = (me + world - k) % world;
+    for (std::uint64_t i = first; i < words; i += stride)
+      store_word(a.output + p * a.bytes, a.bytes, i, dev::ll_wait(a.w, stage + p * words + i, flag));
+  }
+  dev::epoch_end(a.epoch, e);
+}
+
+int choose_blocks(AllGatherVariant v, std::uint64_t bytes, int sm_count) {
+  // About 32 KB per block (ll: 4 KB, it moves words), at most 32 blocks (a quarter of an H200).
+  const std::uint64_t per_block = v == AllGatherVariant::low_latency ? (4u << 10) : (32u << 10);
+  auto b = static_cast<int>((bytes + per_block - 1) / per_block);
   return std::clamp(b, 1, std::min(32, sm_count));
 }
 
@@ -106,6 +156,7 @@ const char* to_string(AllGatherVariant v) {
     case AllGatherVariant::push: return "push";
     case AllGatherVariant::pull: return "pull";
     case AllGatherVariant::copy_engine: return "ce";
+    case AllGatherVariant::low_latency: return "ll";
   }
   return "?";
 }
@@ -115,7 +166,8 @@ AllGatherVariant parse_all_gather_variant(const std::string& name) {
   if (name == "push") return AllGatherVariant::push;
   if (name == "pull") return AllGatherVariant::pull;
   if (name == "ce" || name == "copy_engine") return AllGatherVariant::copy_engine;
-  WEFT_FAIL("unknown all_gather variant '", name, "': expected auto, push, pull or ce");
+  if (name == "ll" || name == "low_latency") return AllGatherVariant::low_latency;
+  WEFT_FAIL("unknown all_gather variant '", name, "': expected auto, push, pull, ce or ll");
 }
 
 AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& options)
@@ -124,10 +176,20 @@ AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& optio
   WEFT_REQUIRE(bytes_ > 0, "AllGather: bytes_per_rank must be positive");
   WEFT_REQUIRE(options.blocks >= 0 && options.blocks <= ctx_->team().sm_count, "AllGather: blocks = ",
                options.blocks, " must be between 0 (automatic) and the GPU's ", ctx_->team().sm_count, " SMs");
-  // Push for every size: it measured best or level on 2 x H200 (docs/PERF.md).
-  if (variant_ == AllGatherVariant::automatic) variant_ = AllGatherVariant::push;
-  blocks_ = options.blocks ? options.blocks : choose_blocks(bytes_, ctx_->team().sm_count);
+  // Chosen from the 2 x H200 measurements in docs/PERF.md: LL while latency
+  // rules, SM push in the middle, the copy engines (no SMs) for bulk.
+  if (variant_ == AllGatherVariant::automatic)
+    variant_ = bytes_ <= kAutoLowLatencyMaxBytes ? AllGatherVariant::low_latency
+               : bytes_ < kAutoCopyEngineMinBytes ? AllGatherVariant::push
+                                                  : AllGatherVariant::copy_engine;
+  WEFT_REQUIRE(variant_ != AllGatherVariant::low_latency || bytes_ <= kAllGatherLowLatencyMaxBytes,
+               "AllGather (ll): bytes_per_rank = ", bytes_, " exceeds the low-latency limit of ",
+               kAllGatherLowLatencyMaxBytes, " bytes (LL doubles the bytes it sends); use push or ce");
+  blocks_ = options.blocks ? options.blocks : choose_blocks(variant_, bytes_, ctx_->team().sm_count);
   const int world = ctx_->world_size();
+  if (variant_ == AllGatherVariant::low_latency)
+    staging_ = SymmetricBuffer(ctx_->heap(), 2 * static_cast<std::uint64_t>(world) * ((bytes_ + 3) / 4) * 8, "u64",
+                               "all_gather.ll.staging");
   signals_ = SignalArray(ctx_->heap(), 2 * static_cast<std::uint64_t>(world),
                          str("all_gather.", to_string(variant_), ".flags"));
   if (variant_ == AllGatherVariant::copy_engine) {
@@ -152,6 +214,7 @@ void AllGather::validate(const void* input, const void* output) const {
   WEFT_REQUIRE(input && output, "AllGather::run: input and output must be device pointers (got ", input, ", ",
                output, ")");
   SymmetricHeap& heap = ctx_->heap();
+  if (variant_ == AllGatherVariant::low_latency) return;  // stages through its own symmetric buffer
   if (variant_ == AllGatherVariant::pull) {
     WEFT_REQUIRE(heap.contains(input, bytes_), "AllGather (pull): the input (", input, ", ", bytes_,
                  " bytes) must lie in one symmetric-heap allocation, since peers read it; allocate it with "
@@ -168,10 +231,15 @@ void AllGather::run(const void* input, void* output, cudaStream_t stream) {
   validate(input, output);
   if (variant_ == AllGatherVariant::copy_engine) return run_copy_engine(input, output, stream);
   const int world = ctx_->world_size();
-  Args a{ctx_->world(), static_cast<const char*>(input), static_cast<char*>(output), bytes_,
-         signals_.flags(), signals_.flags() + world, signals_.launch_epoch()};
-  if (variant_ == AllGatherVariant::push) push_kernel<<<blocks_, kThreads, 0, stream>>>(a);
-  else pull_kernel<<<blocks_, kThreads, 0, stream>>>(a);
+  auto* out = static_cast<char*>(output);
+  Args a{ctx_->world(),           static_cast<const char*>(input), out, bytes_, signals_.flags(),
+         signals_.flags() + world, signals_.launch_epoch(), input == out + ctx_->rank() * bytes_,
+         staging_.as<std::uint64_t>()};
+  switch (variant_) {
+    case AllGatherVariant::push: push_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
+    case AllGatherVariant::pull: pull_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
+    default: ll_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
+  }
   WEFT_CUDA(cudaGetLastError());
 }
 

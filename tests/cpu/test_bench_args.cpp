@@ -41,7 +41,7 @@ TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
   ASSERT_EQ(a.bytes.size(), 19u);
   EXPECT_EQ(a.bytes.front(), 1024u);
   EXPECT_EQ(a.bytes.back(), 256u << 20);
-  EXPECT_EQ(a.variants, (std::vector<std::string>{"push", "pull", "ce"}));
+  EXPECT_EQ(a.variants, (std::vector<std::string>{"push", "pull", "ce", "ll"}));
 }
 
 TEST(BenchArgs, ParsesListsRangesAndFlags) {
@@ -63,7 +63,7 @@ TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
   EXPECT_NE(error_of({"all_gather", "--bytes", "3K:5K"}).find("powers of two"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "12Q"}).find("cannot read --bytes size '12Q'"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "1001"}).find("not a whole number of bf16 elements"), std::string::npos);
-  EXPECT_NE(error_of({"all_gather", "--variant", "fast"}).find("expected push, pull, ce, auto or all"),
+  EXPECT_NE(error_of({"all_gather", "--variant", "fast"}).find("expected push, pull, ce, ll, auto or all"),
             std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--samples", "0"}).find("--samples expects a whole number from 1"),
             std::string::npos);

@@ -14,7 +14,11 @@ using weft::test::ctx;
 namespace {
 
 constexpr AllGatherVariant kVariants[] = {AllGatherVariant::push, AllGatherVariant::pull,
-                                          AllGatherVariant::copy_engine};
+                                          AllGatherVariant::copy_engine, AllGatherVariant::low_latency,
+                                          AllGatherVariant::automatic};
+bool fits(AllGatherVariant v, std::uint64_t bytes) {
+  return v != AllGatherVariant::low_latency || bytes <= kAllGatherLowLatencyMaxBytes;
+}
 
 // Fills the input with fresh data, poisons both outputs, runs weft and NCCL,
 // and returns the number of wrong bytes (against NCCL and against the seeds).
@@ -55,6 +59,7 @@ TEST(AllGather, EveryVariantMatchesNcclBitwise) {
                               std::uint64_t{16u << 20}}) {
     Buffers b(bytes);
     for (AllGatherVariant v : kVariants) {
+      if (!fits(v, bytes)) continue;
       AllGather plan(test::ctx_ptr(), {bytes, v, 0});
       EXPECT_EQ(gather_and_check(plan, b.input.as<char>(), b.output.as<char>(), b.nccl_out, false), 0u)
           << to_string(v) << " at " << bytes << " bytes";
@@ -75,11 +80,42 @@ TEST(AllGather, BackToBackRunsWithFreshDataNeedNoReset) {
   }
 }
 
+TEST(AllGather, HundredsOfRunsWithoutHostSyncStayCorrect) {
+  // Fill, gather, verify - all enqueued, no host synchronisation in between: a
+  // missing handshake or a reused LL buffer shows up as wrong bytes here.
+  const int world = ctx().world_size(), runs = 300;
+  for (std::uint64_t bytes : {std::uint64_t{4096}, std::uint64_t{200u << 10}}) {
+    Buffers b(bytes);
+    unsigned long long* bad = nullptr;
+    WEFT_CUDA(cudaMalloc(&bad, sizeof(*bad)));
+    for (AllGatherVariant v : kVariants) {
+      if (!fits(v, bytes)) continue;
+      AllGather plan(test::ctx_ptr(), {bytes, v, 0});
+      const std::uint64_t base = std::stoull(test::gather(std::to_string(bench::fresh_seed(0, bytes)))[0]);
+      auto seed_of = [&](int run, int rank) { return base * 1000003 + run * 131 + rank; };
+      WEFT_CUDA(cudaMemsetAsync(bad, 0, sizeof(*bad), test::stream()));
+      for (int i = 0; i < runs; ++i) {
+        bench::fill_random(b.input.get(), bytes, seed_of(i, ctx().rank()), test::stream());
+        plan.run(b.input.get(), b.output.get(), test::stream());
+        for (int p = 0; p < world; ++p)
+          bench::accumulate_mismatches_random(b.output.as<char>() + p * bytes, bytes, seed_of(i, p), bad,
+                                              test::stream());
+      }
+      ctx().synchronize(test::stream());
+      unsigned long long h = 0;
+      WEFT_CUDA(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost));
+      EXPECT_EQ(h, 0u) << to_string(v) << " at " << bytes << " bytes, " << runs << " runs";
+      ctx().host_barrier("no-sync runs checked");
+    }
+    WEFT_CUDA(cudaFree(bad));
+  }
+}
+
 TEST(AllGather, GraphReplayMatchesEager) {
   const std::uint64_t bytes = 64u << 10;
   const int world = ctx().world_size();
   Buffers b(bytes);
-  for (AllGatherVariant v : {AllGatherVariant::push, AllGatherVariant::pull}) {
+  for (AllGatherVariant v : {AllGatherVariant::push, AllGatherVariant::pull, AllGatherVariant::low_latency}) {
     AllGather plan(test::ctx_ptr(), {bytes, v, 0});
     cudaStream_t s = test::stream();
     cudaGraph_t graph;
@@ -113,7 +149,13 @@ TEST(AllGather, RejectsBuffersOutsideTheHeapNamingTheRequirement) {
   WEFT_CUDA(cudaMalloc(&plain, bytes * ctx().world_size()));
   AllGather push(test::ctx_ptr(), {bytes, AllGatherVariant::push, 0});
   AllGather pull(test::ctx_ptr(), {bytes, AllGatherVariant::pull, 0});
-  std::string push_error, pull_error, options_error;
+  std::string push_error, pull_error, options_error, ll_error;
+  try {
+    AllGather too_big(test::ctx_ptr(), {2 * kAllGatherLowLatencyMaxBytes, AllGatherVariant::low_latency, 0});
+  } catch (const Error& e) {
+    ll_error = e.what();
+  }
+  EXPECT_NE(ll_error.find("exceeds the low-latency limit"), std::string::npos) << ll_error;
   try {
     push.run(b.input.get(), plain, test::stream());
   } catch (const Error& e) {

@@ -81,6 +81,7 @@ int bench_all_gather(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& a
     double nccl_loop = time_per_call(ctx, stream, nccl, calls, args.samples, args.warmup);
     double nccl_single = time_per_call(ctx, stream, nccl, 1, args.samples, args.warmup);
     for (const std::string& v : args.variants) {
+      if (v == "ll" && bytes > kAllGatherLowLatencyMaxBytes) continue;  // beyond LL's range
       if (me == 0) std::fprintf(stderr, "[weft-bench] all_gather %s per rank, %s ...\n", format_bytes(bytes).c_str(), v.c_str());
       AllGather plan(ctx_ptr, {bytes, parse_all_gather_variant(v), args.blocks});
       Row row;

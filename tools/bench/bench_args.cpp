@@ -10,7 +10,7 @@ namespace weft::bench {
 namespace {
 
 const std::vector<std::string> kOps = {"all_gather"};
-const std::vector<std::string> kAllGatherVariants = {"push", "pull", "ce", "auto"};
+const std::vector<std::string> kAllGatherVariants = {"push", "pull", "ce", "ll", "auto"};
 
 bool is_pow2(std::uint64_t v) { return v && (v & (v - 1)) == 0; }
 
@@ -77,7 +77,7 @@ std::string bench_usage() {
   return "usage: weftrun -n N weft-bench OP [options]\n"
          "  OP                 all_gather\n"
          "  --bytes LIST       per-rank sizes: 1K,64K,1M or a power-of-two range 1K:256M (default 1K:256M)\n"
-         "  --variant LIST     all_gather: push, pull, ce, auto or all (default all)\n"
+         "  --variant LIST     all_gather: push, pull, ce, ll, auto or all (default all; ll only up to 1M)\n"
          "  --dtype T          bf16 (default), fp16, fp32: sizes must be whole elements\n"
          "  --check            verify bitwise against NCCL (fresh random data, poisoned outputs)\n"
          "  --json             one JSON object per line\n"

@@ -71,6 +71,13 @@ std::uint64_t count_mismatches_random(const void* p, std::uint64_t bytes, std::u
   return run_compare(p, nullptr, bytes, seed, true, stream);
 }
 
+void accumulate_mismatches_random(const void* p, std::uint64_t bytes, std::uint64_t seed,
+                                  unsigned long long* mismatches, cudaStream_t stream) {
+  compare_kernel<<<grid_for(bytes), 256, 0, stream>>>(static_cast<const unsigned char*>(p), nullptr, bytes, seed, true,
+                                                      mismatches);
+  WEFT_CUDA(cudaGetLastError());
+}
+
 std::uint64_t fresh_seed(int rank, std::uint64_t salt) {
   static std::uint64_t counter = static_cast<std::uint64_t>(
       std::chrono::steady_clock::now().time_since_epoch().count());

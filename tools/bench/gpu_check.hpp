@@ -20,6 +20,12 @@ std::uint64_t count_mismatches(const void* a, const void* b, std::uint64_t bytes
 /// Number of bytes of `p` that differ from fill_random(seed) output (synchronises `stream`).
 std::uint64_t count_mismatches_random(const void* p, std::uint64_t bytes, std::uint64_t seed, cudaStream_t stream);
 
+/// Adds the number of bytes of `p` that differ from fill_random(seed) to the
+/// device counter `*mismatches`. Asynchronous: lets a test check many
+/// back-to-back runs without synchronising between them.
+void accumulate_mismatches_random(const void* p, std::uint64_t bytes, std::uint64_t seed,
+                                  unsigned long long* mismatches, cudaStream_t stream);
+
 /// A seed unique to (run, rank, salt), so every check draws fresh data.
 std::uint64_t fresh_seed(int rank, std::uint64_t salt);
 

@@ -6,7 +6,11 @@
 //   push        - SMs store this rank's shard into every peer's output (NVLink stores);
 //   pull        - SMs load every peer's shard from its input (NVLink loads);
 //   copy_engine - cudaMemcpyAsync to each peer's output, arrival published by
-//                 stream memory operations (no SMs used).
+//                 stream memory operations (no SMs used);
+//   ll          - low-latency protocol for small messages: each 4 bytes travel
+//                 with their flag in one 8-byte store into the peers' staging
+//                 buffers, one NVLink trip and no handshake.
+// automatic picks by size from measurements on 2 x H200 (docs/PERF.md).
 // Every variant is epoch-tagged: back-to-back runs need no reset and no extra barrier.
 #pragma once
 
@@ -21,9 +25,9 @@
 
 namespace weft {
 
-enum class AllGatherVariant { automatic, push, pull, copy_engine };
+enum class AllGatherVariant { automatic, push, pull, copy_engine, low_latency };
 
-/// "auto", "push", "pull", "ce".
+/// "auto", "push", "pull", "ce", "ll".
 const char* to_string(AllGatherVariant v);
 /// Parses the names above ("copy_engine" too); throws naming the accepted names.
 AllGatherVariant parse_all_gather_variant(const std::string& name);
@@ -36,6 +40,9 @@ struct AllGatherOptions {
   int blocks = 0;
 };
 
+/// Largest bytes_per_rank the ll variant accepts (its staging doubles the bytes).
+inline constexpr std::uint64_t kAllGatherLowLatencyMaxBytes = std::uint64_t{1} << 20;
+
 /// A planned AllGather: allocates its signals once (collective), runs many times.
 class AllGather {
  public:
@@ -46,7 +53,8 @@ class AllGather {
   /// (world_size x bytes_per_rank) on `stream`. Every rank calls it, in the same
   /// order. Where the buffers must live:
   ///   push, copy_engine: `output` in the symmetric heap (peers write into it);
-  ///   pull:              `input` in the symmetric heap (peers read from it).
+  ///   pull:              `input` in the symmetric heap (peers read from it);
+  ///   ll:                anywhere (the plan owns its symmetric staging).
   /// The other buffer may be any device memory. `input` may alias this rank's
   /// slot of `output`. Throws weft::Error naming the violated requirement.
   /// Not capturable in a CUDA graph for copy_engine (stream memory operations
@@ -68,6 +76,7 @@ class AllGather {
   AllGatherVariant variant_;
   int blocks_;
   SignalArray signals_;  // [0, W): ready / input-ready; [W, 2W): arrived / done-reading
+  SymmetricBuffer staging_;  // ll: [2 parities][W senders][words] 8-byte lines
   std::vector<cudaStream_t> side_streams_;
   std::vector<cudaEvent_t> side_events_;
   cudaEvent_t fork_event_ = nullptr;
