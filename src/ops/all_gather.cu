@@ -19,7 +19,7 @@ namespace weft {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr std::uint64_t kAutoLowLatencyMaxBytes = 64u << 10;
+constexpr std::uint64_t kAutoLowLatencyMaxBytes = 512u << 10;
 constexpr std::uint64_t kAutoCopyEngineMinBytes = 16u << 20;
 
 struct Args {
@@ -142,9 +142,14 @@ __global__ void __launch_bounds__(kThreads) ll_kernel(Args a) {
 }
 
 int choose_blocks(AllGatherVariant v, std::uint64_t bytes, int sm_count) {
-  // About 32 KB per block (ll: 4 KB, it moves words), at most 32 blocks (a quarter of an H200).
-  const std::uint64_t per_block = v == AllGatherVariant::low_latency ? (4u << 10) : (32u << 10);
-  auto b = static_cast<int>((bytes + per_block - 1) / per_block);
+  if (v == AllGatherVariant::low_latency) {
+    // LL moves 4-byte words: one word per thread, up to half the SMs, so the
+    // stores of a small message leave from as many SMs as possible at once.
+    auto b = static_cast<int>((bytes + 4 * kThreads - 1) / (4 * kThreads));
+    return std::clamp(b, 1, std::max(1, sm_count / 2));
+  }
+  // About 32 KB per block, at most 32 blocks (a quarter of an H200).
+  auto b = static_cast<int>((bytes + (32u << 10) - 1) / (32u << 10));
   return std::clamp(b, 1, std::min(32, sm_count));
 }
 
