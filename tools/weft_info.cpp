@@ -45,12 +45,12 @@ int main() {
                   runtime, nccl);
       for (auto& l : lines) std::fputs(l.c_str(), stdout);
       std::printf("  peer access / link matrix (row: from rank, column: to rank):\n%10s", "");
-      for (int c = 0; c < t.world_size; ++c) std::printf(" %-22s", str("rank ", c).c_str());
+      for (int c = 0; c < t.world_size; ++c) std::printf(" %-28s", str("rank ", c).c_str());
       std::printf("\n");
       for (int r = 0; r < t.world_size; ++r) {
         std::printf("%10s", str("rank ", r).c_str());
         for (int c = 0; c < t.world_size; ++c)
-          std::printf(" %-22s",
+          std::printf(" %-28s",
                       str(t.peer_access_matrix[r][c] ? "access, " : "no access, ", t.link_matrix[r][c]).c_str());
         std::printf("\n");
       }

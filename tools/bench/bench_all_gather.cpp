@@ -86,7 +86,7 @@ int bench_all_gather(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& a
       AllGather plan(ctx_ptr, {bytes, parse_all_gather_variant(v), args.blocks});
       Row row;
       row.bytes = bytes;
-      row.variant = to_string(plan.variant());
+      row.variant = v == "auto" ? std::string("a:") + to_string(plan.variant()) : to_string(plan.variant());
       row.blocks = plan.sms_used();
       if (args.check) row.check = check_once(ctx, plan, input.get(), output.get(), nccl_out, type, elem, stream);
       auto weft = [&] { plan.run(input.get(), output.get(), stream); };
