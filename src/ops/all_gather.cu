@@ -9,6 +9,7 @@
 //         done[p]    += 1/block "a block of p has finished reading my input"
 #include <algorithm>
 
+#include "kernel_util.cuh"
 #include "weft/core/driver.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
@@ -18,7 +19,7 @@
 namespace weft {
 namespace {
 
-constexpr int kThreads = 512;
+using namespace ops_detail;
 constexpr std::uint64_t kAutoLowLatencyMaxBytes = 512u << 10;
 constexpr std::uint64_t kAutoCopyEngineMinBytes = 16u << 20;
 
@@ -36,17 +37,14 @@ struct Args {
 
 // This block's slice [lo, hi) of a shard, 16-byte aligned so copies vectorise.
 __device__ void block_slice(std::uint64_t bytes, std::uint64_t& lo, std::uint64_t& hi) {
-  std::uint64_t per = (bytes + gridDim.x - 1) / gridDim.x;
-  per = (per + 15) / 16 * 16;
-  lo = std::min<std::uint64_t>(bytes, per * blockIdx.x);
-  hi = std::min<std::uint64_t>(bytes, lo + per);
+  block_range(0, bytes, 16, lo, hi);
 }
 
 // Block 0's threads wait, one peer each, until every peer's blocks have counted in.
 __device__ void wait_counts(const Args& a, std::uint64_t target) {
   if (blockIdx.x != 0) return;
   for (int p = static_cast<int>(threadIdx.x); p < a.w.size; p += blockDim.x)
-    if (p != a.w.rank) dev::wait_until(a.w, a.counted + p, dev::Cmp::ge, target, dev::Scope::sys);
+    if (p != a.w.rank) dev::wait_until(a.w, a.counted + p, dev::Cmp::ge, target, dev::Scope::sys, p);
 }
 
 __global__ void __launch_bounds__(kThreads) push_kernel(Args a) {
@@ -62,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) push_kernel(Args a) {
   if (a.input != mine) dev::copy_block(mine + lo, a.input + lo, hi - lo);
   for (int i = 1; i < world; ++i) {
     const int p = (me + i) % world;  // rank-rotated: no two ranks hit the same peer first
-    if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + p, dev::Cmp::ge, e, dev::Scope::sys);
+    if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + p, dev::Cmp::ge, e, dev::Scope::sys, p);
     __syncthreads();
     dev::copy_block(a.w.symm_at(mine + lo, p), a.input + lo, hi - lo);
     __syncthreads();  // the release below covers every thread's stores (cumulativity)
@@ -86,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) pull_kernel(Args a) {
   if (a.input != mine) dev::copy_block(mine + lo, a.input + lo, hi - lo);
   for (int i = 1; i < world; ++i) {
     const int p = (me + world - i) % world;
-    if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + p, dev::Cmp::ge, e, dev::Scope::sys);
+    if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + p, dev::Cmp::ge, e, dev::Scope::sys, p);
     __syncthreads();
     const char* theirs = a.in_place ? a.output + p * a.bytes : a.input;  // p's input, at p's offset
     dev::copy_block(a.output + p * a.bytes + lo, a.w.symm_at(theirs + lo, p), hi - lo);
@@ -95,23 +93,6 @@ __global__ void __launch_bounds__(kThreads) pull_kernel(Args a) {
   }
   wait_counts(a, e * gridDim.x);  // peers finished reading my input: the caller may overwrite it
   dev::epoch_end(a.epoch, e);
-}
-
-// Reads the 4 bytes of word i (fewer at the tail; the rest zero).
-__device__ std::uint32_t load_word(const char* p, std::uint64_t bytes, std::uint64_t i) {
-  if (4 * i + 4 <= bytes && (reinterpret_cast<std::uintptr_t>(p) & 3u) == 0)
-    return *reinterpret_cast<const std::uint32_t*>(p + 4 * i);
-  std::uint32_t v = 0;
-  for (std::uint64_t b = 4 * i; b < std::min(bytes, 4 * i + 4); ++b)
-    v |= std::uint32_t(static_cast<unsigned char>(p[b])) << (8 * (b - 4 * i));
-  return v;
-}
-__device__ void store_word(char* p, std::uint64_t bytes, std::uint64_t i, std::uint32_t v) {
-  if (4 * i + 4 <= bytes && (reinterpret_cast<std::uintptr_t>(p) & 3u) == 0) {
-    *reinterpret_cast<std::uint32_t*>(p + 4 * i) = v;
-    return;
-  }
-  for (std::uint64_t b = 4 * i; b < std::min(bytes, 4 * i + 4); ++b) p[b] = static_cast<char>(v >> (8 * (b - 4 * i)));
 }
 
 // LL: every thread sends its words (payload + epoch flag, one store per line)
@@ -136,21 +117,48 @@ __global__ void __launch_bounds__(kThreads) ll_kernel(Args a) {
   for (int k = 1; k < world; ++k) {
     const int p = (me + world - k) % world;
     for (std::uint64_t i = first; i < words; i += stride)
-      store_word(a.output + p * a.bytes, a.bytes, i, dev::ll_wait(a.w, stage + p * words + i, flag));
+      store_word(a.output + p * a.bytes, a.bytes, i, dev::ll_wait(a.w, stage + p * words + i, flag, p));
   }
   dev::epoch_end(a.epoch, e);
 }
 
-int choose_blocks(AllGatherVariant v, std::uint64_t bytes, int sm_count) {
-  if (v == AllGatherVariant::low_latency) {
-    // LL moves 4-byte words: one word per thread, up to half the SMs, so the
-    // stores of a small message leave from as many SMs as possible at once.
-    auto b = static_cast<int>((bytes + 4 * kThreads - 1) / (4 * kThreads));
-    return std::clamp(b, 1, std::max(1, sm_count / 2));
+
+// Ring: at step s a rank forwards shard (me - s + 1) to the next rank: its own
+// at s = 1, else the one that arrived from the previous rank at step s - 1.
+// The next rank's "ready" (its output is free for epoch e) gates the first store.
+__global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int me = a.w.rank, world = a.w.size, next = (me + 1) % world, prev = (me + world - 1) % world;
+  const int steps = world - 1, blocks = gridDim.x;
+  std::uint64_t* arrived = a.counted + world;  // [steps][blocks], after the [W] counters
+  if (blockIdx.x == 0 && threadIdx.x == 0 && world > 1)
+    dev::notify(a.w, a.ready + me, prev, e, dev::SignalOp::set, dev::Scope::sys);
+  std::uint64_t lo, hi;
+  block_slice(a.bytes, lo, hi);
+  char* mine = a.output + me * a.bytes;
+  if (a.input != mine) dev::copy_block(mine + lo, a.input + lo, hi - lo);
+  if (world == 1) {
+    dev::epoch_end(a.epoch, e);
+    return;
   }
-  // About 32 KB per block, at most 32 blocks (a quarter of an H200).
-  auto b = static_cast<int>((bytes + (32u << 10) - 1) / (32u << 10));
-  return std::clamp(b, 1, std::min(32, sm_count));
+  if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + next, dev::Cmp::ge, e, dev::Scope::sys, next);
+  __syncthreads();
+  for (int s = 1; s <= steps; ++s) {
+    const int c = (me - s + 1 + world) % world;
+    if (s > 1) {
+      if (threadIdx.x == 0)
+        dev::wait_until(a.w, arrived + (s - 2) * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, prev);
+      __syncthreads();
+    }
+    const char* src = s == 1 ? a.input : a.output + c * a.bytes;
+    dev::copy_block(a.w.symm_at(a.output + c * a.bytes + lo, next), src + lo, hi - lo);
+    __syncthreads();
+    if (threadIdx.x == 0)
+      dev::notify(a.w, arrived + (s - 1) * blocks + blockIdx.x, next, e, dev::SignalOp::set, dev::Scope::sys);
+  }
+  if (threadIdx.x == 0)
+    dev::wait_until(a.w, arrived + (steps - 1) * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, prev);
+  dev::epoch_end(a.epoch, e);
 }
 
 }  // namespace
@@ -162,6 +170,7 @@ const char* to_string(AllGatherVariant v) {
     case AllGatherVariant::pull: return "pull";
     case AllGatherVariant::copy_engine: return "ce";
     case AllGatherVariant::low_latency: return "ll";
+    case AllGatherVariant::ring: return "ring";
   }
   return "?";
 }
@@ -172,15 +181,15 @@ AllGatherVariant parse_all_gather_variant(const std::string& name) {
   if (name == "pull") return AllGatherVariant::pull;
   if (name == "ce" || name == "copy_engine") return AllGatherVariant::copy_engine;
   if (name == "ll" || name == "low_latency") return AllGatherVariant::low_latency;
-  WEFT_FAIL("unknown all_gather variant '", name, "': expected auto, push, pull, ce or ll");
+  if (name == "ring") return AllGatherVariant::ring;
+  WEFT_FAIL("unknown all_gather variant '", name, "': expected auto, push, pull, ce, ll or ring");
 }
 
 AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& options)
     : ctx_(std::move(ctx)), bytes_(options.bytes_per_rank), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "AllGather needs a Context");
   WEFT_REQUIRE(bytes_ > 0, "AllGather: bytes_per_rank must be positive");
-  WEFT_REQUIRE(options.blocks >= 0 && options.blocks <= ctx_->team().sm_count, "AllGather: blocks = ",
-               options.blocks, " must be between 0 (automatic) and the GPU's ", ctx_->team().sm_count, " SMs");
+  WEFT_REQUIRE(options.max_sms >= 0, "AllGather: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
   // Chosen from the 2 x H200 measurements in docs/PERF.md: LL while latency
   // rules, SM push in the middle, the copy engines (no SMs) for bulk.
   if (variant_ == AllGatherVariant::automatic)
@@ -190,12 +199,16 @@ AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& optio
   WEFT_REQUIRE(variant_ != AllGatherVariant::low_latency || bytes_ <= kAllGatherLowLatencyMaxBytes,
                "AllGather (ll): bytes_per_rank = ", bytes_, " exceeds the low-latency limit of ",
                kAllGatherLowLatencyMaxBytes, " bytes (LL doubles the bytes it sends); use push or ce");
-  blocks_ = options.blocks ? options.blocks : choose_blocks(variant_, bytes_, ctx_->team().sm_count);
+  const int sms = ctx_->team().sm_count;
+  blocks_ = variant_ == AllGatherVariant::low_latency ? ll_blocks((bytes_ + 3) / 4, sms, options.max_sms)
+                                                      : bulk_blocks(bytes_, 32u << 10, sms, options.max_sms);
+  ctx_->verify_same_call(str("AllGather plan: ", bytes_, " bytes per rank, ", to_string(variant_), ", max_sms ",
+                             options.max_sms));
   const int world = ctx_->world_size();
   if (variant_ == AllGatherVariant::low_latency)
     staging_ = SymmetricBuffer(ctx_->heap(), 2 * static_cast<std::uint64_t>(world) * ((bytes_ + 3) / 4) * 8, "u64",
                                "all_gather.ll.staging");
-  signals_ = SignalArray(ctx_->heap(), 2 * static_cast<std::uint64_t>(world),
+  signals_ = SignalArray(ctx_->heap(), 2 * static_cast<std::uint64_t>(world) + (world - 1) * blocks_,
                          str("all_gather.", to_string(variant_), ".flags"));
   if (variant_ == AllGatherVariant::copy_engine) {
     WEFT_CUDA(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
@@ -234,6 +247,8 @@ void AllGather::validate(const void* input, const void* output) const {
 
 void AllGather::run(const void* input, void* output, cudaStream_t stream) {
   validate(input, output);
+  if (ctx_->check_calls())
+    ctx_->verify_same_call(str("AllGather run #", ++runs_, ": ", bytes_, " bytes per rank, ", to_string(variant_)));
   if (variant_ == AllGatherVariant::copy_engine) return run_copy_engine(input, output, stream);
   const int world = ctx_->world_size();
   auto* out = static_cast<char*>(output);
@@ -243,6 +258,7 @@ void AllGather::run(const void* input, void* output, cudaStream_t stream) {
   switch (variant_) {
     case AllGatherVariant::push: push_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
     case AllGatherVariant::pull: pull_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
+    case AllGatherVariant::ring: ring_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
     default: ll_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
   }
   WEFT_CUDA(cudaGetLastError());

@@ -49,6 +49,7 @@ std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
     WEFT_NCCL(ncclCommInitRank(&ctx->nccl_, ctx->world_size(), id, ctx->rank()));
   }
 
+  ctx->check_calls_ = env_int(env, "WEFT_CHECK_CALLS", 0) != 0;
   ctx->wait_timeout_ = options.wait_timeout.count() >= 0
                            ? options.wait_timeout
                            : env_seconds(env, "WEFT_WAIT_TIMEOUT", std::chrono::seconds(60));
@@ -98,6 +99,16 @@ void Context::barrier(cudaStream_t stream) { launch_barrier_kernel(world_, strea
 
 void Context::host_barrier(const std::string& what) { store_->barrier(what); }
 
+void Context::verify_same_call(const std::string& description) {
+  const std::uint64_t n = ++calls_verified_;
+  auto all = store_->all_gather(description, "collective call check");
+  std::string differ;
+  for (int r = 1; r < world_size(); ++r)
+    if (all[r] != all[0]) differ += str("\n  rank ", r, ": ", all[r]);
+  WEFT_REQUIRE(differ.empty(), "ranks disagree on checked call #", n, ":\n  rank 0: ", all[0], differ,
+               "\nEvery rank must make the same collective calls, with the same sizes, in the same order.");
+}
+
 void Context::check_wait_report() const {
   const volatile dev::WaitReport* r = wait_report_;
   if (!r || r->hit == 0) return;
@@ -105,11 +116,13 @@ void Context::check_wait_report() const {
   std::string flag = r->flag_offset == ~std::uint64_t{0}
                          ? std::string("a flag outside the symmetric heap")
                          : "signal " + heap_->describe_offset(r->flag_offset);
+  std::string who = r->peer >= 0 ? str("rank ", r->peer, " never signalled it") : std::string("a peer never signalled");
   WEFT_FAIL("device wait timed out: rank ", r->rank, " (block ", r->block, ") waited ",
             static_cast<double>(r->waited_ns) / 1e9, " s for ", flag, " to become ", dev::cmp_name(cmp), " ",
-            r->expected, "; it holds ", r->observed,
-            ". A peer never signalled: check that every rank made the same calls, in the same order. "
-            "(WEFT_WAIT_TIMEOUT sets the bound; the CUDA context of this rank is now unusable.)");
+            r->expected, "; it holds ", r->observed, ". ", who,
+            ": check that every rank made the same calls, in the same order "
+            "(WEFT_CHECK_CALLS=1 compares every call across ranks). WEFT_WAIT_TIMEOUT sets the bound; the CUDA "
+            "context of this rank is now unusable.");
 }
 
 void Context::synchronize(cudaStream_t stream) {

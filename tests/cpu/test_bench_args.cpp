@@ -41,12 +41,19 @@ TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
   ASSERT_EQ(a.bytes.size(), 19u);
   EXPECT_EQ(a.bytes.front(), 1024u);
   EXPECT_EQ(a.bytes.back(), 256u << 20);
-  EXPECT_EQ(a.variants, (std::vector<std::string>{"push", "pull", "ce", "ll"}));
+  EXPECT_EQ(a.variants, (std::vector<std::string>{"push", "pull", "ce", "ll", "ring"}));
+}
+
+TEST(BenchArgs, EachOperationHasItsVariants) {
+  EXPECT_EQ(parse_bench_args({"weft-bench", "all_reduce"}).variants,
+            (std::vector<std::string>{"ll", "one_shot", "two_shot"}));
+  EXPECT_EQ(parse_bench_args({"weft-bench", "reduce_scatter", "--variant", "ring,auto"}).variants,
+            (std::vector<std::string>{"ring", "auto"}));
 }
 
 TEST(BenchArgs, ParsesListsRangesAndFlags) {
   BenchArgs a = parse_bench_args({"weft-bench", "all_gather", "--bytes", "4K:16K,1M,4K", "--variant", "pull,auto",
-                                  "--check", "--json", "--samples", "7", "--warmup", "0", "--blocks", "8",
+                                  "--check", "--json", "--samples", "7", "--warmup", "0", "--max-sms", "8",
                                   "--dtype", "fp32"});
   EXPECT_EQ(a.bytes, (std::vector<std::uint64_t>{4096, 8192, 16384, 1 << 20}));
   EXPECT_EQ(a.variants, (std::vector<std::string>{"pull", "auto"}));
@@ -54,16 +61,19 @@ TEST(BenchArgs, ParsesListsRangesAndFlags) {
   EXPECT_TRUE(a.json);
   EXPECT_EQ(a.samples, 7);
   EXPECT_EQ(a.warmup, 0);
-  EXPECT_EQ(a.blocks, 8);
+  EXPECT_EQ(a.max_sms, 8);
 }
 
 TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
-  EXPECT_NE(error_of({}).find("no operation given: expected one of all_gather"), std::string::npos);
+  EXPECT_NE(error_of({}).find("no operation given: expected one of all_gather, all_reduce, reduce_scatter"),
+            std::string::npos);
   EXPECT_NE(error_of({"all_reduce_x"}).find("unknown operation 'all_reduce_x'"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "3K:5K"}).find("powers of two"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "12Q"}).find("cannot read --bytes size '12Q'"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "1001"}).find("not a whole number of bf16 elements"), std::string::npos);
-  EXPECT_NE(error_of({"all_gather", "--variant", "fast"}).find("expected push, pull, ce, ll, auto or all"),
+  EXPECT_NE(error_of({"all_gather", "--variant", "fast"}).find("expected push, pull, ce, ll, ring, auto or all"),
+            std::string::npos);
+  EXPECT_NE(error_of({"all_reduce", "--variant", "push"}).find("expected ll, one_shot, two_shot, auto or all"),
             std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--samples", "0"}).find("--samples expects a whole number from 1"),
             std::string::npos);

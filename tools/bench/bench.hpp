@@ -8,8 +8,8 @@
 
 namespace weft::bench {
 
-/// weft-bench all_gather: every requested variant against NCCL (exit code 0,
-/// or 3 if a check failed). Collective; rank 0 prints.
-int bench_all_gather(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+/// weft-bench all_gather | all_reduce | reduce_scatter: every requested variant
+/// against NCCL (exit code 0, or 3 if a check failed). Collective; rank 0 prints.
+int bench_collective(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
 }  // namespace weft::bench

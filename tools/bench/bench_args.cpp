@@ -9,8 +9,15 @@
 namespace weft::bench {
 namespace {
 
-const std::vector<std::string> kOps = {"all_gather"};
-const std::vector<std::string> kAllGatherVariants = {"push", "pull", "ce", "ll", "auto"};
+const std::vector<std::string> kOps = {"all_gather", "all_reduce", "reduce_scatter"};
+
+// Every variant of an operation, "auto" last ("all" means every one but auto).
+const std::vector<std::string>& variants_of(const std::string& op) {
+  static const std::vector<std::string> ag = {"push", "pull", "ce", "ll", "ring", "auto"};
+  static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "auto"};
+  static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "auto"};
+  return op == "all_gather" ? ag : op == "all_reduce" ? ar : rs;
+}
 
 bool is_pow2(std::uint64_t v) { return v && (v & (v - 1)) == 0; }
 
@@ -75,15 +82,18 @@ std::vector<std::uint64_t> parse_size_list(const std::string& text) {
 
 std::string bench_usage() {
   return "usage: weftrun -n N weft-bench OP [options]\n"
-         "  OP                 all_gather\n"
-         "  --bytes LIST       per-rank sizes: 1K,64K,1M or a power-of-two range 1K:256M (default 1K:256M)\n"
-         "  --variant LIST     all_gather: push, pull, ce, ll, auto or all (default all; ll only up to 1M)\n"
+         "  OP                 all_gather, all_reduce or reduce_scatter\n"
+         "  --bytes LIST       per-rank message sizes: 1K,64K,1M or a power-of-two range 1K:256M (default 1K:256M)\n"
+         "                     (all_gather: input per rank; all_reduce: buffer; reduce_scatter: input per rank)\n"
+         "  --variant LIST     all_gather: push, pull, ce, ll, ring; all_reduce: ll, one_shot, two_shot;\n"
+         "                     reduce_scatter: ll, mesh, ring, ce; or auto, or all (default: all; variants\n"
+         "                     are skipped above their size limits)\n"
          "  --dtype T          bf16 (default), fp16, fp32: sizes must be whole elements\n"
          "  --check            verify bitwise against NCCL (fresh random data, poisoned outputs)\n"
          "  --json             one JSON object per line\n"
          "  --samples N        timed samples per point, median reported (default 15)\n"
          "  --warmup N         untimed samples first (default 3)\n"
-         "  --blocks N         thread blocks for SM variants (default: the plan chooses)\n";
+         "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n";
 }
 
 BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
@@ -104,7 +114,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--json") args.json = true;
     else if (a == "--samples") args.samples = parse_int(a, value(), 1, 100000);
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
-    else if (a == "--blocks") args.blocks = parse_int(a, value(), 0, 1024);
+    else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (!a.empty() && a[0] == '-') WEFT_FAIL("unknown option '", a, "'\n", bench_usage());
     else if (args.op.empty()) args.op = a;
     else WEFT_FAIL("unexpected argument '", a, "' (the operation is already '", args.op, "')");
@@ -117,14 +127,15 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   for (auto b : args.bytes)
     WEFT_REQUIRE(b % elem == 0, "--bytes ", b, " is not a whole number of ", args.dtype, " elements (", elem,
                  " bytes each)");
+  const auto& known = variants_of(args.op);
   for (const std::string& v : split(variants, ',')) {
     if (v == "all") {
-      for (auto& x : kAllGatherVariants)
+      for (auto& x : known)
         if (x != "auto") args.variants.push_back(x);
       continue;
     }
-    WEFT_REQUIRE(std::find(kAllGatherVariants.begin(), kAllGatherVariants.end(), v) != kAllGatherVariants.end(),
-                 "unknown --variant '", v, "' for ", args.op, ": expected ", join(kAllGatherVariants), " or all");
+    WEFT_REQUIRE(std::find(known.begin(), known.end(), v) != known.end(), "unknown --variant '", v, "' for ",
+                 args.op, ": expected ", join(known), " or all");
     args.variants.push_back(v);
   }
   return args;

@@ -9,7 +9,7 @@ namespace weft::bench {
 
 /// Everything weft-bench was asked to do.
 struct BenchArgs {
-  std::string op;                     ///< "all_gather"
+  std::string op;                     ///< "all_gather", "all_reduce" or "reduce_scatter"
   std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
   std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant
   std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
@@ -17,7 +17,7 @@ struct BenchArgs {
   bool json = false;                  ///< one JSON object per line instead of a table
   int samples = 15;                   ///< timed samples per (size, variant); the median is reported
   int warmup = 3;                     ///< untimed samples first
-  int blocks = 0;                     ///< SM variants: thread blocks (0 = plan's choice)
+  int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
 };
 
 /// Bytes of one element of `dtype`; throws naming the accepted types.

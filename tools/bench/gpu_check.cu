@@ -1,10 +1,22 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <chrono>
+#include <cmath>
 
 #include "gpu_check.hpp"
 #include "weft/core/error.hpp"
 
 namespace weft::bench {
 namespace {
+
+template <class T>
+__device__ unsigned long long memcmp_bits(const T* x, const T* y) {
+  const unsigned char *a = reinterpret_cast<const unsigned char*>(x), *b = reinterpret_cast<const unsigned char*>(y);
+  for (unsigned k = 0; k < sizeof(T); ++k)
+    if (a[k] != b[k]) return 1;
+  return 0;
+}
 
 __host__ __device__ std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -52,6 +64,46 @@ std::uint64_t run_compare(const void* a, const void* b, std::uint64_t bytes, std
   return h;
 }
 
+int mantissa_bits(const std::string& dtype) {
+  if (dtype == "bf16") return 7;
+  if (dtype == "fp16") return 10;
+  if (dtype == "fp32") return 23;
+  WEFT_FAIL("unknown dtype '", dtype, "': expected bf16, fp16 or fp32");
+}
+
+// k / 2^m - 1 with k < 2^(m+1): exactly representable in the type.
+__host__ __device__ double grid_value(int m, std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t k = splitmix64(seed ^ (i * 0x2545f4914f6cdd1dull)) >> (63 - m);
+  return static_cast<double>(k) / static_cast<double>(1ull << m) - 1.0;
+}
+
+template <class T>
+__global__ void fill_uniform_kernel(T* p, std::uint64_t count, int m, std::uint64_t seed) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
+       i += std::uint64_t{gridDim.x} * blockDim.x)
+    p[i] = static_cast<T>(static_cast<float>(grid_value(m, seed, i)));
+}
+
+template <class T>
+__device__ double as_double(T x) { return static_cast<double>(static_cast<float>(x)); }
+
+template <class T>
+__global__ void compare_values_kernel(const T* a, const T* b, std::uint64_t count, unsigned long long* mismatched,
+                                      double* sums) {
+  unsigned long long bad = 0;
+  double diff2 = 0, ref2 = 0;
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
+    bad += memcmp_bits(a + i, b + i);
+    double d = as_double(a[i]) - as_double(b[i]);
+    diff2 += d * d;
+    ref2 += as_double(b[i]) * as_double(b[i]);
+  }
+  if (bad) atomicAdd(mismatched, bad);
+  atomicAdd(sums, diff2);
+  atomicAdd(sums + 1, ref2);
+}
+
 }  // namespace
 
 void fill_random(void* p, std::uint64_t bytes, std::uint64_t seed, cudaStream_t stream) {
@@ -76,6 +128,59 @@ void accumulate_mismatches_random(const void* p, std::uint64_t bytes, std::uint6
   compare_kernel<<<grid_for(bytes), 256, 0, stream>>>(static_cast<const unsigned char*>(p), nullptr, bytes, seed, true,
                                                       mismatches);
   WEFT_CUDA(cudaGetLastError());
+}
+
+void accumulate_mismatches(const void* a, const void* b, std::uint64_t bytes, unsigned long long* mismatches,
+                           cudaStream_t stream) {
+  compare_kernel<<<grid_for(bytes), 256, 0, stream>>>(static_cast<const unsigned char*>(a),
+                                                      static_cast<const unsigned char*>(b), bytes, 0, false, mismatches);
+  WEFT_CUDA(cudaGetLastError());
+}
+
+template <class Fn>
+void by_dtype(const std::string& dtype, Fn&& fn) {
+  if (dtype == "bf16") fn(__nv_bfloat16{});
+  else if (dtype == "fp16") fn(__half{});
+  else if (dtype == "fp32") fn(float{});
+  else WEFT_FAIL("unknown dtype '", dtype, "': expected bf16, fp16 or fp32");
+}
+
+void fill_uniform(void* p, std::uint64_t count, const std::string& dtype, std::uint64_t seed, cudaStream_t stream) {
+  const int m = mantissa_bits(dtype);
+  by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    fill_uniform_kernel<T><<<grid_for(count), 256, 0, stream>>>(static_cast<T*>(p), count, m, seed);
+  });
+  WEFT_CUDA(cudaGetLastError());
+}
+
+double uniform_value(const std::string& dtype, std::uint64_t seed, std::uint64_t i) {
+  return grid_value(mantissa_bits(dtype), seed, i);
+}
+
+ValueDiff compare_values(const void* a, const void* b, std::uint64_t count, const std::string& dtype,
+                         cudaStream_t stream) {
+  struct Out {
+    unsigned long long mismatched;
+    double sums[2];
+  };
+  Out* d = nullptr;
+  WEFT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(Out), stream));
+  WEFT_CUDA(cudaMemsetAsync(d, 0, sizeof(Out), stream));
+  by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    compare_values_kernel<T><<<grid_for(count), 256, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                                   count, &d->mismatched, d->sums);
+  });
+  WEFT_CUDA(cudaGetLastError());
+  Out h{};
+  WEFT_CUDA(cudaMemcpyAsync(&h, d, sizeof(Out), cudaMemcpyDeviceToHost, stream));
+  WEFT_CUDA(cudaFreeAsync(d, stream));
+  WEFT_CUDA(cudaStreamSynchronize(stream));
+  ValueDiff out;
+  out.mismatched = h.mismatched;
+  out.relative_error = h.sums[1] > 0 ? std::sqrt(h.sums[0] / h.sums[1]) : std::sqrt(h.sums[0]);
+  return out;
 }
 
 std::uint64_t fresh_seed(int rank, std::uint64_t salt) {

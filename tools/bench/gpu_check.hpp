@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 namespace weft::bench {
 
@@ -25,6 +26,27 @@ std::uint64_t count_mismatches_random(const void* p, std::uint64_t bytes, std::u
 /// back-to-back runs without synchronising between them.
 void accumulate_mismatches_random(const void* p, std::uint64_t bytes, std::uint64_t seed,
                                   unsigned long long* mismatches, cudaStream_t stream);
+
+/// Fills `count` elements of type `dtype` ("bf16", "fp16", "fp32") at `p` with
+/// values k / 2^m - 1 on a grid fine enough to be random yet exact in the type
+/// (m = 7, 10, 23), so a float64 reference and the GPU see the same inputs.
+void fill_uniform(void* p, std::uint64_t count, const std::string& dtype, std::uint64_t seed, cudaStream_t stream);
+
+/// The value fill_uniform writes at element i, as a double (host side).
+double uniform_value(const std::string& dtype, std::uint64_t seed, std::uint64_t i);
+
+/// How two arrays of `dtype` values differ: elements whose bits differ, and
+/// ||a - b|| / ||b|| computed in float64.
+struct ValueDiff {
+  std::uint64_t mismatched = 0;
+  double relative_error = 0;
+};
+ValueDiff compare_values(const void* a, const void* b, std::uint64_t count, const std::string& dtype,
+                         cudaStream_t stream);
+
+/// Adds the number of bytes where `a` and `b` differ to `*mismatches` (asynchronous).
+void accumulate_mismatches(const void* a, const void* b, std::uint64_t bytes, unsigned long long* mismatches,
+                           cudaStream_t stream);
 
 /// A seed unique to (run, rank, salt), so every check draws fresh data.
 std::uint64_t fresh_seed(int rank, std::uint64_t salt);

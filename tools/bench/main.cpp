@@ -6,6 +6,7 @@
 // arguments, 3 a correctness check failed.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "bench.hpp"
@@ -34,11 +35,12 @@ int main(int argc, char** argv) {
   }
   try {
     ContextOptions opts;
-    // Room for the largest input and output, plus the plans' signals.
-    const int world = detect_launch_env(process_env()).world_size;
-    opts.heap_bytes = args.bytes.back() * (world + 1) + (std::uint64_t{64} << 20);
+    // Room for the largest input and output, plus the plans' staging and signals.
+    const std::uint64_t world = detect_launch_env(process_env()).world_size;
+    opts.heap_bytes = args.bytes.back() * (world + 3) + std::min<std::uint64_t>(args.bytes.back(), 16u << 20) * 4 * world +
+                      (std::uint64_t{64} << 20);
     auto ctx = Context::from_env(opts);
-    return bench::bench_all_gather(ctx, args);
+    return bench::bench_collective(ctx, args);
   } catch (const Error& e) {
     std::fprintf(stderr, "weft-bench: %s\n", e.what());
     return 1;

@@ -25,8 +25,8 @@ WEFT_DEVICE void ll_store(std::uint64_t* line, std::uint32_t payload, std::uint3
 
 /// Spins until the line's flag equals `flag`, then returns its payload. Reads
 /// memory every time (volatile). Blocks, bounded by the World's wait timeout
-/// (then reports the line's heap offset and traps, as wait_until does).
-WEFT_DEVICE std::uint32_t ll_wait(const World& w, const std::uint64_t* line, std::uint32_t flag) {
+/// (then reports the line's heap offset and `from`, the writer, and traps).
+WEFT_DEVICE std::uint32_t ll_wait(const World& w, const std::uint64_t* line, std::uint32_t flag, int from = -1) {
   std::uint32_t payload, seen;
   std::uint64_t start = 0;
   std::uint32_t spins = 0;
@@ -36,7 +36,7 @@ WEFT_DEVICE std::uint32_t ll_wait(const World& w, const std::uint64_t* line, std
     if (w.wait_timeout_ns != 0 && (++spins & 1023u) == 0) {
       std::uint64_t now = globaltimer_ns();
       if (start == 0) start = now;
-      else if (now - start > w.wait_timeout_ns) detail::report_wait_timeout(w, line, Cmp::eq, flag, seen, now - start);
+      else if (now - start > w.wait_timeout_ns) detail::report_wait_timeout(w, line, Cmp::eq, flag, seen, now - start, from);
     }
   }
 }

@@ -23,7 +23,7 @@ namespace detail {
 /// time out at once may interleave their fields; either report names a real stuck wait.
 static __device__ __noinline__ void report_wait_timeout(const World& w, const std::uint64_t* flag, Cmp cmp,
                                                  std::uint64_t expected, std::uint64_t observed,
-                                                 std::uint64_t waited_ns) {
+                                                 std::uint64_t waited_ns, int from) {
   if (WaitReport* r = w.wait_report) {
     volatile WaitReport* vr = r;
     if (vr->hit == 0) {
@@ -34,6 +34,7 @@ static __device__ __noinline__ void report_wait_timeout(const World& w, const st
       vr->cmp = static_cast<std::uint32_t>(cmp);
       vr->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
       vr->waited_ns = waited_ns;
+      vr->peer = from;
       __threadfence_system();
       vr->hit = 1;
       __threadfence_system();
@@ -45,9 +46,10 @@ static __device__ __noinline__ void report_wait_timeout(const World& w, const st
 
 /// Spins until (*flag CMP value) holds, then returns the value seen.
 /// One thread; acquire at `scope` (use Scope::sys for flags that peers write).
-/// Blocks; bounded by w.wait_timeout_ns (then reports and traps).
+/// Blocks; bounded by w.wait_timeout_ns (then reports and traps, naming
+/// `from`, the rank expected to signal, if the caller knows it).
 WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, Cmp cmp,
-                                     std::uint64_t value, Scope scope) {
+                                     std::uint64_t value, Scope scope, int from = -1) {
   std::uint64_t v = ld_relaxed(flag, scope);
   if (!compare(v, cmp, value)) {
     std::uint64_t start = 0;
@@ -58,7 +60,7 @@ WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, 
         std::uint64_t now = globaltimer_ns();
         if (start == 0) start = now;
         else if (now - start > w.wait_timeout_ns)
-          detail::report_wait_timeout(w, flag, cmp, value, v, now - start);
+          detail::report_wait_timeout(w, flag, cmp, value, v, now - start, from);
       }
     } while (!compare(v, cmp, value));
   }

@@ -23,6 +23,8 @@ struct WaitReport {
   std::uint32_t cmp;          ///< the comparison (Cmp)
   std::uint32_t block;        ///< linear block index of the waiter
   std::uint64_t waited_ns;    ///< how long it spun
+  std::int32_t peer;          ///< the rank that should have signalled, or -1 if the caller did not say
+  std::int32_t pad;
 };
 
 /// A per-operation epoch kept in device memory, so repeated launches (and

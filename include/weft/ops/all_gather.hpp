@@ -9,7 +9,9 @@
 //                 stream memory operations (no SMs used);
 //   ll          - low-latency protocol for small messages: each 4 bytes travel
 //                 with their flag in one 8-byte store into the peers' staging
-//                 buffers, one NVLink trip and no handshake.
+//                 buffers, one NVLink trip and no handshake;
+//   ring        - SM push in ring order: each shard travels rank -> rank + 1
+//                 for W - 1 steps (for links between neighbours only).
 // automatic picks by size from measurements on 2 x H200 (docs/PERF.md).
 // Every variant is epoch-tagged: back-to-back runs need no reset and no extra barrier.
 #pragma once
@@ -25,9 +27,9 @@
 
 namespace weft {
 
-enum class AllGatherVariant { automatic, push, pull, copy_engine, low_latency };
+enum class AllGatherVariant { automatic, push, pull, copy_engine, low_latency, ring };
 
-/// "auto", "push", "pull", "ce", "ll".
+/// "auto", "push", "pull", "ce", "ll", "ring".
 const char* to_string(AllGatherVariant v);
 /// Parses the names above ("copy_engine" too); throws naming the accepted names.
 AllGatherVariant parse_all_gather_variant(const std::string& name);
@@ -36,8 +38,8 @@ AllGatherVariant parse_all_gather_variant(const std::string& name);
 struct AllGatherOptions {
   std::uint64_t bytes_per_rank = 0;  ///< each rank's contribution (> 0)
   AllGatherVariant variant = AllGatherVariant::automatic;
-  /// Thread blocks for the SM variants; 0 lets the plan choose from the size.
-  int blocks = 0;
+  /// Cap on the SMs (thread blocks) the SM variants occupy; 0 = the plan chooses.
+  int max_sms = 0;
 };
 
 /// Largest bytes_per_rank the ll variant accepts (its staging doubles the bytes).
@@ -52,7 +54,7 @@ class AllGather {
   /// Gathers `input` (bytes_per_rank on this rank) into `output`
   /// (world_size x bytes_per_rank) on `stream`. Every rank calls it, in the same
   /// order. Where the buffers must live:
-  ///   push, copy_engine: `output` in the symmetric heap (peers write into it);
+  ///   push, ring, copy_engine: `output` in the symmetric heap (peers write into it);
   ///   pull:              `input` in the symmetric heap (peers read from it);
   ///   ll:                anywhere (the plan owns its symmetric staging).
   /// The other buffer may be any device memory. `input` may alias this rank's
@@ -75,7 +77,8 @@ class AllGather {
   std::uint64_t bytes_;
   AllGatherVariant variant_;
   int blocks_;
-  SignalArray signals_;  // [0, W): ready / input-ready; [W, 2W): arrived / done-reading
+  std::uint64_t runs_ = 0;
+  SignalArray signals_;  // [0, W): ready; [W, 2W): arrived / done-reading; ring: [2W, 2W + (W-1) x blocks) per step
   SymmetricBuffer staging_;  // ll: [2 parities][W senders][words] 8-byte lines
   std::vector<cudaStream_t> side_streams_;
   std::vector<cudaEvent_t> side_events_;

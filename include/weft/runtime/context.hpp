@@ -75,6 +75,15 @@ class Context {
   void synchronize(cudaStream_t stream);
   /// Throws the timed-out-wait error if any wait on this rank gave up; else no-op.
   void check_wait_report() const;
+  /// Collective: checks that every rank describes the same call ("AllReduce
+  /// plan: 1048576 x bf16, two_shot") and throws on every rank, naming each
+  /// rank whose description differs from rank 0's, if not. Plans call it at
+  /// construction always, and on every run when check_calls() is on: a rank
+  /// that skips or changes a call is then reported instead of hanging.
+  void verify_same_call(const std::string& description);
+  /// WEFT_CHECK_CALLS=1: compare every collective run across ranks (a store
+  /// round trip per call: for debugging and tests, not for speed).
+  bool check_calls() const { return check_calls_; }
   /// Bound applied to device spin-waits (0 = none).
   std::chrono::milliseconds wait_timeout() const { return wait_timeout_; }
 
@@ -90,6 +99,8 @@ class Context {
   dev::WaitReport* wait_report_ = nullptr;  // mapped pinned host memory
   std::uint64_t* barrier_epoch_ = nullptr;  // device memory
   std::chrono::milliseconds wait_timeout_{0};
+  bool check_calls_ = false;
+  std::uint64_t calls_verified_ = 0;
 };
 
 /// A symmetric allocation owned by an object: allocated collectively on

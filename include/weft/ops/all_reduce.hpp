@@ -1,0 +1,82 @@
+// weft/ops/all_reduce.hpp - sum across the ranks of one node, as a reusable plan.
+//
+// Every rank gives `count` elements; every rank receives their element-wise
+// sum. Sums accumulate in fp32 in rank order and round once, so every variant
+// gives the same bits on every rank and in every run.
+//   ll        - each 4-byte word travels with its flag in one 8-byte store to
+//               every peer's staging; one NVLink trip, no handshake. Small messages.
+//   one_shot  - every rank pushes its whole input into every peer's staging
+//               (double-buffered by epoch parity, so no handshake), then sums W inputs.
+//   two_shot  - reduce-scatter then all-gather on SMs, pulling from the peers'
+//               buffers: rank r sums chunk r of every input, then every rank reads
+//               every other chunk from its owner. Bulk messages; moves the fewest bytes.
+// automatic picks by size from the 2 x H200 measurements in docs/PERF.md.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weft/ops/collective.hpp"
+#include "weft/runtime/context.hpp"
+
+namespace weft {
+
+enum class AllReduceVariant { automatic, low_latency, one_shot, two_shot };
+
+/// "auto", "ll", "one_shot", "two_shot".
+const char* to_string(AllReduceVariant v);
+/// Parses those names; throws naming the accepted ones.
+AllReduceVariant parse_all_reduce_variant(const std::string& name);
+
+/// Largest message (bytes per rank) of the ll and one_shot variants: their
+/// staging holds 2 x world x (2 x, for ll) the message on every rank.
+inline constexpr std::uint64_t kAllReduceLowLatencyMaxBytes = std::uint64_t{1} << 20;
+inline constexpr std::uint64_t kAllReduceOneShotMaxBytes = std::uint64_t{16} << 20;
+
+/// What an AllReduce plan is built for.
+struct AllReduceOptions {
+  std::uint64_t count = 0;  ///< elements per rank, any positive number
+  DType dtype = DType::bf16;
+  AllReduceVariant variant = AllReduceVariant::automatic;
+  int max_sms = 0;          ///< cap on the SMs (thread blocks) it occupies; 0 = the plan chooses
+};
+
+/// A planned AllReduce (sum). Collective to build; runs many times.
+class AllReduce {
+ public:
+  /// Collective. Validates the options (and that every rank asked for the same
+  /// plan), picks the variant and allocates its signals and staging once.
+  AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& options);
+  ~AllReduce();
+  AllReduce(const AllReduce&) = delete;
+  AllReduce& operator=(const AllReduce&) = delete;
+
+  /// Sums `input` over the ranks into `output` on `stream` (output == input is
+  /// allowed: in place). Every rank calls it in the same order. Buffers: for
+  /// ll and one_shot any device memory; for two_shot both in the symmetric heap
+  /// (peers read them). Capturable in CUDA graphs. Throws weft::Error naming
+  /// the violated requirement.
+  void run(const void* input, void* output, cudaStream_t stream);
+
+  AllReduceVariant variant() const { return variant_; }
+  /// SMs (thread blocks) the plan occupies while it runs.
+  int sms_used() const { return blocks_; }
+  std::uint64_t count() const { return count_; }
+  DType dtype() const { return dtype_; }
+  std::uint64_t bytes() const { return count_ * dtype_size(dtype_); }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  std::uint64_t count_;
+  DType dtype_;
+  AllReduceVariant variant_;
+  int blocks_ = 1;
+  SignalArray signals_;
+  SymmetricBuffer staging_;
+  std::uint64_t runs_ = 0;
+};
+
+}  // namespace weft

@@ -1,0 +1,88 @@
+// weft/ops/reduce_scatter.hpp - sum across ranks, each rank keeping one slice, as a reusable plan.
+//
+// Every rank gives world x `count` elements; rank r receives the element-wise
+// sum over all ranks of their slice r ([r x count, (r+1) x count)). Sums
+// accumulate in fp32 and round once (ring: once per step, as the partial sums
+// travel), in a fixed order, so results repeat bit for bit.
+//   ll          - slice p of my input travels to rank p as 8-byte {4 data bytes,
+//                 flag} lines; one NVLink trip, no handshake. Small messages.
+//   mesh        - rank r reads slice r of every peer's input (SM loads) and sums
+//                 in rank order 0..W-1.
+//   ring        - partial sums travel rank -> rank + 1 for W - 1 steps (SM
+//                 stores into double-buffered staging); order: rank r+1, r+2, ..., r.
+//   copy_engine - the copy engines fetch slice r from every peer into local
+//                 scratch, then one local kernel sums in rank order.
+// automatic picks by size from the 2 x H200 measurements in docs/PERF.md.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/ops/collective.hpp"
+#include "weft/runtime/context.hpp"
+
+namespace weft {
+
+enum class ReduceScatterVariant { automatic, low_latency, mesh, ring, copy_engine };
+
+/// "auto", "ll", "mesh", "ring", "ce".
+const char* to_string(ReduceScatterVariant v);
+/// Parses those names; throws naming the accepted ones.
+ReduceScatterVariant parse_reduce_scatter_variant(const std::string& name);
+
+/// Largest output slice (bytes per rank) of the ll variant.
+inline constexpr std::uint64_t kReduceScatterLowLatencyMaxBytes = std::uint64_t{1} << 20;
+
+/// What a ReduceScatter plan is built for.
+struct ReduceScatterOptions {
+  std::uint64_t count = 0;  ///< output elements per rank; the input holds world x count
+  DType dtype = DType::bf16;
+  ReduceScatterVariant variant = ReduceScatterVariant::automatic;
+  int max_sms = 0;          ///< cap on the SMs (thread blocks) it occupies; 0 = the plan chooses
+};
+
+/// A planned ReduceScatter (sum). Collective to build; runs many times.
+class ReduceScatter {
+ public:
+  /// Collective. Validates the options (and that every rank asked for the same
+  /// plan), picks the variant and allocates its signals and staging once.
+  ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOptions& options);
+  ~ReduceScatter();
+  ReduceScatter(const ReduceScatter&) = delete;
+  ReduceScatter& operator=(const ReduceScatter&) = delete;
+
+  /// Reduces `input` (world x count elements) into `output` (count elements)
+  /// on `stream`. `output` may be this rank's slice of `input` (in place).
+  /// Buffers: mesh and copy_engine read peers' inputs, so `input` must be in the
+  /// symmetric heap; ll and ring take any device memory. The SM variants are
+  /// capturable in CUDA graphs; copy_engine is not (host-side epochs).
+  void run(const void* input, void* output, cudaStream_t stream);
+
+  ReduceScatterVariant variant() const { return variant_; }
+  /// SMs (thread blocks) the plan occupies while it runs (copy_engine: its local sum kernel).
+  int sms_used() const { return blocks_; }
+  std::uint64_t count() const { return count_; }
+  DType dtype() const { return dtype_; }
+
+ private:
+  void run_copy_engine(const void* input, void* output, cudaStream_t stream);
+
+  std::shared_ptr<Context> ctx_;
+  std::uint64_t count_;
+  DType dtype_;
+  ReduceScatterVariant variant_;
+  int blocks_ = 1;
+  SignalArray signals_;
+  SymmetricBuffer staging_;
+  void* scratch_ = nullptr;  // copy_engine: [W][count], local
+  std::vector<cudaStream_t> side_streams_;
+  std::vector<cudaEvent_t> side_events_;
+  cudaEvent_t fork_event_ = nullptr;
+  std::uint64_t runs_ = 0;
+};
+
+}  // namespace weft

@@ -1,0 +1,280 @@
+// ReduceScatter on one node: the plan, its SM kernels (ll, mesh, ring) and the
+// copy-engine path (stream memory operations plus one local sum kernel).
+//
+// Flags (one SignalArray):
+//   mesh: ready[W] (set e: "my input is complete"), done[W] (+1 per block:
+//         "I have read my slice of your input").
+//   ring: [2 parities][W - 1 steps][B blocks], set to e when the previous rank's
+//         block has stored that step's partial sums here.
+//   copy_engine: ready[W], done[W], both set to the host epoch by stream writes.
+#include "kernel_util.cuh"
+#include "weft/core/driver.hpp"
+#include "weft/device.cuh"
+#include "weft/ops/reduce_scatter.hpp"
+
+namespace weft {
+namespace {
+
+using namespace ops_detail;
+
+struct Args {
+  dev::World w;
+  const void* input;
+  void* output;
+  std::uint64_t count;
+  std::uint64_t* flags;
+  void* staging;
+  dev::LaunchEpoch epoch;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) ll_kernel(Args a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const auto flag = static_cast<std::uint32_t>(e);
+  const int me = a.w.rank, world = a.w.size;
+  const std::uint64_t bytes = a.count * sizeof(T), words = (bytes + 3) / 4;
+  const char* in = static_cast<const char*>(a.input);
+  auto* stage = static_cast<std::uint64_t*>(a.staging) + (e & 1) * world * words;  // [W senders][words]
+  const std::uint64_t first = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  for (std::uint64_t i = first; i < words; i += stride)
+    for (int k = 1; k < world; ++k) {
+      const int p = (me + k) % world;  // slice p goes to rank p
+      dev::ll_store(a.w.symm_at(stage + me * words + i, p), load_word(in + p * bytes, bytes, i), flag);
+    }
+  for (std::uint64_t i = first; i < words; i += stride) {
+    dev::Acc<T, 4> acc;
+    for (int q = 0; q < world; ++q) {
+      const std::uint32_t v =
+          q == me ? load_word(in + me * bytes, bytes, i) : dev::ll_wait(a.w, stage + q * words + i, flag, q);
+      q == 0 ? acc.set(v) : acc.add(v);
+    }
+    store_word(a.output, bytes, i, acc.template pack<std::uint32_t>());
+  }
+  dev::epoch_end(a.epoch, e);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) mesh_kernel(Args a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int me = a.w.rank, world = a.w.size;
+  std::uint64_t *ready = a.flags, *done = a.flags + world;
+  const auto* in = static_cast<const T*>(a.input);
+  const int p = static_cast<int>(threadIdx.x);
+  if (blockIdx.x == 0) {
+    dev::fence_sc(dev::Scope::sys);
+    if (p < world && p != me) dev::notify(a.w, ready + me, p, e, dev::SignalOp::set, dev::Scope::sys);
+  }
+  if (p < world && p != me) dev::wait_until(a.w, ready + p, dev::Cmp::ge, e, dev::Scope::sys, p);
+  __syncthreads();
+  std::uint64_t lo, hi;
+  block_range(0, a.count, 16 / sizeof(T), lo, hi);
+  const T* my_slice = in + me * a.count;
+  dev::reduce_span<T>(static_cast<T*>(a.output), [&](int q) { return a.w.symm_at(my_slice, q); }, world, lo, hi,
+                      threadIdx.x, blockDim.x);
+  __syncthreads();
+  if (p < world && p != me) dev::notify(a.w, done + me, p, 1, dev::SignalOp::add, dev::Scope::sys);
+  if (blockIdx.x == 0 && p < world && p != me)  // peers are done with my input before I return
+    dev::wait_until(a.w, done + p, dev::Cmp::ge, e * gridDim.x, dev::Scope::sys, p);
+  dev::epoch_end(a.epoch, e);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int me = a.w.rank, world = a.w.size, next = (me + 1) % world, prev = (me + world - 1) % world;
+  const int steps = world - 1, blocks = gridDim.x;
+  const auto* in = static_cast<const T*>(a.input);
+  auto* stage = static_cast<T*>(a.staging) + (e & 1) * steps * a.count;     // [steps][count]
+  std::uint64_t* arrived = a.flags + (e & 1) * steps * blocks;              // [steps][B]
+  std::uint64_t lo, hi;
+  block_range(0, a.count, 16 / sizeof(T), lo, hi);
+  // Step s sends slice (me - s) to the next rank: my input alone at s = 1, else
+  // the partial that arrived at step s - 1 plus my input.
+  for (int s = 1; s <= steps; ++s) {
+    const int c = (me - s + 2 * world) % world;
+    const T* mine = in + c * a.count;
+    const T* got = s > 1 ? stage + (s - 2) * a.count : nullptr;
+    if (s > 1) {
+      if (threadIdx.x == 0)
+        dev::wait_until(a.w, arrived + (s - 2) * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, prev);
+      __syncthreads();
+    }
+    T* dst = a.w.symm_at(stage + (s - 1) * a.count, next);
+    if (s == 1) dev::copy_block(dst + lo, mine + lo, (hi - lo) * sizeof(T));
+    else dev::reduce_span<T>(dst, [&](int q) { return q == 0 ? got : mine; }, 2, lo, hi, threadIdx.x, blockDim.x);
+    __syncthreads();
+    if (threadIdx.x == 0)
+      dev::notify(a.w, arrived + (s - 1) * blocks + blockIdx.x, next, e, dev::SignalOp::set, dev::Scope::sys);
+  }
+  if (threadIdx.x == 0)
+    dev::wait_until(a.w, arrived + (steps - 1) * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, prev);
+  __syncthreads();
+  const T* got = stage + (steps - 1) * a.count;
+  const T* mine = in + me * a.count;
+  dev::reduce_span<T>(static_cast<T*>(a.output), [&](int q) { return q == 0 ? got : mine; }, 2, lo, hi,
+                      threadIdx.x, blockDim.x);
+  dev::epoch_end(a.epoch, e);
+}
+
+// Sums slice `me` of the inputs gathered in scratch (and my own) in rank order.
+template <class T>
+__global__ void __launch_bounds__(kThreads) local_sum_kernel(const T* in, const T* scratch, T* out,
+                                                             std::uint64_t count, int me, int world) {
+  std::uint64_t lo, hi;
+  block_range(0, count, 16 / sizeof(T), lo, hi);
+  dev::reduce_span<T>(out, [&](int q) { return q == me ? in + me * count : scratch + q * count; }, world, lo, hi,
+                      threadIdx.x, blockDim.x);
+}
+
+// Chosen from the 2 x H200 measurements in docs/PERF.md.
+constexpr std::uint64_t kAutoLowLatencyMaxBytes = 256u << 10;
+
+}  // namespace
+
+const char* to_string(ReduceScatterVariant v) {
+  switch (v) {
+    case ReduceScatterVariant::automatic: return "auto";
+    case ReduceScatterVariant::low_latency: return "ll";
+    case ReduceScatterVariant::mesh: return "mesh";
+    case ReduceScatterVariant::ring: return "ring";
+    case ReduceScatterVariant::copy_engine: return "ce";
+  }
+  return "?";
+}
+
+ReduceScatterVariant parse_reduce_scatter_variant(const std::string& name) {
+  if (name == "auto") return ReduceScatterVariant::automatic;
+  if (name == "ll" || name == "low_latency") return ReduceScatterVariant::low_latency;
+  if (name == "mesh") return ReduceScatterVariant::mesh;
+  if (name == "ring") return ReduceScatterVariant::ring;
+  if (name == "ce" || name == "copy_engine") return ReduceScatterVariant::copy_engine;
+  WEFT_FAIL("unknown reduce_scatter variant '", name, "': expected auto, ll, mesh, ring or ce");
+}
+
+ReduceScatter::ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOptions& options)
+    : ctx_(std::move(ctx)), count_(options.count), dtype_(options.dtype), variant_(options.variant) {
+  WEFT_REQUIRE(ctx_, "ReduceScatter needs a Context");
+  WEFT_REQUIRE(count_ > 0, "ReduceScatter: count must be positive (output elements per rank)");
+  WEFT_REQUIRE(options.max_sms >= 0, "ReduceScatter: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
+  const std::uint64_t bytes = count_ * dtype_size(dtype_);
+  const int world = ctx_->world_size(), sms = ctx_->team().sm_count;
+  const auto w64 = static_cast<std::uint64_t>(world);
+  if (variant_ == ReduceScatterVariant::automatic)
+    variant_ = bytes <= kAutoLowLatencyMaxBytes ? ReduceScatterVariant::low_latency : ReduceScatterVariant::mesh;
+  WEFT_REQUIRE(variant_ != ReduceScatterVariant::low_latency || bytes <= kReduceScatterLowLatencyMaxBytes,
+               "ReduceScatter (ll): ", bytes, " bytes per rank exceeds its limit of ",
+               kReduceScatterLowLatencyMaxBytes, "; use mesh, ring or ce");
+  ctx_->verify_same_call(str("ReduceScatter plan: ", count_, " x ", to_string(dtype_), " per rank, ",
+                             to_string(variant_), ", max_sms ", options.max_sms));
+  switch (variant_) {
+    case ReduceScatterVariant::low_latency:
+      blocks_ = ll_blocks((bytes + 3) / 4, sms, options.max_sms);
+      staging_ = SymmetricBuffer(ctx_->heap(), 2 * w64 * ((bytes + 3) / 4) * 8, "u64", "reduce_scatter.ll.staging");
+      signals_ = SignalArray(ctx_->heap(), 1, "reduce_scatter.ll.unused");
+      break;
+    case ReduceScatterVariant::mesh:
+      blocks_ = bulk_blocks(bytes, 32u << 10, sms, options.max_sms);
+      signals_ = SignalArray(ctx_->heap(), 2 * w64, "reduce_scatter.mesh.flags");
+      break;
+    case ReduceScatterVariant::ring:
+      blocks_ = bulk_blocks(bytes, 32u << 10, sms, options.max_sms);
+      staging_ = SymmetricBuffer(ctx_->heap(), 2 * (w64 - 1) * bytes + 16, to_string(dtype_),
+                                 "reduce_scatter.ring.staging");
+      signals_ = SignalArray(ctx_->heap(), 2 * (w64 - 1) * blocks_ + 1, "reduce_scatter.ring.flags");
+      break;
+    default:
+      blocks_ = bulk_blocks(bytes, 32u << 10, sms, options.max_sms);
+      signals_ = SignalArray(ctx_->heap(), 2 * w64, "reduce_scatter.ce.flags");
+      WEFT_CUDA(cudaMalloc(&scratch_, w64 * bytes));
+      WEFT_CUDA(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
+      side_streams_.resize(world);
+      side_events_.resize(world);
+      for (int p = 0; p < world; ++p) {
+        WEFT_CUDA(cudaStreamCreateWithFlags(&side_streams_[p], cudaStreamNonBlocking));
+        WEFT_CUDA(cudaEventCreateWithFlags(&side_events_[p], cudaEventDisableTiming));
+      }
+      break;
+  }
+}
+
+ReduceScatter::~ReduceScatter() {
+  for (auto s : side_streams_) cudaStreamDestroy(s);
+  for (auto e : side_events_) cudaEventDestroy(e);
+  if (fork_event_) cudaEventDestroy(fork_event_);
+  if (scratch_) cudaFree(scratch_);
+}
+
+void ReduceScatter::run(const void* input, void* output, cudaStream_t stream) {
+  WEFT_REQUIRE(input && output, "ReduceScatter::run: input and output must be device pointers (got ", input, ", ",
+               output, ")");
+  const std::uint64_t bytes = count_ * dtype_size(dtype_);
+  const int world = ctx_->world_size();
+  if (variant_ == ReduceScatterVariant::mesh || variant_ == ReduceScatterVariant::copy_engine)
+    WEFT_REQUIRE(ctx_->heap().contains(input, bytes * world), "ReduceScatter (", to_string(variant_),
+                 "): the input (", input, ", ", bytes * world, " bytes = world ", world, " x ", bytes,
+                 ") must lie in one symmetric-heap allocation, since peers read it; allocate it with "
+                 "ctx->heap().alloc(...), or use variant ll or ring");
+  if (ctx_->check_calls())
+    ctx_->verify_same_call(str("ReduceScatter run #", ++runs_, ": ", count_, " x ", to_string(dtype_), ", ",
+                               to_string(variant_)));
+  if (world == 1) {  // nothing to reduce with
+    if (input != output) WEFT_CUDA(cudaMemcpyAsync(output, input, bytes, cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  if (variant_ == ReduceScatterVariant::copy_engine) return run_copy_engine(input, output, stream);
+  Args a{ctx_->world(), input, output, count_, signals_.flags(), staging_.get(), signals_.launch_epoch()};
+  dispatch(dtype_, [&](auto t) {
+    using T = decltype(t);
+    switch (variant_) {
+      case ReduceScatterVariant::low_latency: ll_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
+      case ReduceScatterVariant::mesh: mesh_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
+      default: ring_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
+    }
+  });
+  WEFT_CUDA(cudaGetLastError());
+}
+
+void ReduceScatter::run_copy_engine(const void* input, void* output, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  WEFT_REQUIRE(capturing == cudaStreamCaptureStatusNone,
+               "ReduceScatter (ce) cannot be captured in a CUDA graph: its stream memory operations carry "
+               "host-side epochs. Use mesh, ring or ll inside graphs.");
+  const Driver& cu = driver();
+  const int me = ctx_->rank(), world = ctx_->world_size();
+  const std::uint64_t bytes = count_ * dtype_size(dtype_);
+  SymmetricHeap& heap = ctx_->heap();
+  const std::uint64_t e = signals_.next_host_epoch();
+  std::uint64_t *ready = signals_.flags(), *done = ready + world;
+  auto dptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  const char* my_slice = static_cast<const char*>(input) + me * bytes;
+
+  // "My input is complete": a memory barrier precedes each stream write.
+  for (int p = 0; p < world; ++p)
+    if (p != me) WEFT_CU(cu.cuStreamWriteValue64(stream, dptr(heap.peer_ptr(ready + me, p)), e, 0));
+  WEFT_CUDA(cudaEventRecord(fork_event_, stream));
+  for (int k = 1; k < world; ++k) {
+    const int p = (me + k) % world;
+    cudaStream_t s = side_streams_[p];
+    WEFT_CUDA(cudaStreamWaitEvent(s, fork_event_));
+    WEFT_CU(cu.cuStreamWaitValue64(s, dptr(ready + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+    WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(scratch_) + p * bytes, heap.peer_ptr(my_slice, p), bytes,
+                              cudaMemcpyDeviceToDevice, s));
+    WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(done + me, p)), e, 0));  // "done with your input"
+    WEFT_CUDA(cudaEventRecord(side_events_[p], s));
+  }
+  for (int p = 0; p < world; ++p)
+    if (p != me) WEFT_CUDA(cudaStreamWaitEvent(stream, side_events_[p]));
+  dispatch(dtype_, [&](auto t) {
+    using T = decltype(t);
+    local_sum_kernel<T><<<blocks_, kThreads, 0, stream>>>(static_cast<const T*>(input),
+                                                          static_cast<const T*>(scratch_), static_cast<T*>(output),
+                                                          count_, me, world);
+  });
+  WEFT_CUDA(cudaGetLastError());
+  for (int p = 0; p < world; ++p)
+    if (p != me) WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(done + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+}
+
+}  // namespace weft

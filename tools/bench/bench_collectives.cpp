@@ -1,0 +1,226 @@
+// weft-bench all_gather | all_reduce | reduce_scatter: every requested variant
+// against NCCL's collective, in one run, on the same buffers.
+//
+// --bytes is the message per rank: AllGather's input, AllReduce's buffer,
+// ReduceScatter's input (its output is bytes / world). Bus bandwidth follows
+// nccl-tests: AllReduce bytes/t x 2(W-1)/W; ReduceScatter bytes/t x (W-1)/W;
+// AllGather W x bytes/t x (W-1)/W.
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "bench.hpp"
+#include "gpu_check.hpp"
+#include "timing.hpp"
+#include "weft/core/env.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/all_gather.hpp"
+#include "weft/ops/all_reduce.hpp"
+#include "weft/ops/reduce_scatter.hpp"
+
+namespace weft::bench {
+namespace {
+
+ncclDataType_t nccl_type(const std::string& dtype) {
+  if (dtype == "fp16") return ncclHalf;
+  if (dtype == "fp32") return ncclFloat32;
+  return ncclBfloat16;
+}
+
+struct Row {
+  std::uint64_t bytes = 0;
+  std::string variant;
+  int sms = 0;
+  double weft_loop = 0, nccl_loop = 0, weft_single = 0, nccl_single = 0;
+  std::string check = "skipped";
+};
+
+// The buffers of one operation at its largest size; smaller sizes use prefixes.
+struct Buffers {
+  SymmetricBuffer input, output;
+  void* nccl_out = nullptr;
+  std::uint64_t out_bytes = 0;
+  Buffers(Context& ctx, const std::string& op, std::uint64_t max_bytes, const std::string& dtype) {
+    const std::uint64_t w = ctx.world_size();
+    out_bytes = op == "all_gather" ? max_bytes * w : op == "reduce_scatter" ? max_bytes / w : max_bytes;
+    input = SymmetricBuffer(ctx.heap(), max_bytes, dtype, "bench.input");
+    output = SymmetricBuffer(ctx.heap(), out_bytes, dtype, "bench.output");
+    WEFT_CUDA(cudaMalloc(&nccl_out, out_bytes));
+  }
+  ~Buffers() { cudaFree(nccl_out); }
+};
+
+// One operation at one size and variant: how to run weft, how to run NCCL.
+struct Case {
+  std::function<void(cudaStream_t)> weft, nccl;
+  std::string variant;
+  int sms = 0;
+  std::uint64_t out_bytes = 0;
+};
+
+Case make_case(const std::shared_ptr<Context>& ctx, const std::string& op, const std::string& v, std::uint64_t bytes,
+               const BenchArgs& args, Buffers& b, std::shared_ptr<void>& plan_holder) {
+  Case c;
+  const int elem = dtype_bytes(args.dtype);
+  const std::uint64_t w = ctx->world_size();
+  const ncclDataType_t type = nccl_type(args.dtype);
+  void *in = b.input.get(), *out = b.output.get(), *nout = b.nccl_out;
+  ncclComm_t comm = ctx->nccl();
+  auto label = [&](const char* chosen) { return v == "auto" ? std::string("a:") + chosen : std::string(chosen); };
+  if (op == "all_gather") {
+    auto plan = std::make_shared<AllGather>(ctx, AllGatherOptions{bytes, parse_all_gather_variant(v), args.max_sms});
+    c.weft = [plan, in, out](cudaStream_t s) { plan->run(in, out, s); };
+    c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclAllGather(in, nout, bytes / elem, type, comm, s)); };
+    c.variant = label(to_string(plan->variant()));
+    c.sms = plan->sms_used();
+    c.out_bytes = bytes * w;
+    plan_holder = plan;
+  } else if (op == "all_reduce") {
+    auto plan = std::make_shared<AllReduce>(
+        ctx, AllReduceOptions{bytes / elem, parse_dtype(args.dtype), parse_all_reduce_variant(v), args.max_sms});
+    c.weft = [plan, in, out](cudaStream_t s) { plan->run(in, out, s); };
+    c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclAllReduce(in, nout, bytes / elem, type, ncclSum, comm, s)); };
+    c.variant = label(to_string(plan->variant()));
+    c.sms = plan->sms_used();
+    c.out_bytes = bytes;
+    plan_holder = plan;
+  } else {
+    WEFT_REQUIRE(bytes % (w * elem) == 0, "reduce_scatter: --bytes ", bytes, " is not a whole number of ", w,
+                 " x ", args.dtype, " slices (one per rank)");
+    const std::uint64_t count = bytes / (w * elem);
+    auto plan = std::make_shared<ReduceScatter>(
+        ctx, ReduceScatterOptions{count, parse_dtype(args.dtype), parse_reduce_scatter_variant(v), args.max_sms});
+    c.weft = [plan, in, out](cudaStream_t s) { plan->run(in, out, s); };
+    c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclReduceScatter(in, nout, count, type, ncclSum, comm, s)); };
+    c.variant = label(to_string(plan->variant()));
+    c.sms = plan->sms_used();
+    c.out_bytes = count * elem;
+    plan_holder = plan;
+  }
+  return c;
+}
+
+bool variant_fits(const std::string& op, const std::string& v, std::uint64_t bytes, int world) {
+  if (op == "all_gather") return v != "ll" || bytes <= kAllGatherLowLatencyMaxBytes;
+  if (op == "all_reduce")
+    return (v != "ll" || bytes <= kAllReduceLowLatencyMaxBytes) && (v != "one_shot" || bytes <= kAllReduceOneShotMaxBytes);
+  return v != "ll" || bytes / world <= kReduceScatterLowLatencyMaxBytes;
+}
+
+// Fresh inputs on every rank, poisoned outputs, one weft run and one NCCL run.
+// Data movement must match bitwise; sums must match bitwise at two ranks (IEEE
+// addition commutes) and within the type's tolerance beyond.
+std::string check_once(Context& ctx, const std::string& op, const Case& c, std::uint64_t bytes, const BenchArgs& args,
+                       Buffers& b, cudaStream_t stream) {
+  const int elem = dtype_bytes(args.dtype);
+  std::uint64_t seed = fresh_seed(ctx.rank(), bytes);
+  if (op == "all_gather") fill_random(b.input.get(), bytes, seed, stream);
+  else fill_uniform(b.input.get(), bytes / elem, args.dtype, seed, stream);
+  poison(b.output.get(), c.out_bytes, 0xA5, stream);
+  poison(b.nccl_out, c.out_bytes, 0x5A, stream);
+  ctx.barrier(stream);
+  c.weft(stream);
+  c.nccl(stream);
+  ctx.synchronize(stream);
+  if (op == "all_gather") {
+    std::uint64_t bad = count_mismatches(b.output.get(), b.nccl_out, c.out_bytes, stream);
+    return bad ? str("FAIL(", bad, " bytes)") : "ok";
+  }
+  ValueDiff d = compare_values(b.output.get(), b.nccl_out, c.out_bytes / elem, args.dtype, stream);
+  const double tol = args.dtype == "fp32" ? 1e-6 : 1e-2;
+  if (ctx.world_size() <= 2 ? d.mismatched != 0 : d.relative_error > tol)
+    return str("FAIL(", d.mismatched, " differ, rel ", d.relative_error, ")");
+  return "ok";
+}
+
+double busbw(const std::string& op, std::uint64_t bytes, int world, double us) {
+  const double w = world, t = us * 1e-6;
+  if (op == "all_reduce") return bytes / t * 2 * (w - 1) / w / 1e9;
+  if (op == "reduce_scatter") return bytes / t * (w - 1) / w / 1e9;
+  return bytes * w / t * (w - 1) / w / 1e9;
+}
+
+int calls_for(std::uint64_t bytes) {
+  return static_cast<int>(std::clamp<std::uint64_t>((std::uint64_t{64} << 20) / bytes, 2, 100));
+}
+
+}  // namespace
+
+int bench_collective(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
+  Context& ctx = *ctx_ptr;
+  const int world = ctx.world_size(), me = ctx.rank();
+  const std::string& op = args.op;
+  cudaStream_t stream;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<Row> rows;
+  bool all_ok = true;
+  {
+    Buffers b(ctx, op, args.bytes.back(), args.dtype);
+    fill_random(b.input.get(), args.bytes.back(), fresh_seed(me, 1), stream);
+    if (op != "all_gather") fill_uniform(b.input.get(), args.bytes.back() / dtype_bytes(args.dtype), args.dtype, 7, stream);
+    for (std::uint64_t bytes : args.bytes) {
+      const int calls = calls_for(bytes);
+      double nccl_loop = -1, nccl_single = -1;
+      for (const std::string& v : args.variants) {
+        if (!variant_fits(op, v, bytes, world)) continue;
+        if (me == 0) std::fprintf(stderr, "[weft-bench] %s %s per rank, %s ...\n", op.c_str(), format_bytes(bytes).c_str(), v.c_str());
+        std::shared_ptr<void> plan;
+        Case c = make_case(ctx_ptr, op, v, bytes, args, b, plan);
+        if (nccl_loop < 0) {
+          nccl_loop = time_per_call(ctx, stream, [&] { c.nccl(stream); }, calls, args.samples, args.warmup);
+          nccl_single = time_per_call(ctx, stream, [&] { c.nccl(stream); }, 1, args.samples, args.warmup);
+        }
+        Row row;
+        row.bytes = bytes;
+        row.variant = c.variant;
+        row.sms = c.sms;
+        if (args.check) row.check = check_once(ctx, op, c, bytes, args, b, stream);
+        row.weft_loop = time_per_call(ctx, stream, [&] { c.weft(stream); }, calls, args.samples, args.warmup);
+        row.weft_single = time_per_call(ctx, stream, [&] { c.weft(stream); }, 1, args.samples, args.warmup);
+        row.nccl_loop = nccl_loop;
+        row.nccl_single = nccl_single;
+        if (args.check && row.check == "ok") {  // the timed runs must have left the same answer
+          c.nccl(stream);
+          ctx.synchronize(stream);
+          std::uint64_t bad = count_mismatches(b.output.get(), b.nccl_out, c.out_bytes, stream);
+          if (bad && (op == "all_gather" || world <= 2)) row.check = str("FAIL-after-timing(", bad, " bytes)");
+        }
+        for (auto& verdict : ctx.store().all_gather(row.check, "check verdicts"))
+          if (verdict != "ok" && verdict != "skipped") row.check = verdict;
+        all_ok &= row.check == "ok" || row.check == "skipped";
+        rows.push_back(row);
+      }
+    }
+  }
+  WEFT_CUDA(cudaStreamDestroy(stream));
+
+  if (me == 0) {
+    if (args.json) {
+      for (auto& r : rows)
+        std::printf("{\"op\":\"%s\",\"world\":%d,\"dtype\":\"%s\",\"bytes\":%llu,\"variant\":\"%s\",\"sms\":%d,"
+                    "\"weft_loop_us\":%.3f,\"nccl_loop_us\":%.3f,\"weft_single_us\":%.3f,\"nccl_single_us\":%.3f,"
+                    "\"busbw_weft_gbs\":%.2f,\"busbw_nccl_gbs\":%.2f,\"check\":\"%s\"}\n",
+                    op.c_str(), world, args.dtype.c_str(), static_cast<unsigned long long>(r.bytes), r.variant.c_str(),
+                    r.sms, r.weft_loop, r.nccl_loop, r.weft_single, r.nccl_single,
+                    busbw(op, r.bytes, world, r.weft_loop), busbw(op, r.bytes, world, r.nccl_loop), r.check.c_str());
+    } else {
+      std::printf("%s, %d ranks, %s; us per call (median of %d samples, max over ranks); loop = back to back,\n"
+                  "single = one call after a device barrier; ratio = weft/NCCL time; busbw from the loop times\n",
+                  op.c_str(), world, args.dtype.c_str(), args.samples);
+      std::printf("%8s %11s %4s | %9s %9s %6s | %9s %9s %6s | %8s %8s | %s\n", "bytes", "variant", "SMs", "weft",
+                  "nccl", "ratio", "weft", "nccl", "ratio", "busbw", "nccl", "check");
+      std::printf("%8s %11s %4s | %26s | %26s | %17s |\n", "", "", "", "loop", "single", "GB/s");
+      for (auto& r : rows)
+        std::printf("%8s %11s %4d | %9.2f %9.2f %6.3f | %9.2f %9.2f %6.3f | %8.1f %8.1f | %s\n",
+                    format_bytes(r.bytes).c_str(), r.variant.c_str(), r.sms, r.weft_loop, r.nccl_loop,
+                    r.weft_loop / r.nccl_loop, r.weft_single, r.nccl_single, r.weft_single / r.nccl_single,
+                    busbw(op, r.bytes, world, r.weft_loop), busbw(op, r.bytes, world, r.nccl_loop), r.check.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return all_ok ? 0 : 3;
+}
+
+}  // namespace weft::bench
