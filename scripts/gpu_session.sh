@@ -5,6 +5,9 @@
 # with the working tree (device tool: carry [".deps"]).
 #
 #   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples bench (default: all)
+#
+# What comes back (the device tool returns at most 8 files): summary.txt, the
+# sweep's CSVs and plots, and logs.tgz with every log and raw JSON line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/weft-out}
@@ -71,11 +74,26 @@ if has examples && [ "$GPUS" -ge 2 ]; then
 fi
 
 if has bench; then
-  run_logged "bench all_gather" bench_all_gather.txt \
-    "$BUILD/weftrun" -n "$GPUS" --timeout 580 -- "$BUILD/weft-bench" all_gather --bytes 1K:256M --check ${BENCH_ARGS:-}
-  cat "$OUT/bench_all_gather.txt"
+  # PyTorch's symmetric-memory one-shot all-reduce, for the comparison below 1 MB.
+  if [ "$GPUS" -ge 2 ]; then
+    run_logged "torch symm-mem one-shot" torch_symm_mem.log python3 -m torch.distributed.run --nproc_per_node="$GPUS" \
+      tools/torch_symm_mem_bench.py --bytes 1K:1M --samples 25 --out "$OUT/torch_ar.jsonl"
+    tail -n 14 "$OUT/torch_symm_mem.log"
+  fi
+  mkdir -p "$OUT/sweep"
+  torch_json=()
+  [ -s "$OUT/torch_ar.jsonl" ] && torch_json=(--torch-json "$OUT/torch_ar.jsonl")
+  run_logged "sweep all_reduce, reduce_scatter, all_gather" sweep.log python3 scripts/sweep_collectives.py \
+    --build "$BUILD" --out "$OUT/sweep" --bytes "${SWEEP_BYTES:-1K:1G}" --timeout 560 "${torch_json[@]}" \
+    ${BENCH_ARGS:+--extra="$BENCH_ARGS"}
+  grep -v '^\[weft-bench\]' "$OUT/sweep.log" | tail -n 90
 fi
 
 echo
-echo "==== summary ($(date -u +%F) on $GPUS GPU(s)) ===="
-printf '%s\n' "${SUMMARY[@]}"
+{
+  echo "==== summary ($(date -u +%F) on $GPUS GPU(s)) ===="
+  printf '%s\n' "${SUMMARY[@]}"
+} | tee "$OUT/summary.txt"
+# Everything but the summary, the CSVs and the plots goes into one archive.
+( cd "$OUT" && find . -type f ! -name summary.txt ! -name '*.csv' ! -name '*.png' ! -name logs.tgz -print0 |
+    tar czf logs.tgz --null -T - --remove-files ) 2>/dev/null
