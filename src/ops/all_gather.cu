@@ -256,10 +256,10 @@ void AllGather::run(const void* input, void* output, cudaStream_t stream) {
          signals_.flags() + world, signals_.launch_epoch(), input == out + ctx_->rank() * bytes_,
          staging_.as<std::uint64_t>()};
   switch (variant_) {
-    case AllGatherVariant::push: push_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
-    case AllGatherVariant::pull: pull_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
-    case AllGatherVariant::ring: ring_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
-    default: ll_kernel<<<blocks_, kThreads, 0, stream>>>(a); break;
+    case AllGatherVariant::push: launch_pdl(push_kernel, blocks_, kThreads, stream, a); break;
+    case AllGatherVariant::pull: launch_pdl(pull_kernel, blocks_, kThreads, stream, a); break;
+    case AllGatherVariant::ring: launch_pdl(ring_kernel, blocks_, kThreads, stream, a); break;
+    default: launch_pdl(ll_kernel, blocks_, kThreads, stream, a); break;
   }
   WEFT_CUDA(cudaGetLastError());
 }

@@ -7,6 +7,7 @@
 //             free"), reduced[W] (+1 per block: "my chunk of the sum is in my
 //             output"), done[W] (+1 per block: "I have read all I need of yours").
 // ll carries its flags inside the data lines.
+#include "ce_reduction.hpp"
 #include "kernel_util.cuh"
 #include "weft/core/env.hpp"
 #include "weft/device.cuh"
@@ -122,8 +123,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(Args a) {
 }
 
 // Chosen from the 2 x H200 measurements in docs/PERF.md.
-constexpr std::uint64_t kAutoLowLatencyMaxBytes = 256u << 10;
-constexpr std::uint64_t kAutoOneShotMaxBytes = 1u << 20;
+constexpr std::uint64_t kAutoLowLatencyMaxBytes = 512u << 10;
+constexpr std::uint64_t kAutoOneShotMaxBytes = 4u << 20;
 
 }  // namespace
 
@@ -133,6 +134,7 @@ const char* to_string(AllReduceVariant v) {
     case AllReduceVariant::low_latency: return "ll";
     case AllReduceVariant::one_shot: return "one_shot";
     case AllReduceVariant::two_shot: return "two_shot";
+    case AllReduceVariant::copy_engine: return "ce";
   }
   return "?";
 }
@@ -142,7 +144,8 @@ AllReduceVariant parse_all_reduce_variant(const std::string& name) {
   if (name == "ll" || name == "low_latency") return AllReduceVariant::low_latency;
   if (name == "one_shot") return AllReduceVariant::one_shot;
   if (name == "two_shot") return AllReduceVariant::two_shot;
-  WEFT_FAIL("unknown all_reduce variant '", name, "': expected auto, ll, one_shot or two_shot");
+  if (name == "ce" || name == "copy_engine") return AllReduceVariant::copy_engine;
+  WEFT_FAIL("unknown all_reduce variant '", name, "': expected auto, ll, one_shot, two_shot or ce");
 }
 
 AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& options)
@@ -154,7 +157,7 @@ AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& optio
   if (variant_ == AllReduceVariant::automatic)
     variant_ = bytes <= kAutoLowLatencyMaxBytes ? AllReduceVariant::low_latency
                : bytes <= kAutoOneShotMaxBytes  ? AllReduceVariant::one_shot
-                                                : AllReduceVariant::two_shot;
+                                                : AllReduceVariant::copy_engine;
   WEFT_REQUIRE(variant_ != AllReduceVariant::low_latency || bytes <= kAllReduceLowLatencyMaxBytes,
                "AllReduce (ll): ", bytes, " bytes per rank exceeds its limit of ", kAllReduceLowLatencyMaxBytes,
                " (LL doubles the bytes it sends); use one_shot or two_shot");
@@ -177,6 +180,14 @@ AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& optio
       staging_ = SymmetricBuffer(ctx_->heap(), 2 * w64 * bytes, to_string(dtype_), "all_reduce.one_shot.staging");
       signals_ = SignalArray(ctx_->heap(), 2 * w64 * blocks_, "all_reduce.one_shot.flags");
       break;
+    case AllReduceVariant::copy_engine: {
+      constexpr std::uint64_t kGrain = 16;  // slices start on 16-byte boundaries
+      const std::uint64_t per = kGrain / dtype_size(dtype_);
+      const std::uint64_t slice = ((count_ + w64 - 1) / w64 + per - 1) / per * per;
+      ce_ = std::make_unique<ops_detail::CopyEngineReduction>(*ctx_, count_, slice, dtype_, true, "all_reduce.ce");
+      blocks_ = ce_->sms();
+      break;
+    }
     default:
       blocks_ = bulk_blocks(bytes / w64, 64u << 10, sms, options.max_sms);
       signals_ = SignalArray(ctx_->heap(), 3 * w64, "all_reduce.two_shot.flags");
@@ -184,7 +195,7 @@ AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& optio
   }
 }
 
-AllReduce::~AllReduce() = default;
+AllReduce::~AllReduce() = default;  // here, where CopyEngineReduction is complete
 
 void AllReduce::run(const void* input, void* output, cudaStream_t stream) {
   WEFT_REQUIRE(input && output, "AllReduce::run: input and output must be device pointers (got ", input, ", ",
@@ -197,16 +208,20 @@ void AllReduce::run(const void* input, void* output, cudaStream_t stream) {
     WEFT_REQUIRE(ctx_->heap().contains(output, bytes), "AllReduce (two_shot): the output (", output, ", ", bytes,
                  " bytes) must lie in one symmetric-heap allocation, since peers read it");
   }
+  if (variant_ == AllReduceVariant::copy_engine)
+    WEFT_REQUIRE(ctx_->heap().contains(output, bytes), "AllReduce (ce): the output (", output, ", ", bytes,
+                 " bytes) must lie in one symmetric-heap allocation, since peers write into it");
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("AllReduce run #", ++runs_, ": ", count_, " x ", to_string(dtype_), ", ",
                                to_string(variant_)));
+  if (variant_ == AllReduceVariant::copy_engine) return ce_->run(input, output, stream);
   Args a{ctx_->world(), input, output, count_, signals_.flags(), staging_.get(), signals_.launch_epoch()};
   dispatch(dtype_, [&](auto t) {
     using T = decltype(t);
     switch (variant_) {
-      case AllReduceVariant::low_latency: ll_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
-      case AllReduceVariant::one_shot: one_shot_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
-      default: two_shot_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
+      case AllReduceVariant::low_latency: launch_pdl(ll_kernel<T>, blocks_, kThreads, stream, a); break;
+      case AllReduceVariant::one_shot: launch_pdl(one_shot_kernel<T>, blocks_, kThreads, stream, a); break;
+      default: launch_pdl(two_shot_kernel<T>, blocks_, kThreads, stream, a); break;
     }
   });
   WEFT_CUDA(cudaGetLastError());

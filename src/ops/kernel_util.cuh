@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
+
+#include <cuda_runtime.h>
 
 #include "weft/core/error.hpp"
 #include "weft/ops/collective.hpp"
@@ -53,6 +56,24 @@ __device__ inline void store_word(void* base, std::uint64_t bytes, std::uint64_t
     return;
   }
   for (std::uint64_t b = 4 * i; b < std::min(bytes, 4 * i + 4); ++b) p[b] = static_cast<char>(v >> (8 * (b - 4 * i)));
+}
+
+/// Launches `kernel` with programmatic stream serialisation allowed: on
+/// Hopper the grid may be scheduled while the previous kernel of the stream
+/// finishes, hiding launch latency; the kernel must start with dev::pdl_wait()
+/// (dev::epoch_begin does). Works inside CUDA graphs too.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), int blocks, int threads, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  WEFT_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 /// Threads per block of the collective kernels.

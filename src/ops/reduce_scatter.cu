@@ -6,7 +6,8 @@
 //         "I have read my slice of your input").
 //   ring: [2 parities][W - 1 steps][B blocks], set to e when the previous rank's
 //         block has stored that step's partial sums here.
-//   copy_engine: ready[W], done[W], both set to the host epoch by stream writes.
+//   copy_engine: see ce_reduction.hpp.
+#include "ce_reduction.hpp"
 #include "kernel_util.cuh"
 #include "weft/core/driver.hpp"
 #include "weft/device.cuh"
@@ -117,18 +118,9 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
   dev::epoch_end(a.epoch, e);
 }
 
-// Sums slice `me` of the inputs gathered in scratch (and my own) in rank order.
-template <class T>
-__global__ void __launch_bounds__(kThreads) local_sum_kernel(const T* in, const T* scratch, T* out,
-                                                             std::uint64_t count, int me, int world) {
-  std::uint64_t lo, hi;
-  block_range(0, count, 16 / sizeof(T), lo, hi);
-  dev::reduce_span<T>(out, [&](int q) { return q == me ? in + me * count : scratch + q * count; }, world, lo, hi,
-                      threadIdx.x, blockDim.x);
-}
-
-// Chosen from the 2 x H200 measurements in docs/PERF.md.
+// Chosen from the 2 x H200 measurements in docs/PERF.md (output bytes per rank).
 constexpr std::uint64_t kAutoLowLatencyMaxBytes = 256u << 10;
+constexpr std::uint64_t kAutoRingMaxBytes = 4u << 20;
 
 }  // namespace
 
@@ -161,7 +153,9 @@ ReduceScatter::ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOp
   const int world = ctx_->world_size(), sms = ctx_->team().sm_count;
   const auto w64 = static_cast<std::uint64_t>(world);
   if (variant_ == ReduceScatterVariant::automatic)
-    variant_ = bytes <= kAutoLowLatencyMaxBytes ? ReduceScatterVariant::low_latency : ReduceScatterVariant::mesh;
+    variant_ = bytes <= kAutoLowLatencyMaxBytes ? ReduceScatterVariant::low_latency
+               : bytes <= kAutoRingMaxBytes     ? ReduceScatterVariant::ring
+                                                : ReduceScatterVariant::copy_engine;
   WEFT_REQUIRE(variant_ != ReduceScatterVariant::low_latency || bytes <= kReduceScatterLowLatencyMaxBytes,
                "ReduceScatter (ll): ", bytes, " bytes per rank exceeds its limit of ",
                kReduceScatterLowLatencyMaxBytes, "; use mesh, ring or ce");
@@ -184,37 +178,25 @@ ReduceScatter::ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOp
       signals_ = SignalArray(ctx_->heap(), 2 * (w64 - 1) * blocks_ + 1, "reduce_scatter.ring.flags");
       break;
     default:
-      blocks_ = bulk_blocks(bytes, 32u << 10, sms, options.max_sms);
-      signals_ = SignalArray(ctx_->heap(), 2 * w64, "reduce_scatter.ce.flags");
-      WEFT_CUDA(cudaMalloc(&scratch_, w64 * bytes));
-      WEFT_CUDA(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
-      side_streams_.resize(world);
-      side_events_.resize(world);
-      for (int p = 0; p < world; ++p) {
-        WEFT_CUDA(cudaStreamCreateWithFlags(&side_streams_[p], cudaStreamNonBlocking));
-        WEFT_CUDA(cudaEventCreateWithFlags(&side_events_[p], cudaEventDisableTiming));
-      }
+      ce_ = std::make_unique<ops_detail::CopyEngineReduction>(*ctx_, w64 * count_, count_, dtype_, false,
+                                                              "reduce_scatter.ce");
+      blocks_ = ce_->sms();
       break;
   }
 }
 
-ReduceScatter::~ReduceScatter() {
-  for (auto s : side_streams_) cudaStreamDestroy(s);
-  for (auto e : side_events_) cudaEventDestroy(e);
-  if (fork_event_) cudaEventDestroy(fork_event_);
-  if (scratch_) cudaFree(scratch_);
-}
+ReduceScatter::~ReduceScatter() = default;
 
 void ReduceScatter::run(const void* input, void* output, cudaStream_t stream) {
   WEFT_REQUIRE(input && output, "ReduceScatter::run: input and output must be device pointers (got ", input, ", ",
                output, ")");
   const std::uint64_t bytes = count_ * dtype_size(dtype_);
   const int world = ctx_->world_size();
-  if (variant_ == ReduceScatterVariant::mesh || variant_ == ReduceScatterVariant::copy_engine)
+  if (variant_ == ReduceScatterVariant::mesh)
     WEFT_REQUIRE(ctx_->heap().contains(input, bytes * world), "ReduceScatter (", to_string(variant_),
                  "): the input (", input, ", ", bytes * world, " bytes = world ", world, " x ", bytes,
                  ") must lie in one symmetric-heap allocation, since peers read it; allocate it with "
-                 "ctx->heap().alloc(...), or use variant ll or ring");
+                 "ctx->heap().alloc(...), or use variant ll, ring or ce");
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("ReduceScatter run #", ++runs_, ": ", count_, " x ", to_string(dtype_), ", ",
                                to_string(variant_)));
@@ -227,54 +209,16 @@ void ReduceScatter::run(const void* input, void* output, cudaStream_t stream) {
   dispatch(dtype_, [&](auto t) {
     using T = decltype(t);
     switch (variant_) {
-      case ReduceScatterVariant::low_latency: ll_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
-      case ReduceScatterVariant::mesh: mesh_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
-      default: ring_kernel<T><<<blocks_, kThreads, 0, stream>>>(a); break;
+      case ReduceScatterVariant::low_latency: launch_pdl(ll_kernel<T>, blocks_, kThreads, stream, a); break;
+      case ReduceScatterVariant::mesh: launch_pdl(mesh_kernel<T>, blocks_, kThreads, stream, a); break;
+      default: launch_pdl(ring_kernel<T>, blocks_, kThreads, stream, a); break;
     }
   });
   WEFT_CUDA(cudaGetLastError());
 }
 
 void ReduceScatter::run_copy_engine(const void* input, void* output, cudaStream_t stream) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-  WEFT_REQUIRE(capturing == cudaStreamCaptureStatusNone,
-               "ReduceScatter (ce) cannot be captured in a CUDA graph: its stream memory operations carry "
-               "host-side epochs. Use mesh, ring or ll inside graphs.");
-  const Driver& cu = driver();
-  const int me = ctx_->rank(), world = ctx_->world_size();
-  const std::uint64_t bytes = count_ * dtype_size(dtype_);
-  SymmetricHeap& heap = ctx_->heap();
-  const std::uint64_t e = signals_.next_host_epoch();
-  std::uint64_t *ready = signals_.flags(), *done = ready + world;
-  auto dptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
-  const char* my_slice = static_cast<const char*>(input) + me * bytes;
-
-  // "My input is complete": a memory barrier precedes each stream write.
-  for (int p = 0; p < world; ++p)
-    if (p != me) WEFT_CU(cu.cuStreamWriteValue64(stream, dptr(heap.peer_ptr(ready + me, p)), e, 0));
-  WEFT_CUDA(cudaEventRecord(fork_event_, stream));
-  for (int k = 1; k < world; ++k) {
-    const int p = (me + k) % world;
-    cudaStream_t s = side_streams_[p];
-    WEFT_CUDA(cudaStreamWaitEvent(s, fork_event_));
-    WEFT_CU(cu.cuStreamWaitValue64(s, dptr(ready + p), e, CU_STREAM_WAIT_VALUE_GEQ));
-    WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(scratch_) + p * bytes, heap.peer_ptr(my_slice, p), bytes,
-                              cudaMemcpyDeviceToDevice, s));
-    WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(done + me, p)), e, 0));  // "done with your input"
-    WEFT_CUDA(cudaEventRecord(side_events_[p], s));
-  }
-  for (int p = 0; p < world; ++p)
-    if (p != me) WEFT_CUDA(cudaStreamWaitEvent(stream, side_events_[p]));
-  dispatch(dtype_, [&](auto t) {
-    using T = decltype(t);
-    local_sum_kernel<T><<<blocks_, kThreads, 0, stream>>>(static_cast<const T*>(input),
-                                                          static_cast<const T*>(scratch_), static_cast<T*>(output),
-                                                          count_, me, world);
-  });
-  WEFT_CUDA(cudaGetLastError());
-  for (int p = 0; p < world; ++p)
-    if (p != me) WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(done + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+  ce_->run(input, output, stream);
 }
 
 }  // namespace weft

@@ -46,7 +46,7 @@ TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
 
 TEST(BenchArgs, EachOperationHasItsVariants) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "all_reduce"}).variants,
-            (std::vector<std::string>{"ll", "one_shot", "two_shot"}));
+            (std::vector<std::string>{"ll", "one_shot", "two_shot", "ce"}));
   EXPECT_EQ(parse_bench_args({"weft-bench", "reduce_scatter", "--variant", "ring,auto"}).variants,
             (std::vector<std::string>{"ring", "auto"}));
 }
@@ -73,7 +73,7 @@ TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
   EXPECT_NE(error_of({"all_gather", "--bytes", "1001"}).find("not a whole number of bf16 elements"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--variant", "fast"}).find("expected push, pull, ce, ll, ring, auto or all"),
             std::string::npos);
-  EXPECT_NE(error_of({"all_reduce", "--variant", "push"}).find("expected ll, one_shot, two_shot, auto or all"),
+  EXPECT_NE(error_of({"all_reduce", "--variant", "push"}).find("expected ll, one_shot, two_shot, ce, auto or all"),
             std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--samples", "0"}).find("--samples expects a whole number from 1"),
             std::string::npos);

@@ -14,7 +14,7 @@ const std::vector<std::string> kOps = {"all_gather", "all_reduce", "reduce_scatt
 // Every variant of an operation, "auto" last ("all" means every one but auto).
 const std::vector<std::string>& variants_of(const std::string& op) {
   static const std::vector<std::string> ag = {"push", "pull", "ce", "ll", "ring", "auto"};
-  static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "auto"};
+  static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "ce", "auto"};
   static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "auto"};
   return op == "all_gather" ? ag : op == "all_reduce" ? ar : rs;
 }
@@ -85,7 +85,7 @@ std::string bench_usage() {
          "  OP                 all_gather, all_reduce or reduce_scatter\n"
          "  --bytes LIST       per-rank message sizes: 1K,64K,1M or a power-of-two range 1K:256M (default 1K:256M)\n"
          "                     (all_gather: input per rank; all_reduce: buffer; reduce_scatter: input per rank)\n"
-         "  --variant LIST     all_gather: push, pull, ce, ll, ring; all_reduce: ll, one_shot, two_shot;\n"
+         "  --variant LIST     all_gather: push, pull, ce, ll, ring; all_reduce: ll, one_shot, two_shot, ce;\n"
          "                     reduce_scatter: ll, mesh, ring, ce; or auto, or all (default: all; variants\n"
          "                     are skipped above their size limits)\n"
          "  --dtype T          bf16 (default), fp16, fp32: sizes must be whole elements\n"

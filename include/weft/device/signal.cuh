@@ -91,10 +91,25 @@ WEFT_DEVICE void notify(const World& w, std::uint64_t* flag, int pe, std::uint64
   else red_release(target, value, scope);
 }
 
+/// Programmatic dependent launch (Hopper): a kernel launched with weft's
+/// launch helper may start while the previous kernel in its stream finishes.
+/// pdl_wait() holds this grid until that kernel has completed and its memory
+/// is visible; call it before the first read of anything earlier work wrote
+/// (inputs, epochs, flags). pdl_trigger() lets the next kernel launch early.
+/// Both are no-ops for kernels launched the ordinary way.
+WEFT_DEVICE void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+WEFT_DEVICE void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 /// The epoch of this launch: the last completed launch's epoch + 1. Every block
 /// calls it (any thread). Ordinary load: the previous launch on the same stream
 /// finished before this one started. Does not block.
-WEFT_DEVICE std::uint64_t epoch_begin(LaunchEpoch e) { return *e.value + 1; }
+/// Waits for the previous kernel first (pdl_wait), so it is safe as a kernel's
+/// first statement under programmatic dependent launch.
+WEFT_DEVICE std::uint64_t epoch_begin(LaunchEpoch e) {
+  pdl_wait();
+  pdl_trigger();
+  return *e.value + 1;
+}
 
 /// Every thread of every block calls it once, last: the final block to arrive
 /// publishes `epoch` for the next launch. Does not block (one block barrier).

@@ -10,6 +10,9 @@
 //   two_shot  - reduce-scatter then all-gather on SMs, pulling from the peers'
 //               buffers: rank r sums chunk r of every input, then every rank reads
 //               every other chunk from its owner. Bulk messages; moves the fewest bytes.
+//   ce        - the same two phases on the copy engines: slices pushed into the
+//               owners' scratch, summed chunk by chunk by a short local kernel,
+//               each summed chunk pushed to every peer. Bulk messages, few SMs.
 // automatic picks by size from the 2 x H200 measurements in docs/PERF.md.
 #pragma once
 
@@ -24,9 +27,13 @@
 
 namespace weft {
 
-enum class AllReduceVariant { automatic, low_latency, one_shot, two_shot };
+namespace ops_detail {
+class CopyEngineReduction;
+}
 
-/// "auto", "ll", "one_shot", "two_shot".
+enum class AllReduceVariant { automatic, low_latency, one_shot, two_shot, copy_engine };
+
+/// "auto", "ll", "one_shot", "two_shot", "ce".
 const char* to_string(AllReduceVariant v);
 /// Parses those names; throws naming the accepted ones.
 AllReduceVariant parse_all_reduce_variant(const std::string& name);
@@ -57,8 +64,9 @@ class AllReduce {
   /// Sums `input` over the ranks into `output` on `stream` (output == input is
   /// allowed: in place). Every rank calls it in the same order. Buffers: for
   /// ll and one_shot any device memory; for two_shot both in the symmetric heap
-  /// (peers read them). Capturable in CUDA graphs. Throws weft::Error naming
-  /// the violated requirement.
+  /// (peers read them); for ce the output in the heap (peers write into it).
+  /// Capturable in CUDA graphs except ce (host-side epochs). Throws
+  /// weft::Error naming the violated requirement.
   void run(const void* input, void* output, cudaStream_t stream);
 
   AllReduceVariant variant() const { return variant_; }
@@ -76,6 +84,7 @@ class AllReduce {
   int blocks_ = 1;
   SignalArray signals_;
   SymmetricBuffer staging_;
+  std::unique_ptr<ops_detail::CopyEngineReduction> ce_;
   std::uint64_t runs_ = 0;
 };
 

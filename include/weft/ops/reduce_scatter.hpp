@@ -10,8 +10,9 @@
 //                 in rank order 0..W-1.
 //   ring        - partial sums travel rank -> rank + 1 for W - 1 steps (SM
 //                 stores into double-buffered staging); order: rank r+1, r+2, ..., r.
-//   copy_engine - the copy engines fetch slice r from every peer into local
-//                 scratch, then one local kernel sums in rank order.
+//   copy_engine - the copy engines push slice p of every input into rank p's
+//                 scratch, chunk by chunk, while a short local kernel sums each
+//                 chunk that has arrived, in rank order (bulk messages, few SMs).
 // automatic picks by size from the 2 x H200 measurements in docs/PERF.md.
 #pragma once
 
@@ -26,6 +27,9 @@
 #include "weft/runtime/context.hpp"
 
 namespace weft {
+namespace ops_detail {
+class CopyEngineReduction;
+}
 
 enum class ReduceScatterVariant { automatic, low_latency, mesh, ring, copy_engine };
 
@@ -57,8 +61,8 @@ class ReduceScatter {
 
   /// Reduces `input` (world x count elements) into `output` (count elements)
   /// on `stream`. `output` may be this rank's slice of `input` (in place).
-  /// Buffers: mesh and copy_engine read peers' inputs, so `input` must be in the
-  /// symmetric heap; ll and ring take any device memory. The SM variants are
+  /// Buffers: mesh reads peers' inputs, so `input` must be in the symmetric
+  /// heap; ll, ring and copy_engine take any device memory. The SM variants are
   /// capturable in CUDA graphs; copy_engine is not (host-side epochs).
   void run(const void* input, void* output, cudaStream_t stream);
 
@@ -78,10 +82,7 @@ class ReduceScatter {
   int blocks_ = 1;
   SignalArray signals_;
   SymmetricBuffer staging_;
-  void* scratch_ = nullptr;  // copy_engine: [W][count], local
-  std::vector<cudaStream_t> side_streams_;
-  std::vector<cudaEvent_t> side_events_;
-  cudaEvent_t fork_event_ = nullptr;
+  std::unique_ptr<ops_detail::CopyEngineReduction> ce_;
   std::uint64_t runs_ = 0;
 };
 

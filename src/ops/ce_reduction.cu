@@ -1,0 +1,142 @@
+#include "ce_reduction.hpp"
+
+#include "kernel_util.cuh"
+#include "weft/core/driver.hpp"
+#include "weft/device.cuh"
+
+namespace weft::ops_detail {
+namespace {
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) sum_chunk_kernel(const T* mine, const T* scratch, std::uint64_t slice,
+                                                             T* out, std::uint64_t begin, std::uint64_t end, int me,
+                                                             int world) {
+  std::uint64_t lo, hi;
+  block_range(begin, end, 16 / sizeof(T), lo, hi);
+  dev::reduce_span<T>(out, [&](int q) { return q == me ? mine : scratch + q * slice; }, world, lo, hi, threadIdx.x,
+                      blockDim.x);
+}
+
+}  // namespace
+
+CopyEngineReduction::CopyEngineReduction(Context& ctx, std::uint64_t total, std::uint64_t slice, DType dtype,
+                                         bool gather, const std::string& name)
+    : ctx_(ctx), total_(total), slice_(slice), dtype_(dtype), gather_(gather) {
+  const int world = ctx.world_size();
+  const std::uint64_t slice_bytes = slice * dtype_size(dtype);
+  // Chunks of about 8 MB: big enough for the copy engines, small enough to pipeline.
+  chunks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / (8u << 20), 1, 16));
+  sum_blocks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunks_ / (64u << 10), 1,
+                                                           static_cast<std::uint64_t>(ctx.team().sm_count)));
+  const auto w64 = static_cast<std::uint64_t>(world);
+  flags_ = SignalArray(ctx.heap(), w64 + 2 * w64 * chunks_, name + ".flags");
+  scratch_ = SymmetricBuffer(ctx.heap(), w64 * slice_bytes, to_string(dtype), name + ".scratch");
+  WEFT_CUDA(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  side_.resize(world);
+  side_done_.resize(world);
+  for (int p = 0; p < world; ++p) {
+    WEFT_CUDA(cudaStreamCreateWithFlags(&side_[p], cudaStreamNonBlocking));
+    WEFT_CUDA(cudaEventCreateWithFlags(&side_done_[p], cudaEventDisableTiming));
+  }
+  chunk_summed_.resize(chunks_);
+  for (auto& e : chunk_summed_) WEFT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+CopyEngineReduction::~CopyEngineReduction() {
+  for (auto s : side_) cudaStreamDestroy(s);
+  for (auto e : side_done_) cudaEventDestroy(e);
+  for (auto e : chunk_summed_) cudaEventDestroy(e);
+  if (fork_) cudaEventDestroy(fork_);
+}
+
+void CopyEngineReduction::run(const void* input, void* output, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  WEFT_REQUIRE(capturing == cudaStreamCaptureStatusNone,
+               "the copy-engine (ce) variant cannot be captured in a CUDA graph: its stream memory operations carry "
+               "host-side epochs. Use an SM variant inside graphs.");
+  const Driver& cu = driver();
+  const int me = ctx_.rank(), world = ctx_.world_size();
+  const std::uint64_t size = dtype_size(dtype_);
+  SymmetricHeap& heap = ctx_.heap();
+  const std::uint64_t e = flags_.next_host_epoch();
+  std::uint64_t* ready = flags_.flags();
+  std::uint64_t* arrived = ready + world;             // [W][K]
+  std::uint64_t* reduced = arrived + world * chunks_;  // [W][K]
+  auto dptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
+  auto slice_begin = [&](int q) { return std::min(total_, q * slice_); };
+  auto slice_end = [&](int q) { return std::min(total_, (q + 1) * slice_); };
+  const std::uint64_t grain = 16 / size;
+  const std::uint64_t chunk = ((slice_ + chunks_ - 1) / chunks_ + grain - 1) / grain * grain;
+  auto chunk_range = [&](int q, int k, std::uint64_t& b, std::uint64_t& n) {  // elements, relative to the slice
+    b = std::min(slice_end(q) - slice_begin(q), k * chunk);
+    n = std::min(slice_end(q) - slice_begin(q), b + chunk) - b;
+  };
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
+  char* scratch = scratch_.as<char>();
+  // Where my summed slice goes: all-reduce keeps the full layout, reduce-scatter only my slice.
+  char* my_out = gather_ ? out + slice_begin(me) * size : out;
+
+  // 1. My scratch and output are free for epoch e (a memory barrier precedes each write).
+  for (int p = 0; p < world; ++p)
+    if (p != me) WEFT_CU(cu.cuStreamWriteValue64(stream, dptr(heap.peer_ptr(ready + me, p)), e, 0));
+  WEFT_CUDA(cudaEventRecord(fork_, stream));
+  // 2. Push my slice p of the input into rank p's scratch slot for me, chunk by chunk.
+  for (int k = 1; k < world; ++k) {
+    const int p = (me + k) % world;
+    cudaStream_t s = side_[p];
+    WEFT_CUDA(cudaStreamWaitEvent(s, fork_));
+    WEFT_CU(cu.cuStreamWaitValue64(s, dptr(ready + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+    for (int c = 0; c < chunks_; ++c) {
+      std::uint64_t b, n;
+      chunk_range(p, c, b, n);
+      if (n) WEFT_CUDA(cudaMemcpyAsync(heap.peer_ptr(scratch + (me * slice_ + b) * size, p),
+                                       in + (slice_begin(p) + b) * size, n * size, cudaMemcpyDeviceToDevice, s));
+      WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(arrived + me * chunks_ + c, p)), e, 0));
+    }
+  }
+  // 3. Sum each chunk of my slice once every peer's part of it has landed.
+  for (int c = 0; c < chunks_; ++c) {
+    for (int q = 0; q < world; ++q)
+      if (q != me) WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(arrived + q * chunks_ + c), e, CU_STREAM_WAIT_VALUE_GEQ));
+    std::uint64_t b, n;
+    chunk_range(me, c, b, n);
+    if (n)
+      dispatch(dtype_, [&](auto t) {
+        using T = decltype(t);
+        sum_chunk_kernel<T><<<sum_blocks_, kThreads, 0, stream>>>(
+            reinterpret_cast<const T*>(in) + slice_begin(me), reinterpret_cast<const T*>(scratch), slice_,
+            reinterpret_cast<T*>(my_out), b, b + n, me, world);
+      });
+    WEFT_CUDA(cudaGetLastError());
+    WEFT_CUDA(cudaEventRecord(chunk_summed_[c], stream));
+  }
+  // 4. All-reduce: push every summed chunk to every peer's output, then wait for theirs.
+  if (gather_) {
+    for (int k = 1; k < world; ++k) {
+      const int p = (me + k) % world;
+      cudaStream_t s = side_[p];
+      for (int c = 0; c < chunks_; ++c) {
+        std::uint64_t b, n;
+        chunk_range(me, c, b, n);
+        WEFT_CUDA(cudaStreamWaitEvent(s, chunk_summed_[c]));
+        if (n) WEFT_CUDA(cudaMemcpyAsync(heap.peer_ptr(my_out + b * size, p), my_out + b * size, n * size,
+                                         cudaMemcpyDeviceToDevice, s));
+        WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(reduced + me * chunks_ + c, p)), e, 0));
+      }
+    }
+    for (int q = 0; q < world; ++q)
+      if (q != me)
+        for (int c = 0; c < chunks_; ++c)
+          WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(reduced + q * chunks_ + c), e, CU_STREAM_WAIT_VALUE_GEQ));
+  }
+  // My input must not be overwritten before my side streams have read it.
+  for (int k = 1; k < world; ++k) {
+    const int p = (me + k) % world;
+    WEFT_CUDA(cudaEventRecord(side_done_[p], side_[p]));
+    WEFT_CUDA(cudaStreamWaitEvent(stream, side_done_[p]));
+  }
+}
+
+}  // namespace weft::ops_detail
