@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(Args a) {
 // Chosen from the 2 x H200 measurements in docs/PERF.md.
 constexpr std::uint64_t kAutoLowLatencyMaxBytes = 512u << 10;
 constexpr std::uint64_t kAutoOneShotMaxBytes = 4u << 20;
+constexpr std::uint64_t kAutoTwoShotMaxBytes = 16u << 20;
 
 }  // namespace
 
@@ -157,6 +158,7 @@ AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& optio
   if (variant_ == AllReduceVariant::automatic)
     variant_ = bytes <= kAutoLowLatencyMaxBytes ? AllReduceVariant::low_latency
                : bytes <= kAutoOneShotMaxBytes  ? AllReduceVariant::one_shot
+               : bytes <= kAutoTwoShotMaxBytes  ? AllReduceVariant::two_shot
                                                 : AllReduceVariant::copy_engine;
   WEFT_REQUIRE(variant_ != AllReduceVariant::low_latency || bytes <= kAllReduceLowLatencyMaxBytes,
                "AllReduce (ll): ", bytes, " bytes per rank exceeds its limit of ", kAllReduceLowLatencyMaxBytes,

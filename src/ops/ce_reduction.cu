@@ -2,10 +2,13 @@
 
 #include "kernel_util.cuh"
 #include "weft/core/driver.hpp"
+#include "weft/core/env.hpp"
 #include "weft/device.cuh"
 
 namespace weft::ops_detail {
 namespace {
+
+constexpr std::uint64_t kDefaultChunkBytes = 16u << 20;
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) sum_chunk_kernel(const T* mine, const T* scratch, std::uint64_t slice,
@@ -24,8 +27,11 @@ CopyEngineReduction::CopyEngineReduction(Context& ctx, std::uint64_t total, std:
     : ctx_(ctx), total_(total), slice_(slice), dtype_(dtype), gather_(gather) {
   const int world = ctx.world_size();
   const std::uint64_t slice_bytes = slice * dtype_size(dtype);
-  // Chunks of about 8 MB: big enough for the copy engines, small enough to pipeline.
-  chunks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / (8u << 20), 1, 16));
+  // Chunks big enough for the copy engines to run at full speed, small enough
+  // to pipeline (WEFT_CE_CHUNK overrides the size, for tuning).
+  const std::uint64_t chunk_bytes = env_bytes(process_env(), "WEFT_CE_CHUNK", kDefaultChunkBytes);
+  WEFT_REQUIRE(chunk_bytes > 0, "WEFT_CE_CHUNK must be positive");
+  chunks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunk_bytes, 1, 16));
   sum_blocks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunks_ / (64u << 10), 1,
                                                            static_cast<std::uint64_t>(ctx.team().sm_count)));
   const auto w64 = static_cast<std::uint64_t>(world);

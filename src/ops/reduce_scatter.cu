@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
 }
 
 // Chosen from the 2 x H200 measurements in docs/PERF.md (output bytes per rank).
-constexpr std::uint64_t kAutoLowLatencyMaxBytes = 256u << 10;
-constexpr std::uint64_t kAutoRingMaxBytes = 4u << 20;
+constexpr std::uint64_t kAutoLowLatencyMaxBytes = 512u << 10;
+constexpr std::uint64_t kAutoRingMaxBytes = 8u << 20;
 
 }  // namespace
 
