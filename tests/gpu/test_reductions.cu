@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
@@ -51,6 +52,33 @@ double relative_error_vs_float64(const void* device_out, std::uint64_t count, DT
   return std::sqrt(diff2 / ref2);
 }
 
+// Elements whose bits differ from the rank-order reference: fp32 sums of the
+// ranks' values in order 0..W-1, rounded once to the type - what every weft
+// variant promises (the ring's per-step rounding excepted).
+std::uint64_t bitwise_vs_rank_order(const void* device_out, std::uint64_t count, DType t,
+                                    const std::vector<std::uint64_t>& seeds, std::uint64_t offset) {
+  const std::size_t size = dtype_size(t);
+  std::vector<unsigned char> host(count * size);
+  WEFT_CUDA(cudaMemcpy(host.data(), device_out, host.size(), cudaMemcpyDeviceToHost));
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    float acc = static_cast<float>(bench::uniform_value(to_string(t), seeds[0], offset + i));
+    for (std::size_t q = 1; q < seeds.size(); ++q)
+      acc += static_cast<float>(bench::uniform_value(to_string(t), seeds[q], offset + i));
+    unsigned char want[4];
+    if (t == DType::fp32) std::memcpy(want, &acc, 4);
+    else if (t == DType::bf16) {
+      __nv_bfloat16 r = __float2bfloat16_rn(acc);
+      std::memcpy(want, &r, 2);
+    } else {
+      __half r = __float2half_rn(acc);
+      std::memcpy(want, &r, 2);
+    }
+    bad += std::memcmp(want, &host[i * size], size) != 0;
+  }
+  return bad;
+}
+
 double tolerance(DType t) { return t == DType::fp32 ? 1e-6 : 1e-2; }
 
 std::vector<std::uint64_t> gathered_seeds(std::uint64_t salt) {
@@ -89,6 +117,9 @@ TEST(AllReduce, EveryVariantAndTypeMatchesFloat64AndEachOther) {
           double err = relative_error_vs_float64(dst, count, t, seeds, 0);
           EXPECT_LE(err, tolerance(t)) << to_string(plan.variant()) << " " << to_string(t) << " count " << count
                                        << (in_place ? " in place" : "");
+          EXPECT_EQ(bitwise_vs_rank_order(dst, count, t, seeds, 0), 0u)
+              << to_string(plan.variant()) << " " << to_string(t) << " count " << count << ": bits differ from the "
+              << "rank-order reference";
           if (!have_first) {
             WEFT_CUDA(cudaMemcpy(first.get(), dst, count * size, cudaMemcpyDeviceToDevice));
             have_first = true;
@@ -130,6 +161,10 @@ TEST(ReduceScatter, EveryVariantAndTypeMatchesFloat64AndEachOther) {
           EXPECT_LE(err, tolerance(t)) << to_string(plan.variant()) << " " << to_string(t) << " count " << count;
           // The ring adds in ring order with a rounding per step: the same bits only at two ranks.
           bool same_order = plan.variant() != ReduceScatterVariant::ring || world <= 2;
+          if (same_order)
+            EXPECT_EQ(bitwise_vs_rank_order(dst, count, t, seeds, me * count), 0u)
+                << to_string(plan.variant()) << " " << to_string(t) << " count " << count
+                << ": bits differ from the rank-order reference";
           if (!have_first) {
             WEFT_CUDA(cudaMemcpy(first.get(), dst, count * size, cudaMemcpyDeviceToDevice));
             have_first = true;
