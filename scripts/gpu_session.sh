@@ -73,6 +73,26 @@ if has examples && [ "$GPUS" -ge 2 ]; then
   cat "$OUT/example02.log"
 fi
 
+if has tune; then  # copy-engine chunk size for the bulk reductions
+  for chunk in 8M 16M 32M 64M; do
+    for op in all_reduce reduce_scatter; do
+      WEFT_CE_CHUNK=$chunk "$BUILD/weftrun" -n "$GPUS" -- "$BUILD/weft-bench" $op --bytes 32M:1G --variant ce \
+        --samples 9 --json 2>/dev/null | sed "s/^/chunk=$chunk /" >>"$OUT/tune_ce.txt"
+    done
+  done
+  python3 - "$OUT/tune_ce.txt" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    tag, _, js = line.partition(" ")
+    if not js.startswith("{"): continue
+    r = json.loads(js)
+    rows.setdefault((r["op"], r["bytes"]), {})[tag[6:]] = (r["weft_loop_us"], r["nccl_loop_us"])
+for (op, b), d in sorted(rows.items()):
+    print(f"{op:15s} {b >> 20:5d}M  " + "  ".join(f"{c}: {w:8.1f} ({w / n:.3f})" for c, (w, n) in d.items()))
+PY
+fi
+
 if has bench; then
   # PyTorch's symmetric-memory one-shot all-reduce, for the comparison below 1 MB.
   if [ "$GPUS" -ge 2 ]; then

@@ -3,7 +3,7 @@
 
 On a GPU machine, for each op, this runs
 
-    BUILD/weftrun -n N -- BUILD/weft-bench OP --bytes BYTES --variant all --check --json EXTRA
+    BUILD/weftrun -n N -- BUILD/weft-bench OP --bytes BYTES --variant all,auto --check --json EXTRA
 
 (progress lines on stderr pass straight through; stdout is read as one JSON
 object per line, anything else is ignored) and writes into --out:
@@ -170,7 +170,7 @@ def run_bench(args, ops):
         cmd = [weftrun, "-n", str(nproc)]
         if args.timeout:
             cmd += ["--timeout", str(args.timeout)]
-        cmd += ["--", bench, op, "--bytes", args.bytes, "--variant", "all", "--check", "--json", *extra]
+        cmd += ["--", bench, op, "--bytes", args.bytes, "--variant", "all,auto", "--check", "--json", *extra]
         print(f"### {op}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         op_rows, raw, other = [], [], []
         try:
