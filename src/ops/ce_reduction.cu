@@ -8,7 +8,7 @@
 namespace weft::ops_detail {
 namespace {
 
-constexpr std::uint64_t kDefaultChunkBytes = 16u << 20;
+constexpr std::uint64_t kMinChunkBytes = 16u << 20;
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) sum_chunk_kernel(const T* mine, const T* scratch, std::uint64_t slice,
@@ -27,11 +27,12 @@ CopyEngineReduction::CopyEngineReduction(Context& ctx, std::uint64_t total, std:
     : ctx_(ctx), total_(total), slice_(slice), dtype_(dtype), gather_(gather) {
   const int world = ctx.world_size();
   const std::uint64_t slice_bytes = slice * dtype_size(dtype);
-  // Chunks big enough for the copy engines to run at full speed, small enough
-  // to pipeline (WEFT_CE_CHUNK overrides the size, for tuning).
-  const std::uint64_t chunk_bytes = env_bytes(process_env(), "WEFT_CE_CHUNK", kDefaultChunkBytes);
-  WEFT_REQUIRE(chunk_bytes > 0, "WEFT_CE_CHUNK must be positive");
-  chunks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunk_bytes, 1, 16));
+  // Chunks of at least 16 MB and at most 4 of them: measured on 2 x H200 at
+  // 32 MB - 1 GB (docs/PERF.md), more and smaller chunks cost more in per-copy
+  // overhead than they gain in overlap. WEFT_CE_CHUNK fixes the size, for tuning.
+  const std::uint64_t chunk_bytes = env_bytes(process_env(), "WEFT_CE_CHUNK", 0);
+  chunks_ = chunk_bytes ? static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunk_bytes, 1, 16))
+                        : static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / kMinChunkBytes, 1, 4));
   sum_blocks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunks_ / (64u << 10), 1,
                                                            static_cast<std::uint64_t>(ctx.team().sm_count)));
   const auto w64 = static_cast<std::uint64_t>(world);
