@@ -1,5 +1,5 @@
 // AllGather on one node: the plan (host) and its two SM kernels (push, pull).
-// The copy-engine variant is host code: copies and stream memory operations.
+// The copy-engine variant is host code: copies ordered by one-thread signal kernels.
 //
 // Flags (one SignalArray of 2W): for rank r, slot [p] is written by peer p and
 // slot [W + p] too; values are epochs (set) or epoch x blocks (add).
@@ -9,8 +9,8 @@
 //         done[p]    += 1/block "a block of p has finished reading my input"
 #include <algorithm>
 
+#include "ce_signals.hpp"
 #include "kernel_util.cuh"
-#include "weft/core/driver.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
@@ -265,40 +265,32 @@ void AllGather::run(const void* input, void* output, cudaStream_t stream) {
 }
 
 void AllGather::run_copy_engine(const void* input, void* output, cudaStream_t stream) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-  WEFT_REQUIRE(capturing == cudaStreamCaptureStatusNone,
-               "AllGather (ce) cannot be captured in a CUDA graph: its stream memory operations carry "
-               "host-side epochs. Use the push or pull variant inside graphs.");
-  const Driver& cu = driver();
+  const dev::World& w = ctx_->world();
   const int me = ctx_->rank(), world = ctx_->world_size();
   SymmetricHeap& heap = ctx_->heap();
-  const std::uint64_t e = signals_.next_host_epoch();
+  const dev::LaunchEpoch epoch = signals_.launch_epoch();
   std::uint64_t* ready = signals_.flags();
   std::uint64_t* arrived = ready + world;
-  auto dptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
   char* mine = static_cast<char*>(output) + me * bytes_;
 
-  // My output is free for epoch e: tell every peer (a memory barrier precedes each write).
-  for (int p = 0; p < world; ++p)
-    if (p != me) WEFT_CU(cu.cuStreamWriteValue64(stream, dptr(heap.peer_ptr(ready + me, p)), e, 0));
+  // A new epoch; my output is free for it.
+  ops_detail::ce_begin(epoch, stream);
+  ops_detail::ce_signal_peers(w, ready + me, epoch, stream);
   WEFT_CUDA(cudaEventRecord(fork_event_, stream));
   // One side stream per peer, so the copy engines serve all peers at once.
   for (int i = 1; i < world; ++i) {
     const int p = (me + i) % world;
     cudaStream_t s = side_streams_[p];
     WEFT_CUDA(cudaStreamWaitEvent(s, fork_event_));
-    WEFT_CU(cu.cuStreamWaitValue64(s, dptr(ready + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+    ops_detail::ce_wait(w, ready, 1, p, epoch, s);
     WEFT_CUDA(cudaMemcpyAsync(heap.peer_ptr(mine, p), input, bytes_, cudaMemcpyDeviceToDevice, s));
-    WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(arrived + me, p)), e, 0));
+    ops_detail::ce_signal(w, arrived + me, p, epoch, s);
     WEFT_CUDA(cudaEventRecord(side_events_[p], s));
   }
   if (input != mine) WEFT_CUDA(cudaMemcpyAsync(mine, input, bytes_, cudaMemcpyDeviceToDevice, stream));
-  for (int p = 0; p < world; ++p) {
-    if (p == me) continue;
-    WEFT_CUDA(cudaStreamWaitEvent(stream, side_events_[p]));
-    WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(arrived + p), e, CU_STREAM_WAIT_VALUE_GEQ));
-  }
+  for (int p = 0; p < world; ++p)
+    if (p != me) WEFT_CUDA(cudaStreamWaitEvent(stream, side_events_[p]));
+  ops_detail::ce_wait(w, arrived, 1, -1, epoch, stream);
 }
 
 }  // namespace weft

@@ -1,7 +1,7 @@
 #include "ce_reduction.hpp"
 
+#include "ce_signals.hpp"
 #include "kernel_util.cuh"
-#include "weft/core/driver.hpp"
 #include "weft/core/env.hpp"
 #include "weft/device.cuh"
 
@@ -57,20 +57,14 @@ CopyEngineReduction::~CopyEngineReduction() {
 }
 
 void CopyEngineReduction::run(const void* input, void* output, cudaStream_t stream) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-  WEFT_REQUIRE(capturing == cudaStreamCaptureStatusNone,
-               "the copy-engine (ce) variant cannot be captured in a CUDA graph: its stream memory operations carry "
-               "host-side epochs. Use an SM variant inside graphs.");
-  const Driver& cu = driver();
+  const dev::World& w = ctx_.world();
   const int me = ctx_.rank(), world = ctx_.world_size();
   const std::uint64_t size = dtype_size(dtype_);
   SymmetricHeap& heap = ctx_.heap();
-  const std::uint64_t e = flags_.next_host_epoch();
+  const dev::LaunchEpoch epoch = flags_.launch_epoch();
   std::uint64_t* ready = flags_.flags();
   std::uint64_t* arrived = ready + world;             // [W][K]
   std::uint64_t* reduced = arrived + world * chunks_;  // [W][K]
-  auto dptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
   auto slice_begin = [&](int q) { return std::min(total_, q * slice_); };
   auto slice_end = [&](int q) { return std::min(total_, (q + 1) * slice_); };
   const std::uint64_t grain = 16 / size;
@@ -85,28 +79,27 @@ void CopyEngineReduction::run(const void* input, void* output, cudaStream_t stre
   // Where my summed slice goes: all-reduce keeps the full layout, reduce-scatter only my slice.
   char* my_out = gather_ ? out + slice_begin(me) * size : out;
 
-  // 1. My scratch and output are free for epoch e (a memory barrier precedes each write).
-  for (int p = 0; p < world; ++p)
-    if (p != me) WEFT_CU(cu.cuStreamWriteValue64(stream, dptr(heap.peer_ptr(ready + me, p)), e, 0));
+  // 1. A new epoch; my scratch and output are free for it.
+  ce_begin(epoch, stream);
+  ce_signal_peers(w, ready + me, epoch, stream);
   WEFT_CUDA(cudaEventRecord(fork_, stream));
   // 2. Push my slice p of the input into rank p's scratch slot for me, chunk by chunk.
   for (int k = 1; k < world; ++k) {
     const int p = (me + k) % world;
     cudaStream_t s = side_[p];
     WEFT_CUDA(cudaStreamWaitEvent(s, fork_));
-    WEFT_CU(cu.cuStreamWaitValue64(s, dptr(ready + p), e, CU_STREAM_WAIT_VALUE_GEQ));
+    ce_wait(w, ready, 1, p, epoch, s);
     for (int c = 0; c < chunks_; ++c) {
       std::uint64_t b, n;
       chunk_range(p, c, b, n);
       if (n) WEFT_CUDA(cudaMemcpyAsync(heap.peer_ptr(scratch + (me * slice_ + b) * size, p),
                                        in + (slice_begin(p) + b) * size, n * size, cudaMemcpyDeviceToDevice, s));
-      WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(arrived + me * chunks_ + c, p)), e, 0));
+      ce_signal(w, arrived + me * chunks_ + c, p, epoch, s);
     }
   }
   // 3. Sum each chunk of my slice once every peer's part of it has landed.
   for (int c = 0; c < chunks_; ++c) {
-    for (int q = 0; q < world; ++q)
-      if (q != me) WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(arrived + q * chunks_ + c), e, CU_STREAM_WAIT_VALUE_GEQ));
+    ce_wait(w, arrived + c, chunks_, -1, epoch, stream);
     std::uint64_t b, n;
     chunk_range(me, c, b, n);
     if (n)
@@ -130,15 +123,12 @@ void CopyEngineReduction::run(const void* input, void* output, cudaStream_t stre
         WEFT_CUDA(cudaStreamWaitEvent(s, chunk_summed_[c]));
         if (n) WEFT_CUDA(cudaMemcpyAsync(heap.peer_ptr(my_out + b * size, p), my_out + b * size, n * size,
                                          cudaMemcpyDeviceToDevice, s));
-        WEFT_CU(cu.cuStreamWriteValue64(s, dptr(heap.peer_ptr(reduced + me * chunks_ + c, p)), e, 0));
+        ce_signal(w, reduced + me * chunks_ + c, p, epoch, s);
       }
     }
-    for (int q = 0; q < world; ++q)
-      if (q != me)
-        for (int c = 0; c < chunks_; ++c)
-          WEFT_CU(cu.cuStreamWaitValue64(stream, dptr(reduced + q * chunks_ + c), e, CU_STREAM_WAIT_VALUE_GEQ));
+    for (int c = 0; c < chunks_; ++c) ce_wait(w, reduced + c, chunks_, -1, epoch, stream);
   }
-  // My input must not be overwritten before my side streams have read it.
+  // Join: my input must not be overwritten before my side streams have read it.
   for (int k = 1; k < world; ++k) {
     const int p = (me + k) % world;
     WEFT_CUDA(cudaEventRecord(side_done_[p], side_[p]));

@@ -8,8 +8,9 @@
 //      slot contents with my own slice, in rank order (a short local kernel);
 //   4. (all-reduce) the side streams push each summed chunk into every peer's
 //      output as soon as it is ready, and my stream waits for the peers' chunks.
-// Chunks pipeline the copies with the sums. Flags are set by stream memory
-// operations to the plan's host epoch, so this path cannot be graph-captured.
+// Chunks pipeline the copies with the sums. Flags are set and awaited by
+// one-thread kernels reading the plan's device epoch (ce_signals.hpp), so the
+// whole pipeline can be captured in a CUDA graph, and every wait is bounded.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,7 +37,7 @@ class CopyEngineReduction {
 
   /// all-reduce: `output` holds `total` elements and must be symmetric;
   /// reduce-scatter: `output` holds this rank's slice (any device memory).
-  /// `input` (total elements) may be any device memory.
+  /// `input` (total elements) may be any device memory. Graph-capturable.
   void run(const void* input, void* output, cudaStream_t stream);
   /// SMs of the local sum kernel.
   int sms() const { return sum_blocks_; }

@@ -1,5 +1,5 @@
 // ReduceScatter on one node: the plan, its SM kernels (ll, mesh, ring) and the
-// copy-engine path (stream memory operations plus one local sum kernel).
+// copy-engine path (ce_reduction.hpp).
 //
 // Flags (one SignalArray):
 //   mesh: ready[W] (set e: "my input is complete"), done[W] (+1 per block:
@@ -9,7 +9,6 @@
 //   copy_engine: see ce_reduction.hpp.
 #include "ce_reduction.hpp"
 #include "kernel_util.cuh"
-#include "weft/core/driver.hpp"
 #include "weft/device.cuh"
 #include "weft/ops/reduce_scatter.hpp"
 

@@ -174,7 +174,6 @@ SignalArray::~SignalArray() {
 SignalArray::SignalArray(SignalArray&& o) noexcept
     : buffer_(std::move(o.buffer_)),
       count_(std::exchange(o.count_, 0)),
-      host_epoch_(std::exchange(o.host_epoch_, 0)),
       epoch_device_(std::exchange(o.epoch_device_, nullptr)),
       arrivals_device_(std::exchange(o.arrivals_device_, nullptr)) {}
 
@@ -183,7 +182,6 @@ SignalArray& SignalArray::operator=(SignalArray&& o) noexcept {
     if (epoch_device_) cudaFree(epoch_device_);
     buffer_ = std::move(o.buffer_);
     count_ = std::exchange(o.count_, 0);
-    host_epoch_ = std::exchange(o.host_epoch_, 0);
     epoch_device_ = std::exchange(o.epoch_device_, nullptr);
     arrivals_device_ = std::exchange(o.arrivals_device_, nullptr);
   }

@@ -115,7 +115,8 @@ TEST(AllGather, GraphReplayMatchesEager) {
   const std::uint64_t bytes = 64u << 10;
   const int world = ctx().world_size();
   Buffers b(bytes);
-  for (AllGatherVariant v : {AllGatherVariant::push, AllGatherVariant::pull, AllGatherVariant::low_latency}) {
+  for (AllGatherVariant v : {AllGatherVariant::push, AllGatherVariant::pull, AllGatherVariant::low_latency,
+                             AllGatherVariant::ring, AllGatherVariant::copy_engine}) {
     AllGather plan(test::ctx_ptr(), {bytes, v, 0});
     cudaStream_t s = test::stream();
     cudaGraph_t graph;

@@ -255,17 +255,18 @@ TEST(Collectives, TenThousandGraphReplaysMatchEager) {
     ctx().host_barrier("replays done");
   };
   for (AllGatherVariant v : {AllGatherVariant::push, AllGatherVariant::pull, AllGatherVariant::low_latency,
-                             AllGatherVariant::ring}) {
+                             AllGatherVariant::ring, AllGatherVariant::copy_engine}) {
     AllGather plan(test::ctx_ptr(), {bytes, v, 0});
     // The AllGather output must be symmetric for push/ring: eager and out both are.
     check(std::string("all_gather ") + to_string(v), plan, bytes * world);
   }
-  for (AllReduceVariant v : {AllReduceVariant::low_latency, AllReduceVariant::one_shot, AllReduceVariant::two_shot}) {
+  for (AllReduceVariant v : {AllReduceVariant::low_latency, AllReduceVariant::one_shot, AllReduceVariant::two_shot,
+                             AllReduceVariant::copy_engine}) {
     AllReduce plan(test::ctx_ptr(), {count, DType::bf16, v, 0});
     check(std::string("all_reduce ") + to_string(v), plan, bytes);
   }
-  for (ReduceScatterVariant v :
-       {ReduceScatterVariant::low_latency, ReduceScatterVariant::mesh, ReduceScatterVariant::ring}) {
+  for (ReduceScatterVariant v : {ReduceScatterVariant::low_latency, ReduceScatterVariant::mesh,
+                                 ReduceScatterVariant::ring, ReduceScatterVariant::copy_engine}) {
     ReduceScatter plan(test::ctx_ptr(), {count, DType::bf16, v, 0});
     check(std::string("reduce_scatter ") + to_string(v), plan, bytes);
   }

@@ -6,7 +6,7 @@
 //   push        - SMs store this rank's shard into every peer's output (NVLink stores);
 //   pull        - SMs load every peer's shard from its input (NVLink loads);
 //   copy_engine - cudaMemcpyAsync to each peer's output, arrival published by
-//                 stream memory operations (no SMs used);
+//                 one-thread signal kernels (the copy engines move the data);
 //   ll          - low-latency protocol for small messages: each 4 bytes travel
 //                 with their flag in one 8-byte store into the peers' staging
 //                 buffers, one NVLink trip and no handshake;
@@ -59,8 +59,7 @@ class AllGather {
   ///   ll:                anywhere (the plan owns its symmetric staging).
   /// The other buffer may be any device memory. `input` may alias this rank's
   /// slot of `output`. Throws weft::Error naming the violated requirement.
-  /// Not capturable in a CUDA graph for copy_engine (stream memory operations
-  /// carry host-side epochs); the SM variants are.
+  /// Every variant can be captured in a CUDA graph and replayed.
   void run(const void* input, void* output, cudaStream_t stream);
 
   AllGatherVariant variant() const { return variant_; }

@@ -65,7 +65,7 @@ class AllReduce {
   /// allowed: in place). Every rank calls it in the same order. Buffers: for
   /// ll and one_shot any device memory; for two_shot both in the symmetric heap
   /// (peers read them); for ce the output in the heap (peers write into it).
-  /// Capturable in CUDA graphs except ce (host-side epochs). Throws
+  /// Every variant can be captured in a CUDA graph. Throws
   /// weft::Error naming the violated requirement.
   void run(const void* input, void* output, cudaStream_t stream);
 

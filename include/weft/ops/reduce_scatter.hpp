@@ -62,8 +62,8 @@ class ReduceScatter {
   /// Reduces `input` (world x count elements) into `output` (count elements)
   /// on `stream`. `output` may be this rank's slice of `input` (in place).
   /// Buffers: mesh reads peers' inputs, so `input` must be in the symmetric
-  /// heap; ll, ring and copy_engine take any device memory. The SM variants are
-  /// capturable in CUDA graphs; copy_engine is not (host-side epochs).
+  /// heap; ll, ring and copy_engine take any device memory. Every variant can
+  /// be captured in a CUDA graph and replayed.
   void run(const void* input, void* output, cudaStream_t stream);
 
   ReduceScatterVariant variant() const { return variant_; }

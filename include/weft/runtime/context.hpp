@@ -134,9 +134,9 @@ class SymmetricBuffer {
 /// never need a reset.
 ///
 /// The epoch lives in device memory (dev::LaunchEpoch): kernels read it at
-/// start and the last block to finish advances it, so a captured CUDA graph
-/// replays correctly. Host-driven users (stream memory operations) advance a
-/// host copy instead with next_host_epoch(); one array uses one of the two.
+/// start and the last block to finish advances it (or, for copy-engine
+/// pipelines, a one-thread kernel advances it first), so a captured CUDA graph
+/// replays correctly.
 class SignalArray {
  public:
   SignalArray() = default;
@@ -150,13 +150,10 @@ class SignalArray {
   std::uint64_t count() const { return count_; }
   /// The device-side epoch for kernels (dev::epoch_begin / dev::epoch_end).
   dev::LaunchEpoch launch_epoch() const { return {epoch_device_, arrivals_device_}; }
-  /// Advances and returns the host-side epoch.
-  std::uint64_t next_host_epoch() { return ++host_epoch_; }
 
  private:
   SymmetricBuffer buffer_;
   std::uint64_t count_ = 0;
-  std::uint64_t host_epoch_ = 0;
   std::uint64_t* epoch_device_ = nullptr;
   unsigned* arrivals_device_ = nullptr;
 };
