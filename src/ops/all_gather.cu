@@ -163,26 +163,19 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
 
 }  // namespace
 
-const char* to_string(AllGatherVariant v) {
-  switch (v) {
-    case AllGatherVariant::automatic: return "auto";
-    case AllGatherVariant::push: return "push";
-    case AllGatherVariant::pull: return "pull";
-    case AllGatherVariant::copy_engine: return "ce";
-    case AllGatherVariant::low_latency: return "ll";
-    case AllGatherVariant::ring: return "ring";
-  }
-  return "?";
-}
+constexpr VariantName<AllGatherVariant> kAllGatherVariantNames[] = {
+    {AllGatherVariant::automatic, "auto"},
+    {AllGatherVariant::push, "push"},
+    {AllGatherVariant::pull, "pull"},
+    {AllGatherVariant::copy_engine, "ce", "copy_engine"},
+    {AllGatherVariant::low_latency, "ll", "low_latency"},
+    {AllGatherVariant::ring, "ring"},
+};
+
+const char* to_string(AllGatherVariant v) { return variant_name(kAllGatherVariantNames, v); }
 
 AllGatherVariant parse_all_gather_variant(const std::string& name) {
-  if (name == "auto") return AllGatherVariant::automatic;
-  if (name == "push") return AllGatherVariant::push;
-  if (name == "pull") return AllGatherVariant::pull;
-  if (name == "ce" || name == "copy_engine") return AllGatherVariant::copy_engine;
-  if (name == "ll" || name == "low_latency") return AllGatherVariant::low_latency;
-  if (name == "ring") return AllGatherVariant::ring;
-  WEFT_FAIL("unknown all_gather variant '", name, "': expected auto, push, pull, ce, ll or ring");
+  return parse_variant(kAllGatherVariantNames, name, "all_gather");
 }
 
 AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& options)

@@ -129,24 +129,18 @@ constexpr std::uint64_t kAutoTwoShotMaxBytes = 16u << 20;
 
 }  // namespace
 
-const char* to_string(AllReduceVariant v) {
-  switch (v) {
-    case AllReduceVariant::automatic: return "auto";
-    case AllReduceVariant::low_latency: return "ll";
-    case AllReduceVariant::one_shot: return "one_shot";
-    case AllReduceVariant::two_shot: return "two_shot";
-    case AllReduceVariant::copy_engine: return "ce";
-  }
-  return "?";
-}
+constexpr VariantName<AllReduceVariant> kAllReduceVariantNames[] = {
+    {AllReduceVariant::automatic, "auto"},
+    {AllReduceVariant::low_latency, "ll", "low_latency"},
+    {AllReduceVariant::one_shot, "one_shot"},
+    {AllReduceVariant::two_shot, "two_shot"},
+    {AllReduceVariant::copy_engine, "ce", "copy_engine"},
+};
+
+const char* to_string(AllReduceVariant v) { return variant_name(kAllReduceVariantNames, v); }
 
 AllReduceVariant parse_all_reduce_variant(const std::string& name) {
-  if (name == "auto") return AllReduceVariant::automatic;
-  if (name == "ll" || name == "low_latency") return AllReduceVariant::low_latency;
-  if (name == "one_shot") return AllReduceVariant::one_shot;
-  if (name == "two_shot") return AllReduceVariant::two_shot;
-  if (name == "ce" || name == "copy_engine") return AllReduceVariant::copy_engine;
-  WEFT_FAIL("unknown all_reduce variant '", name, "': expected auto, ll, one_shot, two_shot or ce");
+  return parse_variant(kAllReduceVariantNames, name, "all_reduce");
 }
 
 AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& options)

@@ -22,4 +22,8 @@ DType parse_dtype(const std::string& name) {
   WEFT_FAIL("unknown element type '", name, "': expected bf16, fp16 or fp32");
 }
 
+void throw_unknown_variant(const char* op, const std::string& text, const std::string& names) {
+  WEFT_FAIL("unknown ", op, " variant '", text, "': expected one of ", names);
+}
+
 }  // namespace weft

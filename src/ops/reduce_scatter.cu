@@ -123,24 +123,18 @@ constexpr std::uint64_t kAutoRingMaxBytes = 8u << 20;
 
 }  // namespace
 
-const char* to_string(ReduceScatterVariant v) {
-  switch (v) {
-    case ReduceScatterVariant::automatic: return "auto";
-    case ReduceScatterVariant::low_latency: return "ll";
-    case ReduceScatterVariant::mesh: return "mesh";
-    case ReduceScatterVariant::ring: return "ring";
-    case ReduceScatterVariant::copy_engine: return "ce";
-  }
-  return "?";
-}
+constexpr VariantName<ReduceScatterVariant> kReduceScatterVariantNames[] = {
+    {ReduceScatterVariant::automatic, "auto"},
+    {ReduceScatterVariant::low_latency, "ll", "low_latency"},
+    {ReduceScatterVariant::mesh, "mesh"},
+    {ReduceScatterVariant::ring, "ring"},
+    {ReduceScatterVariant::copy_engine, "ce", "copy_engine"},
+};
+
+const char* to_string(ReduceScatterVariant v) { return variant_name(kReduceScatterVariantNames, v); }
 
 ReduceScatterVariant parse_reduce_scatter_variant(const std::string& name) {
-  if (name == "auto") return ReduceScatterVariant::automatic;
-  if (name == "ll" || name == "low_latency") return ReduceScatterVariant::low_latency;
-  if (name == "mesh") return ReduceScatterVariant::mesh;
-  if (name == "ring") return ReduceScatterVariant::ring;
-  if (name == "ce" || name == "copy_engine") return ReduceScatterVariant::copy_engine;
-  WEFT_FAIL("unknown reduce_scatter variant '", name, "': expected auto, ll, mesh, ring or ce");
+  return parse_variant(kReduceScatterVariantNames, name, "reduce_scatter");
 }
 
 ReduceScatter::ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOptions& options)

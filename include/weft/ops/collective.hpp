@@ -7,6 +7,8 @@
 
 namespace weft {
 
+[[noreturn]] void throw_unknown_variant(const char* op, const std::string& text, const std::string& names);
+
 /// Element types the reducing collectives accept (sums accumulate in fp32).
 enum class DType { bf16, fp16, fp32 };
 
@@ -16,6 +18,38 @@ std::size_t dtype_size(DType t);
 const char* to_string(DType t);
 /// Parses the names above; throws naming the accepted ones.
 DType parse_dtype(const std::string& name);
+
+/// One entry of an operation's variant table: the enum value, its name, and
+/// an optional longer alias accepted when parsing.
+template <class E>
+struct VariantName {
+  E value;
+  const char* name;
+  const char* alias = nullptr;
+};
+
+/// The name of `v` in `table` ("?" if absent).
+template <class E, std::size_t N>
+const char* variant_name(const VariantName<E> (&table)[N], E v) {
+  for (const auto& entry : table)
+    if (entry.value == v) return entry.name;
+  return "?";
+}
+
+/// Parses a variant name (or alias) of operation `op`; throws weft::Error
+/// listing every accepted name.
+template <class E, std::size_t N>
+E parse_variant(const VariantName<E> (&table)[N], const std::string& text, const char* op) {
+  std::string names;
+  for (const auto& entry : table) {
+    if (text == entry.name || (entry.alias && text == entry.alias)) return entry.value;
+    names += names.empty() ? entry.name : std::string(", ") + entry.name;
+  }
+  throw_unknown_variant(op, text, names);
+}
+
+/// Throws the error parse_variant reports.
+[[noreturn]] void throw_unknown_variant(const char* op, const std::string& text, const std::string& names);
 
 /// How a plan orders its peers' traffic.
 enum class PeerOrder {
