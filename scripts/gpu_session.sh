@@ -73,6 +73,27 @@ if has examples && [ "$GPUS" -ge 2 ]; then
   cat "$OUT/example02.log"
 fi
 
+if has pdl; then  # what programmatic dependent launch buys the small collectives
+  for pdl in 1 0 1 0; do
+    for op in all_gather all_reduce reduce_scatter; do
+      WEFT_PDL=$pdl "$BUILD/weftrun" -n "$GPUS" -- "$BUILD/weft-bench" $op --bytes 1K,16K,64K --variant ll \
+        --samples 25 --json 2>/dev/null | sed "s/^/pdl=$pdl /" >>"$OUT/pdl_ab.txt"
+    done
+  done
+  python3 - "$OUT/pdl_ab.txt" <<'PY'
+import json, sys, statistics
+rows = {}
+for line in open(sys.argv[1]):
+    tag, _, js = line.partition(" ")
+    if not js.startswith("{"): continue
+    r = json.loads(js)
+    rows.setdefault((r["op"], r["bytes"]), {}).setdefault(tag, []).append(r["weft_loop_us"])
+print("PDL A/B, ll variant, loop us per call (two runs each, interleaved):")
+for (op, b), d in sorted(rows.items()):
+    print(f"  {op:15s} {b >> 10:4d}K  " + "  ".join(f"{t}: " + "/".join(f"{x:.2f}" for x in v) for t, v in sorted(d.items())))
+PY
+fi
+
 if has tune; then  # copy-engine chunk size for the bulk reductions
   for chunk in 8M 16M 32M 64M; do
     for op in all_reduce reduce_scatter; do

@@ -1,5 +1,6 @@
 #include "weft/ops/collective.hpp"
 
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 
 namespace weft {
@@ -21,6 +22,13 @@ DType parse_dtype(const std::string& name) {
   if (name == "fp32") return DType::fp32;
   WEFT_FAIL("unknown element type '", name, "': expected bf16, fp16 or fp32");
 }
+
+namespace ops_detail {
+bool pdl_enabled() {
+  static const bool on = env_int(process_env(), "WEFT_PDL", 1) != 0;
+  return on;
+}
+}  // namespace ops_detail
 
 void throw_unknown_variant(const char* op, const std::string& text, const std::string& names) {
   WEFT_FAIL("unknown ", op, " variant '", text, "': expected one of ", names);

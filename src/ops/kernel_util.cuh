@@ -61,7 +61,10 @@ __device__ inline void store_word(void* base, std::uint64_t bytes, std::uint64_t
 /// Launches `kernel` with programmatic stream serialisation allowed: on
 /// Hopper the grid may be scheduled while the previous kernel of the stream
 /// finishes, hiding launch latency; the kernel must start with dev::pdl_wait()
-/// (dev::epoch_begin does). Works inside CUDA graphs too.
+/// (dev::epoch_begin does). Works inside CUDA graphs too. WEFT_PDL=0 turns it
+/// off (plain stream order), to measure what it buys.
+bool pdl_enabled();
+
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), int blocks, int threads, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
@@ -72,7 +75,7 @@ void launch_pdl(void (*kernel)(Params...), int blocks, int threads, cudaStream_t
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   WEFT_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
