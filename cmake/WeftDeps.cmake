@@ -43,3 +43,13 @@ endif()
 if(NOT GTest_FOUND)
   message(FATAL_ERROR "GoogleTest not found: apt install googletest (or run scripts/setup.sh).")
 endif()
+
+# ---- CUTLASS / CuTe headers (pip nvidia-cutlass, unpacked by scripts/setup.sh) ----
+find_path(WEFT_CUTLASS_INCLUDE_DIR cutlass/gemm/collective/collective_builder.hpp
+  HINTS ${CUTLASS_ROOT}/include $ENV{CUTLASS_ROOT}/include ${WEFT_DEPS_DIR}/cutlass/include)
+find_path(WEFT_CUTLASS_UTIL_INCLUDE_DIR cutlass/util/packed_stride.hpp
+  HINTS ${CUTLASS_ROOT}/tools/util/include ${WEFT_DEPS_DIR}/cutlass/util/include)
+if(NOT WEFT_CUTLASS_INCLUDE_DIR OR NOT WEFT_CUTLASS_UTIL_INCLUDE_DIR)
+  message(FATAL_ERROR "CUTLASS headers not found. Run scripts/setup.sh (it unpacks pip nvidia-cutlass into .deps/).")
+endif()
+message(STATUS "weft: CUTLASS ${WEFT_CUTLASS_INCLUDE_DIR}")

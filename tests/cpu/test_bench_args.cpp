@@ -51,6 +51,15 @@ TEST(BenchArgs, EachOperationHasItsVariants) {
             (std::vector<std::string>{"ring", "auto"}));
 }
 
+TEST(BenchArgs, GemmShapes) {
+  BenchArgs a = parse_bench_args({"weft-bench", "gemm", "--shapes", "1000,14336,8192;8x16x32", "--b-layout", "kn"});
+  ASSERT_EQ(a.shapes.size(), 2u);
+  EXPECT_EQ(a.shapes[0], (std::array<std::int64_t, 3>{1000, 14336, 8192}));
+  EXPECT_EQ(a.shapes[1], (std::array<std::int64_t, 3>{8, 16, 32}));
+  EXPECT_EQ(a.b_layout, "kn");
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm"}).shapes.size(), 9u) << "defaults: the TP benchmark shapes";
+}
+
 TEST(BenchArgs, ParsesListsRangesAndFlags) {
   BenchArgs a = parse_bench_args({"weft-bench", "all_gather", "--bytes", "4K:16K,1M,4K", "--variant", "pull,auto",
                                   "--check", "--json", "--samples", "7", "--warmup", "0", "--max-sms", "8",
@@ -65,8 +74,10 @@ TEST(BenchArgs, ParsesListsRangesAndFlags) {
 }
 
 TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
-  EXPECT_NE(error_of({}).find("no operation given: expected one of all_gather, all_reduce, reduce_scatter"),
+  EXPECT_NE(error_of({}).find("no operation given: expected one of all_gather, all_reduce, reduce_scatter, gemm"),
             std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--shapes", "8192,14336"}).find("is not M,N,K"), std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--b-layout", "tn"}).find("--b-layout expects nk or kn"), std::string::npos);
   EXPECT_NE(error_of({"all_reduce_x"}).find("unknown operation 'all_reduce_x'"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "3K:5K"}).find("powers of two"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "12Q"}).find("cannot read --bytes size '12Q'"), std::string::npos);

@@ -12,4 +12,8 @@ namespace weft::bench {
 /// against NCCL (exit code 0, or 3 if a check failed). Collective; rank 0 prints.
 int bench_collective(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
+/// weft-bench gemm: weft's GEMM against cuBLAS on each shape, this rank's GPU
+/// (exit code 0, or 3 if the result is off). Collective; rank 0 prints.
+int bench_gemm(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+
 }  // namespace weft::bench

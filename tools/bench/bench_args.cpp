@@ -9,14 +9,15 @@
 namespace weft::bench {
 namespace {
 
-const std::vector<std::string> kOps = {"all_gather", "all_reduce", "reduce_scatter"};
+const std::vector<std::string> kOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm"};
 
 // Every variant of an operation, "auto" last ("all" means every one but auto).
 const std::vector<std::string>& variants_of(const std::string& op) {
   static const std::vector<std::string> ag = {"push", "pull", "ce", "ll", "ring", "auto"};
   static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "ce", "auto"};
   static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "auto"};
-  return op == "all_gather" ? ag : op == "all_reduce" ? ar : rs;
+  static const std::vector<std::string> gemm = {"auto"};
+  return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" ? gemm : rs;
 }
 
 bool is_pow2(std::uint64_t v) { return v && (v & (v - 1)) == 0; }
@@ -80,9 +81,32 @@ std::vector<std::uint64_t> parse_size_list(const std::string& text) {
   return {sizes.begin(), sizes.end()};
 }
 
+std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text) {
+  std::vector<std::array<std::int64_t, 3>> shapes;
+  for (std::string item : split(text, ';')) {
+    for (char& c : item)
+      if (c == 'x' || c == 'X') c = ',';
+    auto dims = split(item, ',');
+    std::array<std::int64_t, 3> s{};
+    bool ok = dims.size() == 3;
+    for (std::size_t i = 0; ok && i < 3; ++i) {
+      std::size_t used = 0;
+      try {
+        s[i] = std::stoll(dims[i], &used);
+      } catch (...) {
+        used = 0;
+      }
+      ok = used == dims[i].size() && !dims[i].empty() && s[i] > 0;
+    }
+    WEFT_REQUIRE(ok, "--shapes: '", item, "' is not M,N,K with three positive integers (e.g. 8192,14336,8192)");
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
 std::string bench_usage() {
   return "usage: weftrun -n N weft-bench OP [options]\n"
-         "  OP                 all_gather, all_reduce or reduce_scatter\n"
+         "  OP                 all_gather, all_reduce, reduce_scatter or gemm\n"
          "  --bytes LIST       per-rank message sizes: 1K,64K,1M or a power-of-two range 1K:256M (default 1K:256M)\n"
          "                     (all_gather: input per rank; all_reduce: buffer; reduce_scatter: input per rank)\n"
          "  --variant LIST     all_gather: push, pull, ce, ll, ring; all_reduce: ll, one_shot, two_shot, ce;\n"
@@ -93,7 +117,12 @@ std::string bench_usage() {
          "  --json             one JSON object per line\n"
          "  --samples N        timed samples per point, median reported (default 15)\n"
          "  --warmup N         untimed samples first (default 3)\n"
-         "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n";
+         "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
+         "gemm (each rank times its own GPU against cuBLAS):\n"
+         "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"
+         "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
+         "  --out T            output type: the input type (default) or fp32\n"
+         "  --config NAME      force one GEMM configuration\n";
 }
 
 BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
@@ -115,6 +144,10 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--samples") args.samples = parse_int(a, value(), 1, 100000);
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
+    else if (a == "--shapes") args.shapes = parse_shapes(value());
+    else if (a == "--b-layout") args.b_layout = value();
+    else if (a == "--out") args.out_dtype = value();
+    else if (a == "--config") args.config = value();
     else if (!a.empty() && a[0] == '-') WEFT_FAIL("unknown option '", a, "'\n", bench_usage());
     else if (args.op.empty()) args.op = a;
     else WEFT_FAIL("unexpected argument '", a, "' (the operation is already '", args.op, "')");
@@ -123,6 +156,12 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   WEFT_REQUIRE(std::find(kOps.begin(), kOps.end(), args.op) != kOps.end(), "unknown operation '", args.op,
                "': expected one of ", join(kOps));
   args.bytes = parse_size_list(bytes);
+  WEFT_REQUIRE(args.b_layout == "nk" || args.b_layout == "kn", "--b-layout expects nk or kn, got '", args.b_layout,
+               "'");
+  if (!args.out_dtype.empty()) dtype_bytes(args.out_dtype);
+  if (args.op == "gemm" && args.shapes.empty())  // the per-rank GEMMs of the tensor-parallel benchmark shapes
+    args.shapes = parse_shapes("8192,14336,8192;4096,14336,8192;2048,14336,8192;1000,14336,8192;8192,4096,8192;"
+                               "4096,4096,8192;8192,8192,14336;4096,8192,14336;2048,8192,14336");
   const int elem = dtype_bytes(args.dtype);
   for (auto b : args.bytes)
     WEFT_REQUIRE(b % elem == 0, "--bytes ", b, " is not a whole number of ", args.dtype, " elements (", elem,

@@ -1,6 +1,7 @@
 // bench_args.hpp - the command line of weft-bench, parsed and validated without touching a GPU.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,7 +19,15 @@ struct BenchArgs {
   int samples = 15;                   ///< timed samples per (size, variant); the median is reported
   int warmup = 3;                     ///< untimed samples first
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
+  // gemm only
+  std::vector<std::array<std::int64_t, 3>> shapes;  ///< M, N, K per shape
+  std::string b_layout = "nk";                      ///< "nk" (B is [N,K]) or "kn"
+  std::string out_dtype;                            ///< output type ("" = the input type)
+  std::string config;                               ///< force a GEMM configuration by name
 };
+
+/// Parses "M,N,K;M,N,K" (also "MxNxK"); throws naming the bad shape.
+std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text);
 
 /// Bytes of one element of `dtype`; throws naming the accepted types.
 int dtype_bytes(const std::string& dtype);

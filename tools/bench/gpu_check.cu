@@ -104,6 +104,20 @@ __global__ void compare_values_kernel(const T* a, const T* b, std::uint64_t coun
   atomicAdd(sums + 1, ref2);
 }
 
+template <class T>
+__global__ void error_vs_fp32_kernel(const T* a, const float* ref, std::uint64_t count, double* sums) {
+  double diff2 = 0, ref2 = 0;
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
+    double x = as_double(a[i]), r = ref[i];
+    double d = isfinite(x) ? x - r : INFINITY;
+    diff2 += d * d;
+    ref2 += r * r;
+  }
+  atomicAdd(sums, diff2);
+  atomicAdd(sums + 1, ref2);
+}
+
 }  // namespace
 
 void fill_random(void* p, std::uint64_t bytes, std::uint64_t seed, cudaStream_t stream) {
@@ -181,6 +195,23 @@ ValueDiff compare_values(const void* a, const void* b, std::uint64_t count, cons
   out.mismatched = h.mismatched;
   out.relative_error = h.sums[1] > 0 ? std::sqrt(h.sums[0] / h.sums[1]) : std::sqrt(h.sums[0]);
   return out;
+}
+
+double relative_error_vs_fp32(const void* a, const std::string& dtype, const float* ref, std::uint64_t count,
+                              cudaStream_t stream) {
+  double* d = nullptr;
+  WEFT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&d), 2 * sizeof(double), stream));
+  WEFT_CUDA(cudaMemsetAsync(d, 0, 2 * sizeof(double), stream));
+  by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    error_vs_fp32_kernel<T><<<grid_for(count), 256, 0, stream>>>(static_cast<const T*>(a), ref, count, d);
+  });
+  WEFT_CUDA(cudaGetLastError());
+  double h[2] = {0, 0};
+  WEFT_CUDA(cudaMemcpyAsync(h, d, sizeof(h), cudaMemcpyDeviceToHost, stream));
+  WEFT_CUDA(cudaFreeAsync(d, stream));
+  WEFT_CUDA(cudaStreamSynchronize(stream));
+  return h[1] > 0 ? std::sqrt(h[0] / h[1]) : std::sqrt(h[0]);
 }
 
 std::uint64_t fresh_seed(int rank, std::uint64_t salt) {

@@ -48,6 +48,11 @@ ValueDiff compare_values(const void* a, const void* b, std::uint64_t count, cons
 void accumulate_mismatches(const void* a, const void* b, std::uint64_t bytes, unsigned long long* mismatches,
                            cudaStream_t stream);
 
+/// ||a - ref|| / ||ref|| in float64, with `a` of type `dtype` and `ref` fp32
+/// (synchronises `stream`). Non-finite values in `a` give infinity.
+double relative_error_vs_fp32(const void* a, const std::string& dtype, const float* ref, std::uint64_t count,
+                              cudaStream_t stream);
+
 /// A seed unique to (run, rank, salt), so every check draws fresh data.
 std::uint64_t fresh_seed(int rank, std::uint64_t salt);
 

@@ -37,10 +37,10 @@ int main(int argc, char** argv) {
     ContextOptions opts;
     // Room for the largest input and output, plus the plans' staging and signals.
     const std::uint64_t world = detect_launch_env(process_env()).world_size;
-    opts.heap_bytes = args.bytes.back() * (world + 3) + std::min<std::uint64_t>(args.bytes.back(), 16u << 20) * 4 * world +
+    opts.heap_bytes = args.op == "gemm" ? (std::uint64_t{256} << 20) : args.bytes.back() * (world + 3) + std::min<std::uint64_t>(args.bytes.back(), 16u << 20) * 4 * world +
                       (std::uint64_t{64} << 20);
     auto ctx = Context::from_env(opts);
-    return bench::bench_collective(ctx, args);
+    return args.op == "gemm" ? bench::bench_gemm(ctx, args) : bench::bench_collective(ctx, args);
   } catch (const Error& e) {
     std::fprintf(stderr, "weft-bench: %s\n", e.what());
     return 1;

@@ -1,0 +1,46 @@
+// config.hpp (private) - one compiled GEMM configuration, behind a plain function pointer.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "weft/gemm/gemm.hpp"
+
+namespace weft::gemm_detail {
+
+/// Arguments every configuration takes.
+struct Problem {
+  std::int64_t m, n, k;
+  const void* a;
+  const void* b;
+  void* c;
+  void* workspace;
+  int sm_count;
+};
+
+/// One instantiated kernel: its types, its name, and how to run it.
+struct Config {
+  DType input, output;
+  BLayout b_layout;
+  const char* name;
+  int tile_m, tile_n;  ///< for the size heuristic
+  /// Bytes of global workspace the kernel needs for this problem.
+  std::size_t (*workspace)(const Problem&);
+  /// Returns "" if the kernel can run this problem, else why not.
+  const char* (*check)(const Problem&);
+  /// Launches on `stream`; returns a CUTLASS status text on failure, "" on success.
+  const char* (*run)(const Problem&, cudaStream_t stream);
+};
+
+/// Every compiled configuration.
+const std::vector<const Config*>& all_configs();
+
+/// Each kernels_*.cu file appends its configurations (called by all_configs;
+/// explicit calls, because a static library drops unreferenced registrars).
+void add_bf16_configs(std::vector<const Config*>& out);
+void add_fp16_configs(std::vector<const Config*>& out);
+
+}  // namespace weft::gemm_detail

@@ -1,0 +1,76 @@
+// cutlass_kernel.cuh (private) - builds one sm_90a GEMM from CUTLASS's collective builders.
+//
+// CUTLASS 3 supplies the Hopper pieces weft does not rewrite: the TMA + wgmma
+// warp-specialised mainloop, the persistent tile scheduler, the TMA-store
+// epilogue. A Kernel<...> instantiation is one configuration; its static
+// functions match gemm_detail::Config.
+#pragma once
+
+#include "config.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace weft::gemm_detail {
+
+template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative>
+struct Kernel {
+  using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
+  using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
+  using MainSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                          cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using EpiSchedule = std::conditional_t<kCooperative, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                                         cutlass::epilogue::TmaWarpSpecialized>;
+  static constexpr int kAlignIn = 16 / sizeof(In);
+  static constexpr int kAlignOut = 16 / sizeof(Out);
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor, kAlignOut, Out,
+      cutlass::layout::RowMajor, kAlignOut, EpiSchedule>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, cutlass::layout::RowMajor, kAlignIn, In, LayoutB,
+      kAlignIn, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      MainSchedule>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                          cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+  static typename Gemm::Arguments arguments(const Problem& p) {
+    const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+    auto sa = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, cute::make_shape(m, k, 1));
+    auto sb = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, cute::make_shape(n, k, 1));
+    auto sd = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, cute::make_shape(m, n, 1));
+    cutlass::KernelHardwareInfo hw;
+    hw.sm_count = p.sm_count;
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {m, n, k, 1},
+                                  {static_cast<const In*>(p.a), sa, static_cast<const In*>(p.b), sb},
+                                  {{1.0f, 0.0f}, nullptr, sd, static_cast<Out*>(p.c), sd},
+                                  hw};
+    return args;
+  }
+  static std::size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
+  static const char* check(const Problem& p) {
+    return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";
+  }
+  static const char* run(const Problem& p, cudaStream_t stream) {
+    Gemm gemm;
+    auto args = arguments(p);
+    cutlass::Status s = gemm.initialize(args, p.workspace, stream);
+    if (s == cutlass::Status::kSuccess) s = gemm.run(stream);
+    return s == cutlass::Status::kSuccess ? "" : cutlass::cutlassGetStatusString(s);
+  }
+};
+
+/// A Config for Kernel<...>.
+template <class K>
+constexpr Config make_config(DType in, DType out, BLayout layout, const char* name, int tm, int tn) {
+  return Config{in, out, layout, name, tm, tn, &K::workspace, &K::check, &K::run};
+}
+
+}  // namespace weft::gemm_detail

@@ -1,0 +1,120 @@
+// weft-bench gemm: weft's GEMM engine against cuBLAS (cublasGemmEx, fp32
+// compute, default algorithm) on the same inputs, in one run.
+#include <cublas_v2.h>
+
+#include <cstdio>
+
+#include "bench.hpp"
+#include "gpu_check.hpp"
+#include "timing.hpp"
+#include "weft/core/error.hpp"
+#include "weft/gemm/gemm.hpp"
+
+namespace weft::bench {
+namespace {
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  WEFT_REQUIRE(s == CUBLAS_STATUS_SUCCESS, what, " failed: cuBLAS status ", static_cast<int>(s));
+}
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::fp32 ? CUDA_R_32F : t == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+// Row-major C[M,N] = A[M,K] x op(B) in cuBLAS's column-major terms: C^T = op(B)^T x A^T.
+void cublas_gemm(cublasHandle_t h, const GemmOptions& o, const void* a, const void* b, void* c, DType out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const bool nk = o.b_layout == BLayout::nk;
+  check_cublas(cublasGemmEx(h, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(o.n),
+                            static_cast<int>(o.m), static_cast<int>(o.k), &alpha, b, cuda_type(o.input),
+                            static_cast<int>(nk ? o.k : o.n), a, cuda_type(o.input), static_cast<int>(o.k), &beta, c,
+                            cuda_type(out), static_cast<int>(o.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+}  // namespace
+
+int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
+  Context& ctx = *ctx_ptr;
+  cudaStream_t stream;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t handle;
+  check_cublas(cublasCreate(&handle), "cublasCreate");
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  const DType in = parse_dtype(args.dtype);
+  const DType out = args.out_dtype.empty() ? in : parse_dtype(args.out_dtype);
+  struct Row {
+    std::int64_t m, n, k;
+    std::string config;
+    double weft_ms, cublas_ms, rel_err;
+  };
+  std::vector<Row> rows;
+  bool ok = true;
+  for (const auto& s : args.shapes) {
+    GemmOptions o;
+    o.m = s[0];
+    o.n = s[1];
+    o.k = s[2];
+    o.input = in;
+    o.output = out;
+    o.b_layout = args.b_layout == "kn" ? BLayout::kn : BLayout::nk;
+    o.config = args.config;
+    if (ctx.rank() == 0)
+      std::fprintf(stderr, "[weft-bench] gemm %lldx%lldx%lld ...\n", static_cast<long long>(o.m),
+                   static_cast<long long>(o.n), static_cast<long long>(o.k));
+    Gemm gemm(o);
+    const std::uint64_t a_n = o.m * o.k, b_n = o.n * o.k, c_n = o.m * o.n;
+    void *a, *b, *c, *c_ref, *c32;
+    WEFT_CUDA(cudaMalloc(&a, a_n * dtype_size(in)));
+    WEFT_CUDA(cudaMalloc(&b, b_n * dtype_size(in)));
+    WEFT_CUDA(cudaMalloc(&c, c_n * dtype_size(out)));
+    WEFT_CUDA(cudaMalloc(&c_ref, c_n * dtype_size(out)));
+    WEFT_CUDA(cudaMalloc(&c32, c_n * 4));
+    fill_uniform(a, a_n, to_string(in), fresh_seed(ctx.rank(), 1), stream);
+    fill_uniform(b, b_n, to_string(in), fresh_seed(ctx.rank(), 2), stream);
+    poison(c, c_n * dtype_size(out), 0xFF, stream);  // NaN pattern: unwritten elements fail the check
+    gemm.run(a, b, c, stream);  // first run tunes
+    poison(c, c_n * dtype_size(out), 0xFF, stream);
+    gemm.run(a, b, c, stream);
+    cublas_gemm(handle, o, a, b, c32, DType::fp32);  // fp32-output reference (fp32 accumulation)
+    cublas_gemm(handle, o, a, b, c_ref, out);
+    WEFT_CUDA(cudaStreamSynchronize(stream));
+    // weft's result against the fp32-accumulated, fp32-output reference.
+    const double err = relative_error_vs_fp32(c, to_string(out), static_cast<const float*>(c32), c_n, stream);
+    const int calls = 5;
+    double weft_us = time_per_call(ctx, stream, [&] { gemm.run(a, b, c, stream); }, calls, args.samples, args.warmup);
+    double cublas_us =
+        time_per_call(ctx, stream, [&] { cublas_gemm(handle, o, a, b, c_ref, out); }, calls, args.samples, args.warmup);
+    rows.push_back({o.m, o.n, o.k, gemm.config(), weft_us / 1000, cublas_us / 1000, err});
+    ok &= err < 1e-2;
+    for (void* p : {a, b, c, c_ref, c32}) cudaFree(p);
+  }
+  cublasDestroy(handle);
+  WEFT_CUDA(cudaStreamDestroy(stream));
+  if (ctx.rank() == 0) {
+    auto tflops = [](const Row& r, double ms) { return 2.0 * r.m * r.n * r.k / (ms * 1e-3) / 1e12; };
+    if (args.json) {
+      for (auto& r : rows)
+        std::printf("{\"op\":\"gemm\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"%s\",\"b_layout\":\"%s\","
+                    "\"config\":\"%s\",\"weft_ms\":%.4f,\"cublas_ms\":%.4f,\"weft_tflops\":%.1f,"
+                    "\"cublas_tflops\":%.1f,\"rel_err\":%.2e}\n",
+                    static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k),
+                    args.dtype.c_str(), args.b_layout.c_str(), r.config.c_str(), r.weft_ms, r.cublas_ms,
+                    tflops(r, r.weft_ms), tflops(r, r.cublas_ms), r.rel_err);
+    } else {
+      std::printf("gemm %s, B %s; ms per call (median of %d samples of 5 back-to-back calls, max over ranks);\n"
+                  "ratio = weft TFLOP/s / cuBLAS TFLOP/s; rel err = ||weft - ref|| / ||ref||, ref = cuBLAS fp32 output\n",
+                  args.dtype.c_str(), args.b_layout == "kn" ? "[K,N]" : "[N,K]", args.samples);
+      std::printf("%6s %6s %6s | %-30s | %8s %8s | %7s %7s | %6s | %s\n", "M", "N", "K", "weft config", "weft", "cuBLAS",
+                  "TFLOP/s", "cuBLAS", "ratio", "rel err");
+      for (auto& r : rows)
+        std::printf("%6lld %6lld %6lld | %-30s | %8.3f %8.3f | %7.1f %7.1f | %6.3f | %.1e\n", static_cast<long long>(r.m),
+                    static_cast<long long>(r.n), static_cast<long long>(r.k), r.config.c_str(), r.weft_ms, r.cublas_ms,
+                    tflops(r, r.weft_ms), tflops(r, r.cublas_ms), r.cublas_ms / r.weft_ms, r.rel_err);
+    }
+    std::fflush(stdout);
+  }
+  return ok ? 0 : 3;
+}
+
+}  // namespace weft::bench
