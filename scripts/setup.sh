@@ -2,6 +2,7 @@
 # Installs what weft's build needs and is missing. Idempotent; safe to re-run.
 #   - build tools (cmake, ninja, g++) and GoogleTest: from Debian/Ubuntu packages (apt, when root);
 #   - nvml.h: from the pip wheel nvidia-nvml-dev, unpacked into .deps/ (ignored by git);
+#   - CUTLASS/CuTe headers: from the pip wheel nvidia-cutlass, unpacked into .deps/cutlass;
 #   - the CUDA toolkit and NCCL must already be installed (nvcc on PATH or in /usr/local/cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,26 @@ with zipfile.ZipFile(whl) as z:
     for n in z.namelist():
         if n.startswith("nvidia/"):
             z.extract(n, deps)
+PY
+fi
+if [ ! -f "$DEPS/cutlass/include/cutlass/gemm/collective/collective_builder.hpp" ] ||
+   [ ! -f "$DEPS/cutlass/util/include/cutlass/util/packed_stride.hpp" ]; then
+  say "fetching CUTLASS/CuTe headers (pip wheel nvidia-cutlass) into $DEPS/cutlass"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$DEPS/wheels" 'nvidia-cutlass==4.2.0.0'
+  python3 - "$DEPS" <<'PY'
+import glob, os, shutil, sys, zipfile
+deps = sys.argv[1]
+whl = sorted(glob.glob(f"{deps}/wheels/nvidia_cutlass-*.whl"))[-1]
+parts = {"cutlass_library/source/include/": f"{deps}/cutlass/include/",
+         "cutlass_library/source/tools/util/include/": f"{deps}/cutlass/util/include/"}
+with zipfile.ZipFile(whl) as z:
+    for n in z.namelist():
+        for prefix, dest in parts.items():
+            if n.startswith(prefix) and not n.endswith("/"):
+                target = dest + n[len(prefix):]
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with z.open(n) as src, open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
 PY
 fi
 say "ok"
