@@ -94,6 +94,11 @@ for (op, b), d in sorted(rows.items()):
 PY
 fi
 
+if has gemm; then  # the GEMM engine alone against cuBLAS, every rank on its own GPU
+  run_logged "gemm vs cuBLAS" gemm.txt "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --samples 10
+  cat "$OUT/gemm.txt"
+fi
+
 if has tune; then  # copy-engine chunk size for the bulk reductions
   for chunk in 8M 16M 32M 64M; do
     for op in all_reduce reduce_scatter; do

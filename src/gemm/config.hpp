@@ -38,9 +38,17 @@ struct Config {
 /// Every compiled configuration.
 const std::vector<const Config*>& all_configs();
 
-/// Each kernels_*.cu file appends its configurations (called by all_configs;
-/// explicit calls, because a static library drops unreferenced registrars).
-void add_bf16_configs(std::vector<const Config*>& out);
-void add_fp16_configs(std::vector<const Config*>& out);
+/// One function per compiled configuration, each in src/gemm/configs/ (called
+/// by all_configs: a static library would drop self-registering objects).
+const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative();
+const Config* config_bf16_bf16_nk_256x128x64_c1x2_cooperative();
+const Config* config_bf16_bf16_nk_128x128x64_c2x1_cooperative();
+const Config* config_bf16_bf16_nk_64x256x64_c1x1_pingpong();
+const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative();
+const Config* config_bf16_bf16_kn_64x256x64_c1x1_pingpong();
+const Config* config_bf16_fp32_nk_128x256x64_c2x1_cooperative();
+const Config* config_fp16_fp16_nk_128x256x64_c2x1_cooperative();
+const Config* config_fp16_fp16_nk_64x256x64_c1x1_pingpong();
+const Config* config_fp16_fp16_kn_128x256x64_c2x1_cooperative();
 
 }  // namespace weft::gemm_detail

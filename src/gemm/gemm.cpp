@@ -11,12 +11,18 @@ namespace weft {
 namespace gemm_detail {
 
 const std::vector<const Config*>& all_configs() {
-  static const std::vector<const Config*> configs = [] {
-    std::vector<const Config*> v;
-    add_bf16_configs(v);
-    add_fp16_configs(v);
-    return v;
-  }();
+  static const std::vector<const Config*> configs = {
+      config_bf16_bf16_nk_128x256x64_c2x1_cooperative(),
+      config_bf16_bf16_nk_256x128x64_c1x2_cooperative(),
+      config_bf16_bf16_nk_128x128x64_c2x1_cooperative(),
+      config_bf16_bf16_nk_64x256x64_c1x1_pingpong(),
+      config_bf16_bf16_kn_128x256x64_c2x1_cooperative(),
+      config_bf16_bf16_kn_64x256x64_c1x1_pingpong(),
+      config_bf16_fp32_nk_128x256x64_c2x1_cooperative(),
+      config_fp16_fp16_nk_128x256x64_c2x1_cooperative(),
+      config_fp16_fp16_nk_64x256x64_c1x1_pingpong(),
+      config_fp16_fp16_kn_128x256x64_c2x1_cooperative(),
+  };
   return configs;
 }
 
