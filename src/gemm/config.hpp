@@ -19,6 +19,8 @@ struct Problem {
   void* c;
   void* workspace;
   int sm_count;
+  int swizzle = 1;  ///< tile-scheduler swizzle (1, 2, 4, 8): groups of tiles that share A or B in L2
+  int raster = 0;   ///< 0: the scheduler decides, 1: along M, 2: along N
 };
 
 /// One instantiated kernel: its types, its name, and how to run it.
@@ -41,6 +43,8 @@ const std::vector<const Config*>& all_configs();
 /// One function per compiled configuration, each in src/gemm/configs/ (called
 /// by all_configs: a static library would drop self-registering objects).
 const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative();
+const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative();
+const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_streamK();
 const Config* config_bf16_bf16_nk_256x128x64_c1x2_cooperative();
 const Config* config_bf16_bf16_nk_128x128x64_c2x1_cooperative();
 const Config* config_bf16_bf16_nk_64x256x64_c1x1_pingpong();

@@ -17,7 +17,8 @@
 
 namespace weft::gemm_detail {
 
-template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative>
+template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative,
+          class Scheduler = cutlass::gemm::PersistentScheduler>
 struct Kernel {
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
@@ -36,8 +37,8 @@ struct Kernel {
       kAlignIn, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainSchedule>::CollectiveOp;
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                          cutlass::gemm::PersistentScheduler>;
+  using GemmKernel =
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments arguments(const Problem& p) {
@@ -52,6 +53,9 @@ struct Kernel {
                                   {static_cast<const In*>(p.a), sa, static_cast<const In*>(p.b), sb},
                                   {{1.0f, 0.0f}, nullptr, sd, static_cast<Out*>(p.c), sd},
                                   hw};
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.max_swizzle_size = p.swizzle;
+    args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
     return args;
   }
   static std::size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }

@@ -13,6 +13,8 @@ namespace gemm_detail {
 const std::vector<const Config*>& all_configs() {
   static const std::vector<const Config*> configs = {
       config_bf16_bf16_nk_128x256x64_c2x1_cooperative(),
+      config_bf16_bf16_nk_128x256x64_c1x2_cooperative(),
+      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_streamK(),
       config_bf16_bf16_nk_256x128x64_c1x2_cooperative(),
       config_bf16_bf16_nk_128x128x64_c2x1_cooperative(),
       config_bf16_bf16_nk_64x256x64_c1x1_pingpong(),
@@ -84,7 +86,17 @@ Gemm::~Gemm() {
   if (workspace_) cudaFree(workspace_);
 }
 
-std::string Gemm::config() const { return chosen_ ? chosen_->name : ""; }
+std::string Gemm::config() const {
+  if (!chosen_) return "";
+  return str(chosen_->name, ", swizzle ", swizzle_, raster_ == 1 ? " along M" : raster_ == 2 ? " along N" : "");
+}
+
+void Gemm::reserve_workspace(std::size_t bytes) {
+  if (bytes <= workspace_bytes_) return;
+  if (workspace_) WEFT_CUDA(cudaFree(workspace_));  // synchronises: nothing may still use the old one
+  WEFT_CUDA(cudaMalloc(&workspace_, bytes));
+  workspace_bytes_ = bytes;
+}
 
 std::vector<std::string> Gemm::configurations() const {
   std::vector<std::string> names;
@@ -93,27 +105,35 @@ std::vector<std::string> Gemm::configurations() const {
 }
 
 void Gemm::tune(const void* a, const void* b, void* c, cudaStream_t stream) {
-  gemm_detail::Problem p{options_.m, options_.n, options_.k, a, b, c, workspace_, sm_count_};
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
   float best_ms = std::numeric_limits<float>::max();
-  for (const auto* cfg : candidates_) {
-    if (*cfg->check(p)) continue;
-    const char* err = cfg->run(p, stream);  // warm-up (and a check that it launches)
-    if (*err) continue;
-    WEFT_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < 3; ++i) cfg->run(p, stream);
-    WEFT_CUDA(cudaEventRecord(stop, stream));
-    WEFT_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    WEFT_LOG(debug, "Gemm ", describe(options_), ": ", cfg->name, " ", ms / 3, " ms");
-    if (ms < best_ms) {
-      best_ms = ms;
-      chosen_ = cfg;
-    }
-  }
+  // Every configuration with every swizzle and raster order: the same kernel,
+  // other scheduler arguments, so trying them costs only run time.
+  for (const auto* cfg : candidates_)
+    for (int swizzle : {1, 2, 4, 8})
+      for (int raster : {1, 2}) {
+        gemm_detail::Problem p{options_.m, options_.n, options_.k, a, b, c, nullptr, sm_count_, swizzle, raster};
+        if (*cfg->check(p)) continue;
+        reserve_workspace(cfg->workspace(p));
+        p.workspace = workspace_;
+        if (*cfg->run(p, stream)) continue;  // warm-up, and a check that it launches
+        WEFT_CUDA(cudaEventRecord(start, stream));
+        for (int i = 0; i < 3; ++i) cfg->run(p, stream);
+        WEFT_CUDA(cudaEventRecord(stop, stream));
+        WEFT_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        WEFT_LOG(debug, "Gemm ", describe(options_), ": ", cfg->name, " swizzle ", swizzle, " raster ", raster, " ",
+                 ms / 3, " ms");
+        if (ms < best_ms) {
+          best_ms = ms;
+          chosen_ = cfg;
+          swizzle_ = swizzle;
+          raster_ = raster;
+        }
+      }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   WEFT_REQUIRE(chosen_, "Gemm: no configuration can run ", describe(options_));
@@ -124,21 +144,17 @@ void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {
   for (const void* ptr : {a, b, static_cast<const void*>(c)})
     WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0, "Gemm::run: ", ptr,
                  " is not 16-byte aligned (TMA needs 16-byte aligned matrices)");
-  if (!workspace_ && workspace_bytes_ == 0) {
-    gemm_detail::Problem p{options_.m, options_.n, options_.k, a, b, c, nullptr, sm_count_};
-    for (const auto* cfg : candidates_) workspace_bytes_ = std::max(workspace_bytes_, cfg->workspace(p));
-    if (workspace_bytes_) WEFT_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
-    else workspace_bytes_ = 1;  // computed; none needed
-  }
   if (!chosen_) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
     if (capturing == cudaStreamCaptureStatusNone) tune(a, b, c, stream);
     else chosen_ = candidates_.front();
   }
-  gemm_detail::Problem p{options_.m, options_.n, options_.k, a, b, c, workspace_, sm_count_};
+  gemm_detail::Problem p{options_.m, options_.n, options_.k, a, b, c, nullptr, sm_count_, swizzle_, raster_};
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
+  reserve_workspace(chosen_->workspace(p));
+  p.workspace = workspace_;
   const char* err = chosen_->run(p, stream);
   WEFT_REQUIRE(!*err, "Gemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);
 }

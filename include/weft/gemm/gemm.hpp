@@ -8,8 +8,9 @@
 // The kernels are CUTLASS 3 (CuTe) persistent, warp-specialised sm_90a GEMMs:
 // TMA loads into a multi-stage shared-memory pipeline on mbarriers, wgmma from
 // warpgroups, TMA-store epilogue. A plan holds several tile configurations of
-// its type/layout and picks one per shape: by timing them on the first run
-// (outside graph capture), or by a size heuristic.
+// its type/layout and picks one per shape, with the tile scheduler's swizzle
+// and raster order: by timing them on the first run (outside graph capture),
+// or by a size heuristic.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -58,7 +59,8 @@ class Gemm {
   /// C = A x B^T (nk) or A x B (kn) on `stream`. Device pointers, 16-byte aligned.
   void run(const void* a, const void* b, void* c, cudaStream_t stream);
 
-  /// The configuration in use ("128x256x64 c2x1 cooperative"), or "" before the first run if autotuning.
+  /// The configuration in use ("128x256x64 c2x1 cooperative, swizzle 4 along N"), or "" before the first
+  /// run if autotuning.
   std::string config() const;
   /// Names of the configurations available for these types and layout.
   std::vector<std::string> configurations() const;
@@ -68,10 +70,12 @@ class Gemm {
 
  private:
   void tune(const void* a, const void* b, void* c, cudaStream_t stream);
+  void reserve_workspace(std::size_t bytes);
 
   GemmOptions options_;
   std::vector<const gemm_detail::Config*> candidates_;
   const gemm_detail::Config* chosen_ = nullptr;
+  int swizzle_ = 1, raster_ = 0;  // the tile scheduler's settings for chosen_
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   int sm_count_ = 0;
