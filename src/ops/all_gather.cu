@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
   if (threadIdx.x == 0) dev::wait_until(a.w, a.ready + next, dev::Cmp::ge, e, dev::Scope::sys, next);
   __syncthreads();
   for (int s = 1; s <= steps; ++s) {
-    const int c = (me - s + 1 + world) % world;
+    const int c = schedule::ring_all_gather_shard(me, s, world);
     if (s > 1) {
       if (threadIdx.x == 0)
         dev::wait_until(a.w, arrived + (s - 2) * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, prev);
@@ -201,7 +201,7 @@ AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& optio
   if (variant_ == AllGatherVariant::low_latency)
     staging_ = SymmetricBuffer(ctx_->heap(), 2 * static_cast<std::uint64_t>(world) * ((bytes_ + 3) / 4) * 8, "u64",
                                "all_gather.ll.staging");
-  signals_ = SignalArray(ctx_->heap(), 2 * static_cast<std::uint64_t>(world) + (world - 1) * blocks_,
+  signals_ = SignalArray(ctx_->heap(), schedule::all_gather_flags(world, blocks_),
                          str("all_gather.", to_string(variant_), ".flags"));
   if (variant_ == AllGatherVariant::copy_engine) {
     WEFT_CUDA(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));

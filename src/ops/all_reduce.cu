@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(Args a) {
   const int me = a.w.rank, world = a.w.size, blocks = gridDim.x;
   const auto* in = static_cast<const T*>(a.input);
   auto* stage = static_cast<T*>(a.staging) + (e & 1) * world * a.count;  // [W][count]
-  std::uint64_t* arrived = a.flags + (e & 1) * world * blocks;            // [W][B]
+  const int parity = static_cast<int>(e & 1);
   std::uint64_t lo, hi;
   block_range(0, a.count, 16 / sizeof(T), lo, hi);
   for (int k = 1; k < world; ++k)
@@ -68,8 +68,11 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(Args a) {
   __syncthreads();  // the releases below cover the whole block's stores
   const int p = static_cast<int>(threadIdx.x);
   if (p < world && p != me) {
-    dev::notify(a.w, arrived + me * blocks + blockIdx.x, p, e, dev::SignalOp::set, dev::Scope::sys);
-    dev::wait_until(a.w, arrived + p * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, p);
+    const int b = blockIdx.x;
+    dev::notify(a.w, a.flags + schedule::all_reduce_one_shot_flag(parity, me, b, world, blocks), p, e,
+                dev::SignalOp::set, dev::Scope::sys);
+    dev::wait_until(a.w, a.flags + schedule::all_reduce_one_shot_flag(parity, p, b, world, blocks), dev::Cmp::ge, e,
+                    dev::Scope::sys, p);
   }
   __syncthreads();
   dev::reduce_span<T>(
@@ -96,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(Args a) {
 
   // Reduce-scatter: I sum chunk `me` of every rank's input, in rank order.
   constexpr std::uint64_t kGrain = 16 / sizeof(T);
-  const std::uint64_t chunk = ((a.count + world - 1) / world + kGrain - 1) / kGrain * kGrain;
+  const std::uint64_t chunk = schedule::slice_size(a.count, world, kGrain);
   auto chunk_range = [&](int q, std::uint64_t& lo, std::uint64_t& hi) {
     block_range(std::min(a.count, q * chunk), std::min(a.count, (q + 1) * chunk), kGrain, lo, hi);
   };
@@ -174,12 +177,13 @@ AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& optio
     case AllReduceVariant::one_shot:
       blocks_ = bulk_blocks(bytes, 32u << 10, sms, options.max_sms);
       staging_ = SymmetricBuffer(ctx_->heap(), 2 * w64 * bytes, to_string(dtype_), "all_reduce.one_shot.staging");
-      signals_ = SignalArray(ctx_->heap(), 2 * w64 * blocks_, "all_reduce.one_shot.flags");
+      signals_ = SignalArray(ctx_->heap(), schedule::all_reduce_one_shot_flags(world, blocks_),
+                             "all_reduce.one_shot.flags");
       break;
     case AllReduceVariant::copy_engine: {
       constexpr std::uint64_t kGrain = 16;  // slices start on 16-byte boundaries
       const std::uint64_t per = kGrain / dtype_size(dtype_);
-      const std::uint64_t slice = ((count_ + w64 - 1) / w64 + per - 1) / per * per;
+      const std::uint64_t slice = schedule::slice_size(count_, world, per);
       ce_ = std::make_unique<ops_detail::CopyEngineReduction>(*ctx_, count_, slice, dtype_, true, "all_reduce.ce");
       blocks_ = ce_->sms();
       break;

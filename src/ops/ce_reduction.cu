@@ -68,10 +68,11 @@ void CopyEngineReduction::run(const void* input, void* output, cudaStream_t stre
   auto slice_begin = [&](int q) { return std::min(total_, q * slice_); };
   auto slice_end = [&](int q) { return std::min(total_, (q + 1) * slice_); };
   const std::uint64_t grain = 16 / size;
-  const std::uint64_t chunk = ((slice_ + chunks_ - 1) / chunks_ + grain - 1) / grain * grain;
   auto chunk_range = [&](int q, int k, std::uint64_t& b, std::uint64_t& n) {  // elements, relative to the slice
-    b = std::min(slice_end(q) - slice_begin(q), k * chunk);
-    n = std::min(slice_end(q) - slice_begin(q), b + chunk) - b;
+    std::uint64_t lo, hi;
+    schedule::split(0, slice_end(q) - slice_begin(q), grain, chunks_, k, lo, hi);
+    b = lo;
+    n = hi - lo;
   };
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "weft/core/error.hpp"
+#include "schedule.hpp"
 #include "weft/ops/collective.hpp"
 
 namespace weft::ops_detail {
@@ -30,11 +31,7 @@ void dispatch(DType t, Fn&& fn) {
 /// vector copies stay aligned.
 __device__ inline void block_range(std::uint64_t begin, std::uint64_t end, std::uint64_t grain, std::uint64_t& lo,
                                    std::uint64_t& hi) {
-  const std::uint64_t n = end - begin;
-  std::uint64_t per = (n + gridDim.x - 1) / gridDim.x;
-  per = (per + grain - 1) / grain * grain;
-  lo = std::min(end, begin + per * blockIdx.x);
-  hi = std::min(end, lo + per);
+  schedule::split(begin, end, grain, gridDim.x, blockIdx.x, lo, hi);
 }
 
 /// Reads the 4 bytes of word i of a `bytes`-long buffer (fewer at the tail; the rest zero).

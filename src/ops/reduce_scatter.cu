@@ -86,18 +86,19 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
   const int steps = world - 1, blocks = gridDim.x;
   const auto* in = static_cast<const T*>(a.input);
   auto* stage = static_cast<T*>(a.staging) + (e & 1) * steps * a.count;     // [steps][count]
-  std::uint64_t* arrived = a.flags + (e & 1) * steps * blocks;              // [steps][B]
+  const int parity = static_cast<int>(e & 1);
+  auto flag = [&](int s) { return a.flags + schedule::reduce_scatter_ring_flag(parity, s, blockIdx.x, world, blocks); };
   std::uint64_t lo, hi;
   block_range(0, a.count, 16 / sizeof(T), lo, hi);
   // Step s sends slice (me - s) to the next rank: my input alone at s = 1, else
   // the partial that arrived at step s - 1 plus my input.
   for (int s = 1; s <= steps; ++s) {
-    const int c = (me - s + 2 * world) % world;
+    const int c = schedule::ring_reduce_scatter_slice(me, s, world);
     const T* mine = in + c * a.count;
     const T* got = s > 1 ? stage + (s - 2) * a.count : nullptr;
     if (s > 1) {
       if (threadIdx.x == 0)
-        dev::wait_until(a.w, arrived + (s - 2) * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, prev);
+        dev::wait_until(a.w, flag(s - 1), dev::Cmp::ge, e, dev::Scope::sys, prev);
       __syncthreads();
     }
     T* dst = a.w.symm_at(stage + (s - 1) * a.count, next);
@@ -105,10 +106,10 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
     else dev::reduce_span<T>(dst, [&](int q) { return q == 0 ? got : mine; }, 2, lo, hi, threadIdx.x, blockDim.x);
     __syncthreads();
     if (threadIdx.x == 0)
-      dev::notify(a.w, arrived + (s - 1) * blocks + blockIdx.x, next, e, dev::SignalOp::set, dev::Scope::sys);
+      dev::notify(a.w, flag(s), next, e, dev::SignalOp::set, dev::Scope::sys);
   }
   if (threadIdx.x == 0)
-    dev::wait_until(a.w, arrived + (steps - 1) * blocks + blockIdx.x, dev::Cmp::ge, e, dev::Scope::sys, prev);
+    dev::wait_until(a.w, flag(steps), dev::Cmp::ge, e, dev::Scope::sys, prev);
   __syncthreads();
   const T* got = stage + (steps - 1) * a.count;
   const T* mine = in + me * a.count;
@@ -168,7 +169,8 @@ ReduceScatter::ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOp
       blocks_ = bulk_blocks(bytes, 32u << 10, sms, options.max_sms);
       staging_ = SymmetricBuffer(ctx_->heap(), 2 * (w64 - 1) * bytes + 16, to_string(dtype_),
                                  "reduce_scatter.ring.staging");
-      signals_ = SignalArray(ctx_->heap(), 2 * (w64 - 1) * blocks_ + 1, "reduce_scatter.ring.flags");
+      signals_ = SignalArray(ctx_->heap(), schedule::reduce_scatter_ring_flags(world, blocks_),
+                             "reduce_scatter.ring.flags");
       break;
     default:
       ce_ = std::make_unique<ops_detail::CopyEngineReduction>(*ctx_, w64 * count_, count_, dtype_, false,

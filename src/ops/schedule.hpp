@@ -1,0 +1,68 @@
+// schedule.hpp (private) - the index maps of the collective kernels, as plain functions.
+//
+// Which block copies which bytes, which chunk a ring step carries, how a
+// message splits into slices and chunks, how many flags a plan needs: the
+// kernels (device) and the CPU tests (host, world sizes 1 to 8) call the same
+// functions, so a map that leaves a gap or overlaps fails on a machine without
+// a GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "weft/device/types.cuh"
+
+namespace weft::schedule {
+
+/// Part `index` of `parts` of [begin, end), cut in `grain` units: [lo, hi).
+/// The parts tile the range in order; trailing parts may be empty.
+WEFT_HD void split(std::uint64_t begin, std::uint64_t end, std::uint64_t grain, std::uint64_t parts,
+                   std::uint64_t index, std::uint64_t& lo, std::uint64_t& hi) {
+  const std::uint64_t n = end - begin;
+  std::uint64_t per = (n + parts - 1) / parts;
+  per = (per + grain - 1) / grain * grain;
+  lo = begin + per * index < end ? begin + per * index : end;
+  hi = lo + per < end ? lo + per : end;
+}
+
+/// Elements per slice when `count` elements are shared by `world` ranks,
+/// rounded up to `grain` (slice q = [q x slice, min((q+1) x slice, count))).
+WEFT_HD std::uint64_t slice_size(std::uint64_t count, int world, std::uint64_t grain) {
+  return ((count + world - 1) / world + grain - 1) / grain * grain;
+}
+
+/// (a mod m) for a possibly negative a.
+WEFT_HD int wrap(int a, int m) { return ((a % m) + m) % m; }
+
+/// Ring ReduceScatter: the slice rank `rank` sends at step s (1..W-1). The
+/// partial sum of slice c starts at rank c+1 and ends, complete, at rank c.
+WEFT_HD int ring_reduce_scatter_slice(int rank, int step, int world) { return wrap(rank - step, world); }
+
+/// Ring AllGather: the shard rank `rank` forwards at step s (1..W-1): its own
+/// at step 1, then each one it received at the step before.
+WEFT_HD int ring_all_gather_shard(int rank, int step, int world) { return wrap(rank - step + 1, world); }
+
+/// Flags of an AllGather plan: ready[W], arrived[W], and the ring's
+/// [(W-1) steps][blocks] after them.
+WEFT_HD std::uint64_t all_gather_flags(int world, int blocks) {
+  return 2 * static_cast<std::uint64_t>(world) + static_cast<std::uint64_t>(world - 1) * blocks;
+}
+
+/// Flags of a one-shot AllReduce: [2 parities][W senders][blocks].
+WEFT_HD std::uint64_t all_reduce_one_shot_flags(int world, int blocks) {
+  return 2 * static_cast<std::uint64_t>(world) * blocks;
+}
+/// Where sender q's block b flags its slice for parity `parity`.
+WEFT_HD std::uint64_t all_reduce_one_shot_flag(int parity, int sender, int block, int world, int blocks) {
+  return (static_cast<std::uint64_t>(parity) * world + sender) * blocks + block;
+}
+
+/// Flags of a ring ReduceScatter: [2 parities][W - 1 steps][blocks], at least one.
+WEFT_HD std::uint64_t reduce_scatter_ring_flags(int world, int blocks) {
+  return 2 * static_cast<std::uint64_t>(world - 1) * blocks + 1;
+}
+/// Where step s's (1-based) partial of block b is flagged, for parity `parity`.
+WEFT_HD std::uint64_t reduce_scatter_ring_flag(int parity, int step, int block, int world, int blocks) {
+  return (static_cast<std::uint64_t>(parity) * (world - 1) + (step - 1)) * blocks + block;
+}
+
+}  // namespace weft::schedule

@@ -1,0 +1,114 @@
+// The collectives' index maps at world sizes 1 to 8, on the CPU: every byte
+// copied once, every ring step consistent with its neighbour's, every flag
+// index inside its allocation. (The kernels call these same functions.)
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "ops/schedule.hpp"
+
+using namespace weft::schedule;
+
+TEST(Schedule, SplitTilesTheRangeInOrderWithAlignedStarts) {
+  for (std::uint64_t grain : {1u, 4u, 8u, 16u})
+    for (std::uint64_t n : {1ull, 7ull, 16ull, 1000ull, 4099ull, 1ull << 20})
+      for (std::uint64_t parts = 1; parts <= 70; parts += (parts < 10 ? 1 : 13)) {
+        std::uint64_t expect = 5;  // the range starts at 5: parts start at 5 + k x per
+        for (std::uint64_t i = 0; i < parts; ++i) {
+          std::uint64_t lo, hi;
+          split(5, 5 + n, grain, parts, i, lo, hi);
+          ASSERT_EQ(lo, expect) << "grain " << grain << " n " << n << " parts " << parts << " part " << i;
+          ASSERT_LE(lo, hi);
+          if (hi > lo && hi < 5 + n) {
+            EXPECT_EQ((hi - 5) % grain, 0u) << "interior cuts fall on the grain";
+          }
+          expect = hi;
+        }
+        EXPECT_EQ(expect, 5 + n) << "the parts cover the whole range";
+      }
+}
+
+TEST(Schedule, SlicesCoverEveryElementOnce) {
+  for (int world = 1; world <= 8; ++world)
+    for (std::uint64_t count : {1ull, 7ull, 1000ull, 4099ull, 524293ull}) {
+      const std::uint64_t slice = slice_size(count, world, 8);
+      EXPECT_EQ(slice % 8, 0u);
+      std::uint64_t covered = 0;
+      for (int q = 0; q < world; ++q) {
+        std::uint64_t b = std::min(count, q * slice), e = std::min(count, (q + 1) * slice);
+        covered += e - b;
+      }
+      EXPECT_EQ(covered, count) << "world " << world << " count " << count;
+    }
+}
+
+TEST(Schedule, RingReduceScatterVisitsEveryRankOnceAndEndsAtTheOwner) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int r = 0; r < world; ++r) {
+      const int prev = wrap(r - 1, world);
+      // What I send at step s + 1 is what I received at step s (plus my part).
+      for (int s = 1; s + 1 < world; ++s)
+        EXPECT_EQ(ring_reduce_scatter_slice(prev, s, world), ring_reduce_scatter_slice(r, s + 1, world));
+      // The last partial I receive is my own slice.
+      if (world > 1) {
+        EXPECT_EQ(ring_reduce_scatter_slice(prev, world - 1, world), r);
+      }
+    }
+    // Every slice's partial passes through every rank but its owner once, then the owner.
+    for (int c = 0; c < world; ++c) {
+      std::set<int> senders;
+      for (int s = 1; s < world; ++s)
+        for (int r = 0; r < world; ++r)
+          if (ring_reduce_scatter_slice(r, s, world) == c) senders.insert(r);
+      EXPECT_EQ(static_cast<int>(senders.size()), world - 1);
+      EXPECT_EQ(senders.count(c), 0u) << "the owner adds last and sends nothing";
+    }
+  }
+}
+
+TEST(Schedule, RingAllGatherDeliversEveryShardOnce) {
+  for (int world = 1; world <= 8; ++world)
+    for (int r = 0; r < world; ++r) {
+      const int prev = wrap(r - 1, world);
+      EXPECT_EQ(ring_all_gather_shard(r, 1, world), r) << "step 1 sends my own shard";
+      std::multiset<int> received;
+      for (int s = 1; s < world; ++s) {
+        received.insert(ring_all_gather_shard(prev, s, world));
+        if (s + 1 < world) {  // I forward at s + 1 what arrived at s
+          EXPECT_EQ(ring_all_gather_shard(prev, s, world), ring_all_gather_shard(r, s + 1, world));
+        }
+      }
+      EXPECT_EQ(static_cast<int>(received.size()), world - 1);
+      for (int q = 0; q < world; ++q) EXPECT_EQ(received.count(q), q == r ? 0u : 1u) << "world " << world;
+    }
+}
+
+TEST(Schedule, FlagIndicesStayInsideTheirAllocations) {
+  for (int world = 1; world <= 8; ++world)
+    for (int blocks : {1, 2, 7, 32, 66}) {
+      const std::uint64_t one_shot = all_reduce_one_shot_flags(world, blocks);
+      std::set<std::uint64_t> seen;
+      for (int parity = 0; parity < 2; ++parity)
+        for (int q = 0; q < world; ++q)
+          for (int b = 0; b < blocks; ++b) {
+            auto i = all_reduce_one_shot_flag(parity, q, b, world, blocks);
+            EXPECT_LT(i, one_shot);
+            EXPECT_TRUE(seen.insert(i).second) << "two (parity, sender, block) share a flag";
+          }
+      const std::uint64_t ring = reduce_scatter_ring_flags(world, blocks);
+      seen.clear();
+      for (int parity = 0; parity < 2; ++parity)
+        for (int s = 1; s < world; ++s)
+          for (int b = 0; b < blocks; ++b) {
+            auto i = reduce_scatter_ring_flag(parity, s, b, world, blocks);
+            EXPECT_LT(i, ring);
+            EXPECT_TRUE(seen.insert(i).second);
+          }
+      // AllGather ring: arrived steps start after ready[W] and arrived[W].
+      const std::uint64_t ag = all_gather_flags(world, blocks);
+      if (world > 1) {  // the last ring flag is the allocation's last
+        EXPECT_EQ(2 * static_cast<std::uint64_t>(world) + (world - 2) * blocks + blocks - 1, ag - 1);
+      }
+    }
+}
