@@ -161,10 +161,4 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   return t;
 }
 
-bool Team::all_local_peers_accessible() const {
-  for (int r : local_ranks)
-    if (!links[r].peer_access) return false;
-  return true;
-}
-
 }  // namespace weft

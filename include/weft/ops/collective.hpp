@@ -48,13 +48,4 @@ E parse_variant(const VariantName<E> (&table)[N], const std::string& text, const
   throw_unknown_variant(op, text, names);
 }
 
-/// Throws the error parse_variant reports.
-[[noreturn]] void throw_unknown_variant(const char* op, const std::string& text, const std::string& names);
-
-/// How a plan orders its peers' traffic.
-enum class PeerOrder {
-  mesh,  ///< every rank talks to every peer at once (NVLink full mesh / NVSwitch)
-  ring   ///< data travels rank -> rank + 1 in W - 1 steps (links between neighbours only)
-};
-
 }  // namespace weft

@@ -48,8 +48,6 @@ struct Team {
   static Team discover(const LaunchEnv& env, Store& store);
 
   bool single_node() const { return num_nodes == 1; }
-  /// True if every pair of ranks on this node has peer access.
-  bool all_local_peers_accessible() const;
 };
 
 }  // namespace weft
