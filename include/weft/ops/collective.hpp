@@ -1,4 +1,4 @@
-// weft/ops/collective.hpp - what every collective plan shares: element types and limits.
+// weft/ops/collective.hpp - what every collective plan shares: element types and variant names.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +7,7 @@
 
 namespace weft {
 
+/// Throws weft::Error: "unknown OP variant 'TEXT': expected one of NAMES" (used by parse_variant).
 [[noreturn]] void throw_unknown_variant(const char* op, const std::string& text, const std::string& names);
 
 /// Element types the reducing collectives accept (sums accumulate in fp32).
