@@ -318,3 +318,20 @@ TEST(Collectives, BadPlansAndBuffersAreRejectedWithClearErrors) {
     EXPECT_NE(e.find("rank 1: AllReduce plan: 1001 x bf16"), std::string::npos) << e;
   }
 }
+
+TEST(Collectives, ARankThatCallsADifferentPlanIsNamedBeforeAnythingRuns) {
+  WEFT_NEED_RANKS(2);
+  ASSERT_TRUE(ctx().check_calls()) << "the GPU tests run with WEFT_CHECK_CALLS=1";
+  SymmetricBuffer buf(ctx().heap(), 4096, "bf16", "test.check_calls.buffer");
+  AllReduce small(test::ctx_ptr(), {1000, DType::bf16, AllReduceVariant::low_latency, 0});
+  AllReduce large(test::ctx_ptr(), {2000, DType::bf16, AllReduceVariant::low_latency, 0});
+  std::string message;
+  try {
+    (ctx().rank() == 0 ? small : large).run(buf.get(), buf.get(), test::stream());
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("ranks disagree on checked call"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 0: AllReduce run #1: 1000 x bf16"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 1: AllReduce run #1: 2000 x bf16"), std::string::npos) << message;
+}
