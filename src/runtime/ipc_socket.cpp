@@ -98,6 +98,21 @@ sockaddr_un socket_address(const std::string& dir, int rank) {
   return addr;
 }
 
+// A one-buffer message with room for one SCM_RIGHTS file descriptor.
+struct FdMessage {
+  iovec iov;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  FdMessage(void* data, std::size_t bytes) : iov{data, bytes} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 struct Fd {
   int fd = -1;
   explicit Fd(int f = -1) : fd(f) {}
@@ -176,13 +191,8 @@ std::vector<PeerHandle> exchange_fds(Store& store, const Team& team, int my_fd, 
           continue;
         }
         Reply reply{me, my_bytes};
-        iovec iov{&reply, sizeof(reply)};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof(control);
+        FdMessage fm(&reply, sizeof(reply));
+        msghdr& msg = fm.msg;
         cmsghdr* c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
@@ -221,13 +231,8 @@ std::vector<PeerHandle> exchange_fds(Store& store, const Team& team, int my_fd, 
       hello.rank = me;
       send_all(conn.fd, &hello, sizeof(hello), deadline, who);
       Reply reply{};
-      iovec iov{&reply, sizeof(reply)};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
+      FdMessage fm(&reply, sizeof(reply));
+      msghdr& msg = fm.msg;
       WEFT_REQUIRE(wait_fd(conn.fd, POLLIN, deadline), "heap handle exchange: timed out waiting for ", who);
       ssize_t k = ::recvmsg(conn.fd, &msg, MSG_CMSG_CLOEXEC);
       WEFT_REQUIRE(k == static_cast<ssize_t>(sizeof(reply)), "receiving the heap handle of ", who,
