@@ -4,7 +4,8 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples bench (default: all)
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm overlap bench pdl tune
+#                                               (default: build cpu gpu examples bench)
 #
 # What comes back (the device tool returns at most 8 files): summary.txt, the
 # sweep's CSVs and plots, and logs.tgz with every log and raw JSON line.
@@ -117,6 +118,15 @@ for line in open(sys.argv[1]):
 for (op, b), d in sorted(rows.items()):
     print(f"{op:15s} {b >> 20:5d}M  " + "  ".join(f"{c}: {w:8.1f} ({w / n:.3f})" for c, (w, n) in d.items()))
 PY
+fi
+
+if has overlap; then  # AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce vs NCCL + cuBLAS and Async-TP
+  mkdir -p "$OUT/overlap"
+  tb=(--torch-baselines tools/torch_tp_baselines.py)
+  run_logged "overlap sweep" overlap.log python3 scripts/sweep_overlap.py --build "$BUILD" --out "$OUT/overlap" \
+    --timeout 500 "${tb[@]}" ${OVERLAP_ARGS:+--extra="$OVERLAP_ARGS"} ${OVERLAP_OPS:+--ops="$OVERLAP_OPS"}
+  grep -v '^\[weft-bench\]' "$OUT/overlap.log" | tail -n 40
+  cp "$OUT/overlap/overlap.csv" "$OUT/overlap/overlap.png" "$OUT/" 2>/dev/null
 fi
 
 if has bench; then

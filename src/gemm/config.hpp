@@ -7,9 +7,25 @@
 #include <cstdint>
 #include <vector>
 
+#include "weft/device/world.cuh"
 #include "weft/gemm/gemm.hpp"
 
 namespace weft::gemm_detail {
+
+/// The hooked scheduler's run-time settings (see tile_hooks.cuh). A plain
+/// aggregate: kernel parameter and host value alike.
+struct TileWaitParams {
+  dev::World world{};                    ///< for the wait's timeout report
+  const std::uint64_t* flags = nullptr;  ///< flags[i] covers rows [i*rows_per_flag, (i+1)*rows_per_flag)
+  std::int64_t rows_per_flag = 1;
+  std::uint64_t value = 1;               ///< ready when flag >= value
+  std::int64_t ready_begin = 0;          ///< rows [ready_begin, ready_end) are present already: no wait
+  std::int64_t ready_end = 0;
+  std::int64_t rotate_rows = 0;          ///< start the tile order at the tile holding this row
+  int flags_per_rank = 0;                ///< > 0: flag i is signalled by rank i / flags_per_rank
+  int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
+  int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue
+};
 
 /// Arguments every configuration takes.
 struct Problem {
@@ -21,6 +37,8 @@ struct Problem {
   int sm_count;
   int swizzle = 1;  ///< tile-scheduler swizzle (1, 2, 4, 8): groups of tiles that share A or B in L2
   int raster = 0;   ///< 0: the scheduler decides, 1: along M, 2: along N
+  const void* source = nullptr;  ///< configurations with a source: D = A x B + source ([M, N], output type)
+  TileWaitParams wait{};         ///< hooked configurations only
 };
 
 /// One instantiated kernel: its types, its name, and how to run it.
@@ -29,6 +47,8 @@ struct Config {
   BLayout b_layout;
   const char* name;
   int tile_m, tile_n;  ///< for the size heuristic
+  bool hooked;         ///< its tile scheduler rotates and waits (TileWaitParams)
+  bool with_source;    ///< D = A x B + source
   /// Bytes of global workspace the kernel needs for this problem.
   std::size_t (*workspace)(const Problem&);
   /// Returns "" if the kernel can run this problem, else why not.
@@ -55,5 +75,10 @@ const Config* config_bf16_fp32_nk_128x256x64_c2x1_cooperative();
 const Config* config_fp16_fp16_nk_128x256x64_c2x1_cooperative();
 const Config* config_fp16_fp16_nk_64x256x64_c1x1_pingpong();
 const Config* config_fp16_fp16_kn_128x256x64_c2x1_cooperative();
+const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked();
+const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked();
+const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_source();
+const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked_source();
+const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source();
 
 }  // namespace weft::gemm_detail

@@ -14,12 +14,18 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "tile_hooks.cuh"
 
 namespace weft::gemm_detail {
 
+/// `Source` = void: D = A x B. Source = Out: D = A x B + source (beta 1).
+/// Scheduler = HookedSchedulerTag: the tile order rotates and one warp waits
+/// on row flags (tile_hooks.cuh).
 template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative,
-          class Scheduler = cutlass::gemm::PersistentScheduler>
+          class Scheduler = cutlass::gemm::PersistentScheduler, class Source = void>
 struct Kernel {
+  static constexpr bool kHooked = std::is_same_v<Scheduler, HookedSchedulerTag>;
+  static constexpr bool kWithSource = !std::is_void_v<Source>;
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
   using MainSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
@@ -30,7 +36,7 @@ struct Kernel {
   static constexpr int kAlignOut = 16 / sizeof(Out);
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor, kAlignOut, Out,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Source, cutlass::layout::RowMajor, kAlignOut, Out,
       cutlass::layout::RowMajor, kAlignOut, EpiSchedule>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, cutlass::layout::RowMajor, kAlignIn, In, LayoutB,
@@ -51,15 +57,22 @@ struct Kernel {
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {m, n, k, 1},
                                   {static_cast<const In*>(p.a), sa, static_cast<const In*>(p.b), sb},
-                                  {{1.0f, 0.0f}, nullptr, sd, static_cast<Out*>(p.c), sd},
+                                  {{1.0f, kWithSource ? 1.0f : 0.0f},
+                                   static_cast<const Out*>(kWithSource ? p.source : nullptr),
+                                   sd,
+                                   static_cast<Out*>(p.c),
+                                   sd},
                                   hw};
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
+    if constexpr (kHooked) args.scheduler.wait = p.wait;
     return args;
   }
   static std::size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
   static const char* check(const Problem& p) {
+    if (kWithSource && !p.source) return "this configuration adds a source matrix, and none was given";
+    if (kHooked && p.raster == 1) return "hooked configurations keep the row-major tile order (raster along N)";
     return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";
   }
   static const char* run(const Problem& p, cudaStream_t stream) {
@@ -74,7 +87,7 @@ struct Kernel {
 /// A Config for Kernel<...>.
 template <class K>
 constexpr Config make_config(DType in, DType out, BLayout layout, const char* name, int tm, int tn) {
-  return Config{in, out, layout, name, tm, tn, &K::workspace, &K::check, &K::run};
+  return Config{in, out, layout, name, tm, tn, K::kHooked, K::kWithSource, &K::workspace, &K::check, &K::run};
 }
 
 }  // namespace weft::gemm_detail

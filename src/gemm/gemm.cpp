@@ -25,6 +25,11 @@ const std::vector<const Config*>& all_configs() {
       config_fp16_fp16_nk_128x256x64_c2x1_cooperative(),
       config_fp16_fp16_nk_64x256x64_c1x1_pingpong(),
       config_fp16_fp16_kn_128x256x64_c2x1_cooperative(),
+      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked(),
+      config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked(),
+      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_source(),
+      config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked_source(),
+      config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source(),
   };
   return configs;
 }
@@ -33,13 +38,24 @@ const std::vector<const Config*>& all_configs() {
 
 namespace {
 
-constexpr int kTuneRuns = 5;  // timed runs per candidate on the first run (3 left the choice to noise)
+constexpr int kTuneRuns = 5;       // round 1: timed runs per candidate (3 left the choice to noise)
+constexpr std::size_t kFinalists = 4;  // round 2: the fastest few of round 1 ...
+constexpr int kFinalRounds = 3;    // ... timed in interleaved rounds ...
+constexpr int kFinalRuns = 10;     // ... of this many runs each
 
 const char* layout_name(BLayout l) { return l == BLayout::nk ? "[N,K]" : "[K,N]"; }
 
+const char* hook_name(GemmHook h) {
+  return h == GemmHook::none ? "" : h == GemmHook::wait_a_rows ? ", waiting on A rows" : ", + source waiting on its rows";
+}
+
 std::string describe(const GemmOptions& o) {
   return str(o.m, "x", o.n, "x", o.k, " ", to_string(o.input), " -> ", to_string(o.output), ", B ",
-             layout_name(o.b_layout));
+             layout_name(o.b_layout), hook_name(o.hook));
+}
+
+bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
+  return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows);
 }
 
 }  // namespace
@@ -60,13 +76,14 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   WEFT_REQUIRE(o.n % out_align == 0, "Gemm: N = ", o.n, " must be a multiple of ", out_align, " for ",
                to_string(o.output), " output (16-byte aligned rows of C)");
   for (const auto* c : gemm_detail::all_configs())
-    if (c->input == o.input && c->output == o.output && c->b_layout == o.b_layout &&
+    if (c->input == o.input && c->output == o.output && c->b_layout == o.b_layout && hook_matches(*c, o.hook) &&
         (o.config.empty() || o.config == c->name))
       candidates_.push_back(c);
   if (candidates_.empty()) {
     std::string have;
     for (const auto* c : gemm_detail::all_configs())
-      have += str("\n  ", to_string(c->input), " -> ", to_string(c->output), ", B ", layout_name(c->b_layout), ": ",
+      have += str("\n  ", to_string(c->input), " -> ", to_string(c->output), ", B ", layout_name(c->b_layout),
+                  c->hooked ? (c->with_source ? ", + source waiting on its rows" : ", waiting on A rows") : "", ": ",
                   c->name);
     WEFT_FAIL("Gemm: no compiled configuration for ", describe(o),
               o.config.empty() ? std::string() : str(" named '", o.config, "'"), "; available:", have);
@@ -82,6 +99,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
       if (tiles(best) < sm_count_ && tiles(c) > tiles(best)) best = c;
     }
     chosen_ = best;
+    if (o.hook != GemmHook::none) raster_ = 2;
   }
 }
 
@@ -107,53 +125,129 @@ std::vector<std::string> Gemm::configurations() const {
   return names;
 }
 
-void Gemm::tune(const void* a, const void* b, void* c, cudaStream_t stream) {
+gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) const {
+  gemm_detail::Problem p{options_.m, options_.n, options_.k, x.a, x.b, x.c, nullptr, sm_count_, swizzle, raster};
+  p.source = x.source;
+  if (options_.hook != GemmHook::none) {
+    gemm_detail::TileWaitParams& w = p.wait;
+    const RowSignals& sig = x.signals;
+    if (sig.world) w.world = *sig.world;
+    w.flags = sig.flags;
+    w.rows_per_flag = sig.rows_per_flag;
+    w.value = sig.value;
+    w.ready_begin = sig.ready_begin;
+    w.ready_end = sig.ready_end;
+    w.rotate_rows = x.first_row;
+    w.flags_per_rank = sig.flags_per_rank;
+    w.from_rank = sig.from_rank;
+    w.wait_warp = options_.hook == GemmHook::wait_a_rows ? 0 : 2;  // mainloop producer : epilogue producer
+  }
+  return p;
+}
+
+void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
-  float best_ms = std::numeric_limits<float>::max();
-  // Every configuration with every swizzle and raster order: the same kernel,
-  // other scheduler arguments, so trying them costs only run time.
+  GemmArgs local = args;
+  local.signals.flags = nullptr;  // tuning never waits: every row counts as present
+  struct Candidate {
+    const gemm_detail::Config* cfg;
+    int swizzle, raster;
+    float ms = 0;
+  };
+  auto time_runs = [&](const Candidate& c, int runs) {
+    gemm_detail::Problem p = problem(local, c.swizzle, c.raster);
+    reserve_workspace(c.cfg->workspace(p));
+    p.workspace = workspace_;
+    WEFT_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < runs; ++i) c.cfg->run(p, stream);
+    WEFT_CUDA(cudaEventRecord(stop, stream));
+    WEFT_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    return ms / runs;
+  };
+  // Hooked kernels keep the row-major tile order (raster along N), so that
+  // rows are consumed in the order they arrive.
+  const std::vector<int> rasters = options_.hook == GemmHook::none ? std::vector<int>{1, 2} : std::vector<int>{2};
+  // Round 1: every configuration with every swizzle and raster order (the
+  // same kernel with other scheduler arguments, so trying them costs only run time).
+  std::vector<Candidate> all;
+  // Hooked kernels also keep swizzle bands narrow: a band of 2^s cluster rows
+  // is walked across all of N before the next, so a wide band would make the
+  // first wave wait for many chunks of rows at once.
+  const std::vector<int> swizzles = options_.hook == GemmHook::none ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2};
   for (const auto* cfg : candidates_)
-    for (int swizzle : {1, 2, 4, 8})
-      for (int raster : {1, 2}) {
-        gemm_detail::Problem p{options_.m, options_.n, options_.k, a, b, c, nullptr, sm_count_, swizzle, raster};
+    for (int swizzle : swizzles)
+      for (int raster : rasters) {
+        Candidate c{cfg, swizzle, raster};
+        gemm_detail::Problem p = problem(local, swizzle, raster);
         if (*cfg->check(p)) continue;
         reserve_workspace(cfg->workspace(p));
         p.workspace = workspace_;
         if (*cfg->run(p, stream)) continue;  // warm-up, and a check that it launches
-        WEFT_CUDA(cudaEventRecord(start, stream));
-        for (int i = 0; i < kTuneRuns; ++i) cfg->run(p, stream);
-        WEFT_CUDA(cudaEventRecord(stop, stream));
-        WEFT_CUDA(cudaEventSynchronize(stop));
-        float ms = 0;
-        WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        c.ms = time_runs(c, kTuneRuns);
         WEFT_LOG(debug, "Gemm ", describe(options_), ": ", cfg->name, " swizzle ", swizzle, " raster ", raster, " ",
-                 ms / kTuneRuns, " ms");
-        if (ms < best_ms) {
-          best_ms = ms;
-          chosen_ = cfg;
-          swizzle_ = swizzle;
-          raster_ = raster;
-        }
+                 c.ms, " ms");
+        all.push_back(c);
       }
+  WEFT_REQUIRE(!all.empty(), "Gemm: no configuration can run ", describe(options_));
+  // Round 2: the few fastest again, interleaved and longer, so that one noisy
+  // sample (clocks ramping, another process) does not pick the configuration.
+  std::sort(all.begin(), all.end(), [](const Candidate& x, const Candidate& y) { return x.ms < y.ms; });
+  all.resize(std::min<std::size_t>(all.size(), kFinalists));
+  for (auto& c : all) c.ms = 0;
+  for (int round = 0; round < kFinalRounds; ++round)
+    for (auto& c : all) c.ms += time_runs(c, kFinalRuns);
+  const Candidate& best = *std::min_element(all.begin(), all.end(),
+                                            [](const Candidate& x, const Candidate& y) { return x.ms < y.ms; });
+  chosen_ = best.cfg;
+  swizzle_ = best.swizzle;
+  raster_ = best.raster;
+  WEFT_LOG(debug, "Gemm ", describe(options_), ": chose ", config(), " at ", best.ms / kFinalRounds, " ms");
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  WEFT_REQUIRE(chosen_, "Gemm: no configuration can run ", describe(options_));
+}
+
+void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {
+  if (chosen_) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing == cudaStreamCaptureStatusNone) tune(args, stream);
+  else {
+    chosen_ = candidates_.front();
+    if (options_.hook != GemmHook::none) raster_ = 2;
+  }
 }
 
 void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {
-  WEFT_REQUIRE(a && b && c, "Gemm::run: A, B and C must be device pointers");
-  for (const void* ptr : {a, b, static_cast<const void*>(c)})
+  GemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.c = c;
+  run(args, stream);
+}
+
+void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
+  WEFT_REQUIRE(x.a && x.b && x.c, "Gemm::run: A, B and C must be device pointers");
+  for (const void* ptr : {x.a, x.b, static_cast<const void*>(x.c)})
     WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0, "Gemm::run: ", ptr,
                  " is not 16-byte aligned (TMA needs 16-byte aligned matrices)");
-  if (!chosen_) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing == cudaStreamCaptureStatusNone) tune(a, b, c, stream);
-    else chosen_ = candidates_.front();
+  if (options_.hook == GemmHook::wait_source_rows)
+    WEFT_REQUIRE(x.source && (reinterpret_cast<std::uintptr_t>(x.source) & 15u) == 0,
+                 "Gemm::run: this plan adds a source matrix S [M, N]; expected a 16-byte aligned device pointer, got ",
+                 x.source);
+  else
+    WEFT_REQUIRE(!x.source, "Gemm::run: a source matrix was given to a plan built without one (GemmHook::wait_source_rows)");
+  if (x.signals.flags) {
+    WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: row signals were given to a plan built without a hook");
+    WEFT_REQUIRE(x.signals.world, "Gemm::run: row signals need the World (for the wait's bound and report)");
+    WEFT_REQUIRE(x.signals.rows_per_flag > 0, "Gemm::run: rows_per_flag must be positive, got ",
+                 x.signals.rows_per_flag);
   }
-  gemm_detail::Problem p{options_.m, options_.n, options_.k, a, b, c, nullptr, sm_count_, swizzle_, raster_};
+  prepare(x, stream);
+  gemm_detail::Problem p = problem(x, swizzle_, raster_);
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
   reserve_workspace(chosen_->workspace(p));

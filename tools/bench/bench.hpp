@@ -16,4 +16,9 @@ int bench_collective(const std::shared_ptr<Context>& ctx, const BenchArgs& args)
 /// (exit code 0, or 3 if the result is off). Collective; rank 0 prints.
 int bench_gemm(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
+/// weft-bench ag_gemm | gemm_rs | gemm_ar: the overlapped operator against
+/// sequential NCCL + cuBLAS, the GEMM and the collective alone, and the ideal
+/// bound (exit code 0, or 3 if a check failed). Collective; rank 0 prints.
+int bench_overlap(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+
 }  // namespace weft::bench

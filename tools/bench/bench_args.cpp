@@ -9,7 +9,8 @@
 namespace weft::bench {
 namespace {
 
-const std::vector<std::string> kOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm"};
+const std::vector<std::string> kOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
+                                       "ag_gemm",    "gemm_rs",    "gemm_ar"};
 
 // Every variant of an operation, "auto" last ("all" means every one but auto).
 const std::vector<std::string>& variants_of(const std::string& op) {
@@ -17,6 +18,8 @@ const std::vector<std::string>& variants_of(const std::string& op) {
   static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "ce", "auto"};
   static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "auto"};
   static const std::vector<std::string> gemm = {"auto"};
+  static const std::vector<std::string> overlap = {"fused", "sequential", "auto"};
+  if (is_overlap_op(op)) return overlap;
   return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" ? gemm : rs;
 }
 
@@ -104,6 +107,8 @@ std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text) {
   return shapes;
 }
 
+bool is_overlap_op(const std::string& op) { return op == "ag_gemm" || op == "gemm_rs" || op == "gemm_ar"; }
+
 std::string bench_usage() {
   return "usage: weftrun -n N weft-bench OP [options]\n"
          "  OP                 all_gather, all_reduce, reduce_scatter or gemm\n"
@@ -122,13 +127,20 @@ std::string bench_usage() {
          "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"
          "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
          "  --out T            output type: the input type (default) or fp32\n"
-         "  --config NAME      force one GEMM configuration\n";
+         "  --config NAME      force one GEMM configuration\n"
+         "ag_gemm, gemm_rs, gemm_ar (tensor-parallel operators against NCCL + cuBLAS, PyTorch-style shapes:\n"
+         "N is the full output width, each rank computing N/W columns for ag_gemm; K the full depth, K/W per rank,\n"
+         "for gemm_rs and gemm_ar):\n"
+         "  --shapes LIST      M,N,K;... (default: the acceptance shapes of docs/PERF.md)\n"
+         "  --m LIST --n N --k K   the same as shapes (m1,N,K);(m2,N,K)...\n"
+         "  --variant MODE     auto (default: the plan times fused and sequential and keeps the faster),\n"
+         "                     fused, sequential, or a list\n";
 }
 
 BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   BenchArgs args;
   std::vector<std::string> rest(argv.begin() + std::min<std::size_t>(1, argv.size()), argv.end());
-  std::string bytes = "1K:256M", variants = "all";
+  std::string bytes = "1K:256M", variants, m_list, n_value, k_value;
   for (std::size_t i = 0; i < rest.size(); ++i) {
     const std::string& a = rest[i];
     auto value = [&]() -> const std::string& {
@@ -148,6 +160,9 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--b-layout") args.b_layout = value();
     else if (a == "--out") args.out_dtype = value();
     else if (a == "--config") args.config = value();
+    else if (a == "--m") m_list = value();
+    else if (a == "--n") n_value = value();
+    else if (a == "--k") k_value = value();
     else if (!a.empty() && a[0] == '-') WEFT_FAIL("unknown option '", a, "'\n", bench_usage());
     else if (args.op.empty()) args.op = a;
     else WEFT_FAIL("unexpected argument '", a, "' (the operation is already '", args.op, "')");
@@ -156,6 +171,21 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   WEFT_REQUIRE(std::find(kOps.begin(), kOps.end(), args.op) != kOps.end(), "unknown operation '", args.op,
                "': expected one of ", join(kOps));
   args.bytes = parse_size_list(bytes);
+  if (variants.empty()) variants = is_overlap_op(args.op) ? "auto" : "all";
+  if (!m_list.empty() || !n_value.empty() || !k_value.empty()) {
+    WEFT_REQUIRE(!m_list.empty() && !n_value.empty() && !k_value.empty(),
+                 "--m, --n and --k go together (e.g. --m 2048,4096 --n 28672 --k 8192)");
+    WEFT_REQUIRE(args.shapes.empty(), "give either --shapes or --m/--n/--k, not both");
+    std::string text;
+    for (const std::string& m : split(m_list, ',')) text += (text.empty() ? "" : ";") + m + "," + n_value + "," + k_value;
+    args.shapes = parse_shapes(text);
+  }
+  if (args.op == "ag_gemm" && args.shapes.empty())
+    args.shapes = parse_shapes("2048,28672,8192;4096,28672,8192;8192,28672,8192;2048,8192,8192;4096,8192,8192;"
+                               "8192,8192,8192;4096,4096,8192");
+  if ((args.op == "gemm_rs" || args.op == "gemm_ar") && args.shapes.empty())
+    args.shapes = parse_shapes("2048,8192,28672;4096,8192,28672;8192,8192,28672;2048,8192,8192;4096,8192,8192;"
+                               "8192,8192,8192;4096,4096,8192");
   WEFT_REQUIRE(args.b_layout == "nk" || args.b_layout == "kn", "--b-layout expects nk or kn, got '", args.b_layout,
                "'");
   if (!args.out_dtype.empty()) dtype_bytes(args.out_dtype);

@@ -10,9 +10,9 @@ namespace weft::bench {
 
 /// Everything weft-bench was asked to do.
 struct BenchArgs {
-  std::string op;                     ///< "all_gather", "all_reduce" or "reduce_scatter"
+  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar"
   std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
-  std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant
+  std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant; overlap ops: modes
   std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
   bool check = false;                 ///< verify bitwise against NCCL before timing
   bool json = false;                  ///< one JSON object per line instead of a table
@@ -36,6 +36,9 @@ int dtype_bytes(const std::string& dtype);
 /// that names the bad argument and what was expected. `--help` throws
 /// HelpRequested carrying the usage text.
 BenchArgs parse_bench_args(const std::vector<std::string>& argv);
+
+/// ag_gemm, gemm_rs, gemm_ar: the overlapped tensor-parallel operators.
+bool is_overlap_op(const std::string& op);
 
 /// The usage text.
 std::string bench_usage();

@@ -37,10 +37,23 @@ int main(int argc, char** argv) {
     ContextOptions opts;
     // Room for the largest input and output, plus the plans' staging and signals.
     const std::uint64_t world = detect_launch_env(process_env()).world_size;
-    opts.heap_bytes = args.op == "gemm" ? (std::uint64_t{256} << 20) : args.bytes.back() * (world + 3) + std::min<std::uint64_t>(args.bytes.back(), 16u << 20) * 4 * world +
-                      (std::uint64_t{64} << 20);
+    if (args.op == "gemm") {
+      opts.heap_bytes = std::uint64_t{256} << 20;
+    } else if (bench::is_overlap_op(args.op)) {
+      // The plan's gathered A or staging, the bench's symmetric output and
+      // comparison buffers: a few times the largest matrix.
+      std::uint64_t largest = 0;
+      for (const auto& s : args.shapes)
+        largest = std::max<std::uint64_t>(largest, 2ull * s[0] * std::max(s[1], s[2]));
+      opts.heap_bytes = 5 * largest + (std::uint64_t{256} << 20);
+    } else {
+      opts.heap_bytes = args.bytes.back() * (world + 3) + std::min<std::uint64_t>(args.bytes.back(), 16u << 20) * 4 * world +
+                        (std::uint64_t{64} << 20);
+    }
     auto ctx = Context::from_env(opts);
-    return args.op == "gemm" ? bench::bench_gemm(ctx, args) : bench::bench_collective(ctx, args);
+    if (args.op == "gemm") return bench::bench_gemm(ctx, args);
+    if (bench::is_overlap_op(args.op)) return bench::bench_overlap(ctx, args);
+    return bench::bench_collective(ctx, args);
   } catch (const Error& e) {
     std::fprintf(stderr, "weft-bench: %s\n", e.what());
     return 1;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/device/world.cuh"
 #include "weft/ops/collective.hpp"
 
 namespace weft {
@@ -28,6 +29,38 @@ namespace weft {
 enum class BLayout {
   nk,  ///< [N, K] row-major: C = A x B^T (PyTorch Linear weight)
   kn   ///< [K, N] row-major: C = A x B
+};
+
+/// The communication hook a plan's kernels carry (used by the overlapped
+/// operators; plain GEMMs leave it at none).
+enum class GemmHook {
+  none,          ///< a plain persistent GEMM
+  wait_a_rows,   ///< before loading a tile's rows of A, wait for their flags (AllGather + GEMM)
+  wait_source_rows  ///< D = A x B + S; before loading a tile's rows of S, wait for their flags (GEMM + ReduceScatter)
+};
+
+/// Flags that say which rows of A (wait_a_rows) or of the source (wait_source_rows)
+/// have arrived, for one run. The tile holding row r waits, in one warp, until
+/// flags[r / rows_per_flag] >= value (acquire, system scope), then fences the
+/// async proxy and loads. Rows in [ready_begin, ready_end) are known present.
+struct RowSignals {
+  const dev::World* world = nullptr;     ///< names the rank and bounds the wait (its timeout)
+  const std::uint64_t* flags = nullptr;  ///< device memory written by copy engines or peers
+  std::int64_t rows_per_flag = 1;
+  std::uint64_t value = 1;
+  std::int64_t ready_begin = 0, ready_end = 0;
+  int flags_per_rank = 0;  ///< > 0: flag i is raised by rank i / flags_per_rank (for the timeout report)
+  int from_rank = -1;      ///< else the rank that raises them all
+};
+
+/// One run's operands.
+struct GemmArgs {
+  const void* a = nullptr;       ///< [M, K] row-major
+  const void* b = nullptr;       ///< [N, K] or [K, N]
+  void* c = nullptr;             ///< [M, N] row-major, the output
+  const void* source = nullptr;  ///< wait_source_rows: S [M, N] (output type), added to A x B
+  RowSignals signals{};          ///< hooked plans: what tiles wait for
+  std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
 };
 
 /// What a Gemm plan is built for.
@@ -41,10 +74,25 @@ struct GemmOptions {
   bool autotune = true;
   /// Force a configuration by name (see Gemm::configurations); empty = choose.
   std::string config;
+  /// The communication hook (bf16, with the configurations compiled for it).
+  GemmHook hook = GemmHook::none;
 };
+
+/// Options of a plain GEMM: C [m, n] = A [m, k] x B, inputs and output of type `t`.
+inline GemmOptions gemm_options(std::int64_t m, std::int64_t n, std::int64_t k, DType t = DType::bf16,
+                                BLayout layout = BLayout::nk) {
+  GemmOptions o;
+  o.m = m;
+  o.n = n;
+  o.k = k;
+  o.input = o.output = t;
+  o.b_layout = layout;
+  return o;
+}
 
 namespace gemm_detail {
 struct Config;
+struct Problem;
 }
 
 /// A planned GEMM for one shape. Not thread-safe; one stream at a time.
@@ -58,7 +106,13 @@ class Gemm {
 
   /// C = A x B^T (nk) or A x B (kn) on `stream`. Device pointers, 16-byte aligned.
   void run(const void* a, const void* b, void* c, cudaStream_t stream);
-
+  /// The same with a hook's operands (source, row signals, first row).
+  void run(const GemmArgs& args, cudaStream_t stream);
+  /// Chooses the configuration now (timing them, outside graph capture) on
+  /// these operands, as the first run would; hooked plans time their kernels
+  /// with every row marked present. Hooked plans call it before their first
+  /// collective run, so no peer waits on a rank that is still tuning.
+  void prepare(const GemmArgs& args, cudaStream_t stream);
   /// The configuration in use ("128x256x64 c2x1 cooperative, swizzle 4 along N"), or "" before the first
   /// run if autotuning.
   std::string config() const;
@@ -69,7 +123,8 @@ class Gemm {
   double flops() const { return 2.0 * options_.m * options_.n * options_.k; }
 
  private:
-  void tune(const void* a, const void* b, void* c, cudaStream_t stream);
+  void tune(const GemmArgs& args, cudaStream_t stream);
+  gemm_detail::Problem problem(const GemmArgs& args, int swizzle, int raster) const;
   void reserve_workspace(std::size_t bytes);
 
   GemmOptions options_;

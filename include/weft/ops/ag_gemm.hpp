@@ -1,0 +1,105 @@
+// weft/ops/ag_gemm.hpp - AllGather + GEMM, overlapped: C = allgather(A) x B^T on every rank.
+//
+// Tensor-parallel column-sharded Linear: each rank holds a row shard of the
+// activations, A_r [M/W, K], and its own column block of the weight, B_r
+// ([N_r, K] as PyTorch stores it, or [K, N_r]). Every rank computes
+// C_r = [A_0; A_1; ...; A_{W-1}] x B_r^T, [M, N_r], and ends with the gathered A.
+//
+// Fused path (one persistent GEMM, docs/design.md):
+//   - a start-of-run handshake (one small kernel) says every rank's buffers are free;
+//   - the copy engines push this rank's shard into every peer's gathered A, in
+//     chunks, each followed by a flag raised on the peer from the stream's
+//     front end (no SM involved);
+//   - the GEMM starts at this rank's own rows and walks the shards in the order
+//     they arrive (rank r, r+1, ...); the producer warp of each tile waits only
+//     for the chunk flags of the rows that tile reads.
+// Sequential path: weft's AllGather, then weft's GEMM. `automatic` times both
+// on the first run (outside graph capture) and keeps the faster, the same on
+// every rank; path() says which runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weft/gemm/gemm.hpp"
+#include "weft/ops/all_gather.hpp"
+#include "weft/runtime/context.hpp"
+
+namespace weft {
+
+/// How an overlapped operator runs.
+enum class OverlapMode {
+  automatic,   ///< time fused and sequential on the first run, keep the faster
+  fused,       ///< always the overlapped kernel
+  sequential   ///< always the plain collective, then (or after) the plain GEMM
+};
+/// "auto", "fused", "sequential".
+const char* to_string(OverlapMode m);
+/// Parses the names above; throws naming the accepted ones.
+OverlapMode parse_overlap_mode(const std::string& name);
+
+/// What an AgGemm plan is built for.
+struct AgGemmOptions {
+  std::int64_t m = 0;  ///< rows of the gathered A (all ranks together); a multiple of the world size
+  std::int64_t n = 0;  ///< this rank's columns of C (N / W for a column-sharded weight)
+  std::int64_t k = 0;  ///< inner dimension, a multiple of 8
+  DType dtype = DType::bf16;  ///< bf16 (the hooked kernels' type)
+  BLayout b_layout = BLayout::nk;
+  OverlapMode mode = OverlapMode::automatic;
+  int chunks_per_shard = 4;  ///< copy and signal granularity (rounded down to divide M / W)
+};
+
+namespace ops_detail {
+class Overlap;
+}
+
+/// A planned AllGather + GEMM. Collective construction; runs many times
+/// (epochs: no resets), graph-capturable once its path is chosen.
+class AgGemm {
+ public:
+  AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& options);
+  ~AgGemm();
+  AgGemm(const AgGemm&) = delete;
+  AgGemm& operator=(const AgGemm&) = delete;
+
+  /// This rank's slot of the gathered A ([M/W, K], symmetric). Writing the
+  /// shard here and passing it to run() saves a copy.
+  void* local_shard() const;
+  /// The gathered A [M, K], complete once run() is (on the run's stream).
+  const void* gathered() const;
+
+  /// C [M, n] = gathered(A) x B^T on `stream`. `a_shard`: this rank's [M/W, K]
+  /// (any device memory; local_shard() avoids a copy). `b`: [n, K] (nk) or
+  /// [K, n] (kn). `c`: [M, n], any device memory. Every rank calls it, in the
+  /// same order. Throws weft::Error naming what was expected on bad input.
+  void run(const void* a_shard, const void* b, void* c, cudaStream_t stream);
+
+  /// "fused", "sequential", or "" before the first automatic run.
+  std::string path() const;
+  /// The first automatic run's measurements (ms, slowest rank), else 0.
+  float measured_fused_ms() const { return fused_ms_; }
+  float measured_sequential_ms() const { return sequential_ms_; }
+  /// The GEMM configuration the path uses.
+  std::string gemm_config() const;
+  const AgGemmOptions& options() const { return options_; }
+
+ private:
+  void run_fused(const void* b, void* c, cudaStream_t stream);
+  void run_sequential(const void* b, void* c, cudaStream_t stream);
+
+  std::shared_ptr<Context> ctx_;
+  AgGemmOptions options_;
+  std::int64_t shard_rows_, chunk_rows_, chunks_;
+  std::unique_ptr<ops_detail::Overlap> overlap_;
+  SymmetricBuffer gathered_;  // [M, K]
+  SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
+  std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;
+  std::unique_ptr<AllGather> all_gather_;
+  int path_ = -1;  // -1 undecided, else ops_detail::OverlapPath
+  float fused_ms_ = 0, sequential_ms_ = 0;
+};
+
+}  // namespace weft

@@ -1,0 +1,70 @@
+// weft/ops/gemm_ar.hpp - GEMM + AllReduce, overlapped: out = sum over ranks of A_q x B_q, on every rank.
+//
+// The same operands as GemmRs (A_q [M, K_q], B_q [N, K_q] or [K_q, N]); every
+// rank ends with the whole sum [M, N].
+// Fused path (two-shot): GemmRs's ring leaves rank r's block of rows of the
+// sum directly in its rows of `out`; the copy engines then push that block to
+// every peer's `out`, chunk by chunk, each chunk followed by a flag raised on
+// the peer from the stream's front end. Same fixed summation order as GemmRs:
+// repeated runs are bitwise identical, and every rank holds the same bits.
+// Sequential path (what small M wants: one-shot): weft's GEMM into `out`, then
+// weft's AllReduce in place. `automatic` times both on the first run and
+// keeps the faster, the same on every rank.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weft/ops/all_reduce.hpp"
+#include "weft/ops/gemm_rs.hpp"
+
+namespace weft {
+
+/// What a GemmAr plan is built for (the fields mean what they mean for GemmRs).
+struct GemmArOptions {
+  std::int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::bf16;
+  BLayout b_layout = BLayout::nk;
+  OverlapMode mode = OverlapMode::automatic;
+  int chunks_per_block = 8;
+};
+
+/// A planned GEMM + AllReduce. Collective construction; runs many times.
+class GemmAr {
+ public:
+  GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& options);
+  ~GemmAr();
+  GemmAr(const GemmAr&) = delete;
+  GemmAr& operator=(const GemmAr&) = delete;
+
+  /// out [M, N] = sum_q A_q x B_q on every rank, on `stream`. `out` must be in
+  /// the symmetric heap (peers write their blocks into it). Every rank calls
+  /// it, in the same order. Throws weft::Error naming what was expected.
+  void run(const void* a, const void* b, void* out, cudaStream_t stream);
+
+  std::string path() const;
+  float measured_fused_ms() const { return fused_ms_; }
+  float measured_sequential_ms() const { return sequential_ms_; }
+  std::string gemm_config() const;
+  const GemmArOptions& options() const { return options_; }
+
+ private:
+  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream);
+  void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream);
+
+  std::shared_ptr<Context> ctx_;
+  GemmArOptions options_;
+  std::int64_t block_rows_, chunk_rows_, chunks_;
+  std::unique_ptr<GemmRs> reduce_;  // fused: the ring into our rows of out
+  std::unique_ptr<ops_detail::Overlap> overlap_;
+  SymmetricBuffer arrived_;  // u64 [W][chunks]: chunk c of rank q's block has landed in out
+  std::unique_ptr<Gemm> plain_gemm_;
+  std::unique_ptr<AllReduce> all_reduce_;
+  int path_ = -1;
+  float fused_ms_ = 0, sequential_ms_ = 0;
+};
+
+}  // namespace weft

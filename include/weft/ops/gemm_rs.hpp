@@ -1,0 +1,98 @@
+// weft/ops/gemm_rs.hpp - GEMM + ReduceScatter, overlapped: out_r = sum over ranks of rows block r of A_q x B_q.
+//
+// Tensor-parallel row-sharded Linear: each rank holds A_q [M, K_q] (its slice
+// of the inner dimension) and B_q ([N, K_q] as PyTorch stores it, or [K_q, N]).
+// Rank r ends with its block of rows of the sum, out_r [M/W, N].
+//
+// Fused path (a ring, docs/design.md): the M rows are W blocks. At step s,
+// rank r computes block b = (r - 1 - s) mod W with a persistent GEMM whose
+// epilogue adds the partial sum of that block received from rank r - 1
+// (D = A_b x B + S); the epilogue warp of each tile waits only for the chunk
+// of S that tile adds. The result goes, by copy engine and chunk by chunk, to
+// rank r + 1's staging, each chunk followed by a flag raised from the stream's
+// front end. At the last step the block is rank r's own and D is the output.
+// So block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
+// are bitwise identical. Sequential path: weft's GEMM, then weft's
+// ReduceScatter. `automatic` times both on the first run (outside graph
+// capture) and keeps the faster, the same on every rank.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/gemm/gemm.hpp"
+#include "weft/ops/ag_gemm.hpp"
+#include "weft/ops/reduce_scatter.hpp"
+#include "weft/runtime/context.hpp"
+
+namespace weft {
+
+/// What a GemmRs plan is built for.
+struct GemmRsOptions {
+  std::int64_t m = 0;  ///< rows of A and of the full sum; a multiple of the world size
+  std::int64_t n = 0;  ///< columns of the output
+  std::int64_t k = 0;  ///< this rank's slice of the inner dimension (K / W), a multiple of 8
+  DType dtype = DType::bf16;  ///< bf16 (the hooked GEMM kernels' type)
+  BLayout b_layout = BLayout::nk;
+  OverlapMode mode = OverlapMode::automatic;
+  int chunks_per_block = 8;  ///< copy and signal granularity (rounded down to divide M / W)
+  /// The last step (this rank's own block) as up to this many GEMMs over row
+  /// parts, so a caller (GemmAr) can ship each part while the next computes.
+  /// Used only where every part still fills the GPU for two waves of tiles.
+  int last_step_parts = 1;
+};
+
+/// A planned GEMM + ReduceScatter. Collective construction; runs many times
+/// (epochs: no resets), graph-capturable once its path is chosen.
+class GemmRs {
+ public:
+  GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& options);
+  ~GemmRs();
+  GemmRs(const GemmRs&) = delete;
+  GemmRs& operator=(const GemmRs&) = delete;
+
+  /// out [M/W, N] = rows block `rank` of sum_q A_q x B_q, on `stream`. `a`: this
+  /// rank's [M, k]; `b`: [N, k] (nk) or [k, N] (kn); `out`: any device memory.
+  /// Every rank calls it, in the same order. Throws weft::Error naming what was
+  /// expected on bad input.
+  void run(const void* a, const void* b, void* out, cudaStream_t stream);
+
+  /// "fused", "sequential", or "" before the first automatic run.
+  std::string path() const;
+  float measured_fused_ms() const { return fused_ms_; }
+  float measured_sequential_ms() const { return sequential_ms_; }
+  std::string gemm_config() const;
+  const GemmRsOptions& options() const { return options_; }
+
+  /// Called on the run's stream after each part of the last step has been
+  /// enqueued: rows [row0, row0 + rows) of `out` are complete once the stream reaches that point.
+  using PartDone = std::function<void(std::int64_t row0, std::int64_t rows)>;
+  /// The fused path alone (GemmAr builds on it); `part_done` as above.
+  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream, const PartDone& part_done = {});
+  /// Row parts of the last step (see GemmRsOptions::last_step_parts).
+  int last_step_parts() const { return parts_; }
+
+ private:
+  void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream);
+
+  std::shared_ptr<Context> ctx_;
+  GemmRsOptions options_;
+  std::int64_t block_rows_, chunk_rows_, chunks_;
+  int parts_ = 1;
+  std::unique_ptr<ops_detail::Overlap> overlap_;
+  SymmetricBuffer staging_;  // [W-1 steps][M/W, N]: partial sums from rank - 1
+  SymmetricBuffer arrived_;  // u64 [W-1 steps][chunks]
+  SymmetricBuffer partial_;  // sequential: [M, N]
+  void* send_ = nullptr;     // [W-1 steps][M/W, N], local: what goes to rank + 1
+  std::unique_ptr<Gemm> first_gemm_, step_gemm_, last_gemm_, plain_gemm_;  // last_: one row part of the last step
+  std::unique_ptr<ReduceScatter> reduce_scatter_;
+  int path_ = -1;
+  float fused_ms_ = 0, sequential_ms_ = 0;
+};
+
+}  // namespace weft

@@ -1,0 +1,248 @@
+// The overlapped tensor-parallel operators (AgGemm, GemmRs, GemmAr), every
+// path, against NCCL + cuBLAS with fp32 accumulation and output: relative
+// error on fresh random inputs and poisoned outputs, M not a multiple of the
+// tile (1000); the gathered A bitwise; 1,000 back-to-back runs bitwise equal;
+// a CUDA-graph replay equal to eager; and the errors for bad input.
+#include <cublas_v2.h>
+#include <nccl.h>
+
+#include <functional>
+
+#include "gpu_check.hpp"
+#include "gpu_test.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/ag_gemm.hpp"
+#include "weft/ops/gemm_ar.hpp"
+#include "weft/ops/gemm_rs.hpp"
+
+using namespace weft;
+using weft::test::ctx;
+using weft::test::ctx_ptr;
+
+namespace {
+
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  Cublas() {
+    cublasCreate(&h);
+    cublasSetStream(h, test::stream());
+  }
+  ~Cublas() { cublasDestroy(h); }
+};
+
+// fp32 C[m,n] = A[m,k] x B^T, B [n,k], bf16 inputs.
+void reference(cublasHandle_t h, std::int64_t m, std::int64_t n, std::int64_t k, const void* a, const void* b,
+               float* c) {
+  const float alpha = 1, beta = 0;
+  ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, CUDA_R_16BF, int(k), a,
+                         CUDA_R_16BF, int(k), &beta, c, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+}
+
+void* dalloc(std::uint64_t bytes) {
+  void* p = nullptr;
+  WEFT_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+std::uint64_t salt = 1000;
+
+// Runs `op` once per check on fresh inputs; returns the relative error of the
+// output against the fp32 reference and (ag) the gathered A's mismatched bytes.
+struct AgResult {
+  double err;
+  std::uint64_t gathered_mismatch;
+};
+
+AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode, Cublas& cb) {
+  cudaStream_t s = test::stream();
+  const int w = ctx().world_size(), me = ctx().rank();
+  AgGemm plan(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .mode = mode});
+  const std::int64_t rows = m / w;
+  void* shard = dalloc(rows * k * 2);  // not the plan's slot: exercises the copy in
+  void* b = dalloc(n * k * 2);
+  void* c = dalloc(m * n * 2);
+  void* gathered = dalloc(m * k * 2);
+  float* ref = static_cast<float*>(dalloc(m * n * 4));
+  AgResult r{0, 0};
+  for (int check = 0; check < 2; ++check) {  // second check: new data through the same plan
+    bench::fill_uniform(shard, rows * k, "bf16", bench::fresh_seed(me, ++salt), s);
+    bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
+    bench::poison(c, m * n * 2, 0xFF, s);
+    plan.run(shard, b, c, s);
+    WEFT_NCCL(ncclAllGather(shard, gathered, rows * k, ncclBfloat16, ctx().nccl(), s));
+    reference(cb.h, m, n, k, gathered, b, ref);
+    r.err = std::max(r.err, bench::relative_error_vs_fp32(c, "bf16", ref, m * n, s));
+    r.gathered_mismatch += bench::count_mismatches(plan.gathered(), gathered, m * k * 2, s);
+  }
+  ctx().synchronize(s);
+  for (void* p : {shard, b, c, gathered, static_cast<void*>(ref)}) cudaFree(p);
+  return r;
+}
+
+// GemmRs (all_reduce = false) or GemmAr: A [m, k], B [n, k] per rank.
+double check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode,
+                         Cublas& cb) {
+  cudaStream_t s = test::stream();
+  const int w = ctx().world_size(), me = ctx().rank();
+  const std::int64_t out_elems = all_reduce ? m * n : m / w * n;
+  std::unique_ptr<GemmRs> rs;
+  std::unique_ptr<GemmAr> ar;
+  if (all_reduce) ar = std::make_unique<GemmAr>(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .mode = mode});
+  else rs = std::make_unique<GemmRs>(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = mode});
+  void* a = dalloc(m * k * 2);
+  void* b = dalloc(n * k * 2);
+  SymmetricBuffer out(ctx().heap(), out_elems * 2, "bf16", "test.out");
+  float* partial = static_cast<float*>(dalloc(m * n * 4));
+  float* ref = static_cast<float*>(dalloc(out_elems * 4));
+  double err = 0;
+  for (int check = 0; check < 2; ++check) {
+    bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(me, ++salt), s);
+    bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
+    bench::poison(out.get(), out_elems * 2, 0xFF, s);
+    if (all_reduce) ar->run(a, b, out.get(), s);
+    else rs->run(a, b, out.get(), s);
+    reference(cb.h, m, n, k, a, b, partial);
+    if (all_reduce) WEFT_NCCL(ncclAllReduce(partial, ref, m * n, ncclFloat32, ncclSum, ctx().nccl(), s));
+    else WEFT_NCCL(ncclReduceScatter(partial, ref, m / w * n, ncclFloat32, ncclSum, ctx().nccl(), s));
+    err = std::max(err, bench::relative_error_vs_fp32(out.get(), "bf16", ref, out_elems, s));
+  }
+  ctx().synchronize(s);
+  for (void* p : {a, b, static_cast<void*>(partial), static_cast<void*>(ref)}) cudaFree(p);
+  return err;
+}
+
+const OverlapMode kModes[] = {OverlapMode::fused, OverlapMode::sequential, OverlapMode::automatic};
+
+}  // namespace
+
+TEST(AgGemm, EveryPathMatchesNcclPlusCublas) {
+  Cublas cb;
+  const int w = ctx().world_size();
+  for (std::int64_t m : {std::int64_t{1000}, std::int64_t{2048}})
+    for (OverlapMode mode : kModes) {
+      const std::int64_t mm = m / w * w;
+      AgResult r = check_ag_gemm(mm, 768, 1024, mode, cb);
+      EXPECT_LT(r.err, 1e-2) << "M=" << mm << " " << to_string(mode);
+      EXPECT_EQ(r.gathered_mismatch, 0u) << "M=" << mm << " " << to_string(mode);
+    }
+}
+
+TEST(GemmRs, EveryPathMatchesNcclPlusCublas) {
+  Cublas cb;
+  const int w = ctx().world_size();
+  for (std::int64_t m : {std::int64_t{1000}, std::int64_t{2048}})
+    for (OverlapMode mode : kModes) {
+      const std::int64_t mm = m / w * w;
+      EXPECT_LT(check_gemm_reduce(false, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
+    }
+}
+
+TEST(GemmAr, EveryPathMatchesNcclPlusCublas) {
+  Cublas cb;
+  const int w = ctx().world_size();
+  for (std::int64_t m : {std::int64_t{1000}, std::int64_t{2048}})
+    for (OverlapMode mode : kModes) {
+      const std::int64_t mm = m / w * w;
+      EXPECT_LT(check_gemm_reduce(true, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
+    }
+}
+
+// 1,000 back-to-back fused runs of each operator, no host sync between them,
+// each compared on the device with the first run's bits; then a CUDA graph of
+// one run, replayed 100 times, compared with the same bits.
+TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
+  cudaStream_t s = test::stream();
+  const int w = ctx().world_size(), me = ctx().rank();
+  const std::int64_t m = 1024 * w, n = 1024, k = 1024;
+  void* a = dalloc(m * k * 2);
+  void* b = dalloc(n * k * 2);
+  bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(me, ++salt), s);
+  bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
+  unsigned long long* mismatches = static_cast<unsigned long long*>(dalloc(8));
+  for (int op = 0; op < 3; ++op) {
+    const char* name = op == 0 ? "AgGemm" : op == 1 ? "GemmRs" : "GemmAr";
+    const std::int64_t out_elems = op == 0 ? m * n : op == 1 ? m / w * n : m * n;
+    std::unique_ptr<AgGemm> ag;
+    std::unique_ptr<GemmRs> rs;
+    std::unique_ptr<GemmAr> ar;
+    SymmetricBuffer out(ctx().heap(), out_elems * 2, "bf16", "test.out");
+    void* first = dalloc(out_elems * 2);
+    std::function<void()> run;
+    if (op == 0) {
+      ag = std::make_unique<AgGemm>(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+      WEFT_CUDA(cudaMemcpyAsync(ag->local_shard(), a, m / w * k * 2, cudaMemcpyDeviceToDevice, s));
+      run = [&] { ag->run(ag->local_shard(), b, out.get(), s); };
+    } else if (op == 1) {
+      rs = std::make_unique<GemmRs>(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+      run = [&] { rs->run(a, b, out.get(), s); };
+    } else {
+      ar = std::make_unique<GemmAr>(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+      run = [&] { ar->run(a, b, out.get(), s); };
+    }
+    bench::poison(out.get(), out_elems * 2, 0xFF, s);
+    run();
+    WEFT_CUDA(cudaMemcpyAsync(first, out.get(), out_elems * 2, cudaMemcpyDeviceToDevice, s));
+    WEFT_CUDA(cudaMemsetAsync(mismatches, 0, 8, s));
+    for (int i = 0; i < 1000; ++i) {
+      bench::poison(out.get(), out_elems * 2, static_cast<unsigned char>(i), s);
+      run();
+      bench::accumulate_mismatches(out.get(), first, out_elems * 2, mismatches, s);
+    }
+    unsigned long long eager = 0;
+    WEFT_CUDA(cudaMemcpyAsync(&eager, mismatches, 8, cudaMemcpyDeviceToHost, s));
+    ctx().synchronize(s);
+    EXPECT_EQ(eager, 0u) << name << ": bytes that differed over 1,000 runs";
+
+    // Graph: capture poison + run + compare, replay 100 times.
+    WEFT_CUDA(cudaMemsetAsync(mismatches, 0, 8, s));
+    ctx().synchronize(s);
+    ctx().host_barrier("overlap graph capture");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    bench::poison(out.get(), out_elems * 2, 0x7F, s);
+    run();
+    bench::accumulate_mismatches(out.get(), first, out_elems * 2, mismatches, s);
+    WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+    WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 100; ++i) WEFT_CUDA(cudaGraphLaunch(exec, s));
+    unsigned long long replayed = 0;
+    WEFT_CUDA(cudaMemcpyAsync(&replayed, mismatches, 8, cudaMemcpyDeviceToHost, s));
+    ctx().synchronize(s);
+    EXPECT_EQ(replayed, 0u) << name << ": bytes that differed over 100 graph replays";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(first);
+  }
+  for (void* p : {a, b, static_cast<void*>(mismatches)}) cudaFree(p);
+}
+
+TEST(Overlap, BadInputIsRejectedNamingWhatWasExpected) {
+  const int w = ctx().world_size();
+  auto message = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { AgGemm(ctx_ptr(), AgGemmOptions{.m = 1024, .n = 256, .k = 256, .dtype = DType::fp16}); })
+                .find("must be bf16"),
+            std::string::npos);
+  if (w > 1)
+    EXPECT_NE(message([&] { GemmRs(ctx_ptr(), GemmRsOptions{.m = 1024 * w + 1, .n = 256, .k = 256}); })
+                  .find("multiple of the world size"),
+              std::string::npos);
+  GemmAr ar(ctx_ptr(), GemmArOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused});
+  void* a = dalloc(256 * w * 256 * 2);
+  void* b = dalloc(256 * 256 * 2);
+  void* not_symmetric = dalloc(256 * w * 256 * 2);
+  EXPECT_NE(message([&] { ar.run(a, b, not_symmetric, test::stream()); }).find("must be in the symmetric heap"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ar.run(a, static_cast<char*>(b) + 2, not_symmetric, test::stream()); })
+                .find("16-byte aligned"),
+            std::string::npos);
+  for (void* p : {a, b, not_symmetric}) cudaFree(p);
+}

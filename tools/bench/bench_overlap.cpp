@@ -1,0 +1,253 @@
+// weft-bench ag_gemm | gemm_rs | gemm_ar: weft's overlapped tensor-parallel
+// operators against sequential NCCL + cuBLAS, in one run, on the same inputs.
+//
+// Shapes are PyTorch's: (M, N, K) of the whole layer. ag_gemm: each rank holds
+// M/W rows of A and N/W columns of the weight. gemm_rs / gemm_ar: each rank
+// holds K/W of the depth. For each shape it times, with the same buffers:
+//   weft          the plan (its path: fused or sequential, chosen or forced)
+//   sequential    NCCL collective + cuBLAS GEMM, one after the other
+//   GEMM alone    weft's and cuBLAS's, this rank's GEMM
+//   comm alone    NCCL's and weft's collective
+//   ideal         max(faster GEMM alone, faster comm alone)
+// --check compares with a float64-free but fp32-accumulated, fp32-output
+// reference (cuBLAS fp32 output, NCCL in fp32) by relative error, on fresh
+// random inputs and poisoned outputs; ag_gemm also checks the gathered A bitwise.
+#include <cublas_v2.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+
+#include "bench.hpp"
+#include "gpu_check.hpp"
+#include "timing.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/ag_gemm.hpp"
+#include "weft/ops/all_gather.hpp"
+#include "weft/ops/all_reduce.hpp"
+#include "weft/ops/gemm_ar.hpp"
+#include "weft/ops/gemm_rs.hpp"
+#include "weft/ops/reduce_scatter.hpp"
+
+namespace weft::bench {
+namespace {
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  WEFT_REQUIRE(s == CUBLAS_STATUS_SUCCESS, what, " failed: cuBLAS status ", static_cast<int>(s));
+}
+
+// Row-major C[m,n] (bf16 or fp32) = A[m,k] x B^T, B [n,k] bf16.
+void cublas_nk(cublasHandle_t h, std::int64_t m, std::int64_t n, std::int64_t k, const void* a, const void* b,
+               void* c, bool fp32_out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                            &alpha, b, CUDA_R_16BF, static_cast<int>(k), a, CUDA_R_16BF, static_cast<int>(k), &beta, c,
+                            fp32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+struct Row {
+  std::string op, mode, path, config;
+  std::int64_t m, n, k;
+  double weft = 0, seq = 0, gemm_weft = 0, gemm_cublas = 0, comm_nccl = 0, comm_weft = 0, ideal = 0;
+  double plan_fused = 0, plan_seq = 0;
+  double rel_err = -1;
+  long long gathered_mismatch = -1;
+};
+
+void* device_alloc(std::uint64_t bytes) {
+  void* p = nullptr;
+  WEFT_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+}  // namespace
+
+int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
+  Context& ctx = *ctx_ptr;
+  const int world = ctx.world_size(), me = ctx.rank();
+  WEFT_REQUIRE(args.dtype == "bf16", "weft-bench ", args.op, ": --dtype must be bf16 (the hooked GEMMs' type)");
+  WEFT_REQUIRE(args.b_layout == "nk", "weft-bench ", args.op, ": --b-layout must be nk (weights as PyTorch stores them)");
+  cudaStream_t stream;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t blas;
+  check_cublas(cublasCreate(&blas), "cublasCreate");
+  check_cublas(cublasSetStream(blas, stream), "cublasSetStream");
+  ncclComm_t nccl = ctx.nccl();
+  const int calls = 3;  // back to back per sample, as a layer runs them
+  auto timed = [&](const std::function<void()>& fn) {
+    return time_per_call(ctx, stream, fn, calls, args.samples, args.warmup) / 1000.0;
+  };
+  std::vector<Row> rows;
+  bool ok = true;
+  std::uint64_t salt = 100;
+  for (const auto& s : args.shapes) {
+    const std::int64_t M = s[0], N = s[1], K = s[2];
+    const bool ag = args.op == "ag_gemm";
+    WEFT_REQUIRE(M % world == 0, args.op, ": M = ", M, " must be a multiple of the world size ", world);
+    WEFT_REQUIRE((ag ? N : K) % world == 0, args.op, ": ", ag ? "N = " : "K = ", ag ? N : K,
+                 " must be a multiple of the world size ", world);
+    const std::int64_t n = ag ? N / world : N, k = ag ? K : K / world, rows_per_rank = M / world;
+    for (const std::string& mode_name : args.variants) {
+      const OverlapMode mode = parse_overlap_mode(mode_name);
+      if (me == 0)
+        std::fprintf(stderr, "[weft-bench] %s %lldx%lldx%lld (%s) ...\n", args.op.c_str(), static_cast<long long>(M),
+                     static_cast<long long>(N), static_cast<long long>(K), mode_name.c_str());
+      Row row{args.op, mode_name, "", "", M, N, K};
+      // This rank's GEMM shape and the collective's, for the baselines.
+      const std::int64_t gm = M, gn = n, gk = k;
+      Gemm weft_gemm(gemm_options(gm, gn, gk));
+      void* b = device_alloc(gn * gk * 2);
+      fill_uniform(b, gn * gk, "bf16", fresh_seed(me, ++salt), stream);
+      void* c32 = device_alloc(gm * gn * 4);  // fp32 GEMM output (reference)
+      void* c_ref = device_alloc(gm * gn * 2);
+      if (ag) {
+        AgGemm plan(ctx_ptr, AgGemmOptions{.m = M, .n = n, .k = K, .mode = mode});
+        void* a_shard = plan.local_shard();
+        void* a_nccl = device_alloc(rows_per_rank * K * 2);
+        void* gathered_nccl = device_alloc(M * K * 2);
+        void* c = device_alloc(M * n * 2);
+        SymmetricBuffer weft_gathered(ctx.heap(), M * K * 2, "bf16", "bench.gathered");
+        AllGather weft_ag(ctx_ptr, AllGatherOptions{.bytes_per_rank = static_cast<std::uint64_t>(rows_per_rank * K * 2)});
+        const std::uint64_t seed = fresh_seed(me, ++salt);
+        fill_uniform(a_shard, rows_per_rank * K, "bf16", seed, stream);
+        WEFT_CUDA(cudaMemcpyAsync(a_nccl, a_shard, rows_per_rank * K * 2, cudaMemcpyDeviceToDevice, stream));
+        auto nccl_ag = [&] {
+          WEFT_NCCL(ncclAllGather(a_nccl, gathered_nccl, rows_per_rank * K, ncclBfloat16, nccl, stream));
+        };
+        nccl_ag();
+        poison(c, M * n * 2, 0xFF, stream);
+        plan.run(a_shard, b, c, stream);  // first run: chooses the path (automatic)
+        poison(c, M * n * 2, 0xFF, stream);
+        {  // the peers' slots of the gathered A, so the check sees this run's copies
+          char* g = static_cast<char*>(const_cast<void*>(plan.gathered()));
+          const std::uint64_t slot = rows_per_rank * K * 2;
+          if (me > 0) poison(g, me * slot, 0xFF, stream);
+          if (me + 1 < world) poison(g + (me + 1) * slot, (world - me - 1) * slot, 0xFF, stream);
+        }
+        plan.run(a_shard, b, c, stream);
+        if (args.check) {
+          cublas_nk(blas, M, n, K, gathered_nccl, b, c32, true);
+          row.rel_err = relative_error_vs_fp32(c, "bf16", static_cast<const float*>(c32), M * n, stream);
+          row.gathered_mismatch = static_cast<long long>(count_mismatches(plan.gathered(), gathered_nccl, M * K * 2, stream));
+          ok &= row.rel_err < 1e-2 && row.gathered_mismatch == 0;
+        }
+        row.weft = timed([&] { plan.run(a_shard, b, c, stream); });
+        row.seq = timed([&] {
+          nccl_ag();
+          cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false);
+        });
+        row.gemm_weft = timed([&] { weft_gemm.run(gathered_nccl, b, c_ref, stream); });
+        row.gemm_cublas = timed([&] { cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false); });
+        row.comm_nccl = timed(nccl_ag);
+        row.comm_weft = timed([&] { weft_ag.run(a_nccl, weft_gathered.get(), stream); });
+        row.path = plan.path();
+        row.config = plan.gemm_config();
+        row.plan_fused = plan.measured_fused_ms();
+        row.plan_seq = plan.measured_sequential_ms();
+        for (void* p : {a_nccl, gathered_nccl, c}) cudaFree(p);
+      } else {
+        const bool ar = args.op == "gemm_ar";
+        void* a = device_alloc(M * k * 2);
+        fill_uniform(a, M * k, "bf16", fresh_seed(me, ++salt), stream);
+        const std::int64_t out_elems = ar ? M * N : rows_per_rank * N;
+        SymmetricBuffer out(ctx.heap(), out_elems * 2, "bf16", "bench.out");
+        void* ref32 = device_alloc(out_elems * 4);
+        void* out_ref = device_alloc(out_elems * 2);
+        void* comm_out = device_alloc(out_elems * 2);
+        SymmetricBuffer comm_buf(ctx.heap(), M * N * 2, "bf16", "bench.comm");
+        std::unique_ptr<GemmRs> rs;
+        std::unique_ptr<GemmAr> arp;
+        std::unique_ptr<ReduceScatter> weft_rs;
+        std::unique_ptr<AllReduce> weft_ar;
+        if (ar) {
+          arp = std::make_unique<GemmAr>(ctx_ptr, GemmArOptions{.m = M, .n = N, .k = k, .mode = mode});
+          weft_ar = std::make_unique<AllReduce>(ctx_ptr, AllReduceOptions{.count = static_cast<std::uint64_t>(M * N)});
+        } else {
+          rs = std::make_unique<GemmRs>(ctx_ptr, GemmRsOptions{.m = M, .n = N, .k = k, .mode = mode});
+          weft_rs = std::make_unique<ReduceScatter>(
+              ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N)});
+        }
+        auto run_weft = [&] {
+          if (ar) arp->run(a, b, out.get(), stream);
+          else rs->run(a, b, out.get(), stream);
+        };
+        auto nccl_coll = [&](const void* in, void* o, ncclDataType_t t) {
+          if (ar) WEFT_NCCL(ncclAllReduce(in, o, M * N, t, ncclSum, nccl, stream));
+          else WEFT_NCCL(ncclReduceScatter(in, o, rows_per_rank * N, t, ncclSum, nccl, stream));
+        };
+        poison(out.get(), out_elems * 2, 0xFF, stream);
+        run_weft();  // first run: chooses the path (automatic)
+        poison(out.get(), out_elems * 2, 0xFF, stream);
+        run_weft();
+        if (args.check) {
+          cublas_nk(blas, M, N, k, a, b, c32, true);
+          nccl_coll(c32, ref32, ncclFloat32);
+          row.rel_err = relative_error_vs_fp32(out.get(), "bf16", static_cast<const float*>(ref32), out_elems, stream);
+          ok &= row.rel_err < 1e-2;
+        }
+        row.weft = timed(run_weft);
+        row.seq = timed([&] {
+          cublas_nk(blas, M, N, k, a, b, c_ref, false);
+          nccl_coll(c_ref, out_ref, ncclBfloat16);
+        });
+        row.gemm_weft = timed([&] { weft_gemm.run(a, b, c_ref, stream); });
+        row.gemm_cublas = timed([&] { cublas_nk(blas, M, N, k, a, b, c_ref, false); });
+        row.comm_nccl = timed([&] { nccl_coll(c_ref, out_ref, ncclBfloat16); });
+        row.comm_weft = timed([&] {
+          if (ar) weft_ar->run(comm_buf.get(), comm_buf.get(), stream);
+          else weft_rs->run(c_ref, comm_out, stream);
+        });
+        row.path = ar ? arp->path() : rs->path();
+        row.config = ar ? arp->gemm_config() : rs->gemm_config();
+        row.plan_fused = ar ? arp->measured_fused_ms() : rs->measured_fused_ms();
+        row.plan_seq = ar ? arp->measured_sequential_ms() : rs->measured_sequential_ms();
+        for (void* p : {a, ref32, out_ref, comm_out}) cudaFree(p);
+      }
+      row.ideal = std::max(std::min(row.gemm_weft, row.gemm_cublas), std::min(row.comm_nccl, row.comm_weft));
+      for (void* p : {b, c32, c_ref}) cudaFree(p);
+      ctx.synchronize(stream);
+      rows.push_back(row);
+      if (me == 0 && !args.json)
+        std::fprintf(stderr, "[weft-bench]   weft %.3f ms (%s), sequential %.3f, ideal %.3f\n", row.weft,
+                     row.path.c_str(), row.seq, row.ideal);
+    }
+  }
+  cublasDestroy(blas);
+  WEFT_CUDA(cudaStreamDestroy(stream));
+  if (me == 0) {
+    if (args.json) {
+      for (const Row& r : rows)
+        std::printf("{\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"world\":%d,\"mode\":\"%s\",\"path\":\"%s\","
+                    "\"config\":\"%s\",\"weft_ms\":%.4f,\"seq_ms\":%.4f,\"gemm_weft_ms\":%.4f,\"gemm_cublas_ms\":%.4f,"
+                    "\"comm_nccl_ms\":%.4f,\"comm_weft_ms\":%.4f,\"ideal_ms\":%.4f,\"vs_ideal\":%.4f,"
+                    "\"speedup_vs_seq\":%.4f,\"plan_fused_ms\":%.4f,\"plan_seq_ms\":%.4f,\"rel_err\":%.3e,"
+                    "\"gathered_mismatch\":%lld}\n",
+                    r.op.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
+                    static_cast<long long>(r.k), world, r.mode.c_str(), r.path.c_str(), r.config.c_str(), r.weft,
+                    r.seq, r.gemm_weft, r.gemm_cublas, r.comm_nccl, r.comm_weft, r.ideal, r.weft / r.ideal,
+                    r.seq / r.weft, r.plan_fused, r.plan_seq, r.rel_err, r.gathered_mismatch);
+    } else {
+      std::printf("%s on %d GPUs, bf16, ms per call (median of %d samples of %d back-to-back calls, max over ranks).\n"
+                  "seq = NCCL + cuBLAS one after the other; ideal = max(faster GEMM alone, faster comm alone);\n"
+                  "x seq = seq / weft (> 1: weft faster); x ideal = weft / ideal\n",
+                  args.op.c_str(), world, args.samples, calls);
+      std::printf("%6s %6s %6s %-10s %-10s | %8s %8s %8s %8s %8s %8s %8s | %6s %7s | %s\n", "M", "N", "K", "mode", "path",
+                  "weft", "seq", "gemm", "cuBLAS", "NCCL", "weft cc", "ideal", "x seq", "x ideal", "rel err");
+      for (const Row& r : rows) {
+        const std::string check =
+            r.rel_err < 0 ? "unchecked" : (r.rel_err < 1e-2 ? "ok " : "FAIL ") + std::to_string(r.rel_err);
+        std::printf("%6lld %6lld %6lld %-10s %-10s | %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f | %6.3f %7.3f | %s\n",
+                    static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k),
+                    r.mode.c_str(), r.path.c_str(), r.weft, r.seq, r.gemm_weft, r.gemm_cublas, r.comm_nccl,
+                    r.comm_weft, r.ideal, r.seq / r.weft, r.weft / r.ideal, check.c_str());
+      }
+    }
+    std::fflush(stdout);
+  }
+  return ok ? 0 : 3;
+}
+
+}  // namespace weft::bench
