@@ -55,7 +55,11 @@ struct Config {
   const char* (*check)(const Problem&);
   /// Launches on `stream`; returns a CUTLASS status text on failure, "" on success.
   const char* (*run)(const Problem&, cudaStream_t stream);
+  bool cublas = false;  ///< cuBLAS, not a weft kernel (only where GemmOptions::allow_cublas)
 };
+
+/// cuBLAS as tuner candidates, one per type and layout (cublas_config.cpp).
+const std::vector<const Config*>& cublas_configs();
 
 /// Every compiled configuration.
 const std::vector<const Config*>& all_configs();
@@ -80,5 +84,7 @@ const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked();
 const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_source();
 const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked_source();
 const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source();
+const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked();
+const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source();
 
 }  // namespace weft::gemm_detail

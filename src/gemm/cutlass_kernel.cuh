@@ -87,7 +87,7 @@ struct Kernel {
 /// A Config for Kernel<...>.
 template <class K>
 constexpr Config make_config(DType in, DType out, BLayout layout, const char* name, int tm, int tn) {
-  return Config{in, out, layout, name, tm, tn, K::kHooked, K::kWithSource, &K::workspace, &K::check, &K::run};
+  return Config{in, out, layout, name, tm, tn, K::kHooked, K::kWithSource, &K::workspace, &K::check, &K::run, false};
 }
 
 }  // namespace weft::gemm_detail

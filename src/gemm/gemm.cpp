@@ -30,6 +30,8 @@ const std::vector<const Config*>& all_configs() {
       config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_source(),
       config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked_source(),
       config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source(),
+      config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked(),
+      config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source(),
   };
   return configs;
 }
@@ -75,7 +77,10 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   const std::int64_t out_align = 16 / static_cast<std::int64_t>(dtype_size(o.output));
   WEFT_REQUIRE(o.n % out_align == 0, "Gemm: N = ", o.n, " must be a multiple of ", out_align, " for ",
                to_string(o.output), " output (16-byte aligned rows of C)");
-  for (const auto* c : gemm_detail::all_configs())
+  std::vector<const gemm_detail::Config*> pool = gemm_detail::all_configs();
+  if (o.allow_cublas && o.hook == GemmHook::none)
+    for (const auto* c : gemm_detail::cublas_configs()) pool.push_back(c);
+  for (const auto* c : pool)
     if (c->input == o.input && c->output == o.output && c->b_layout == o.b_layout && hook_matches(*c, o.hook) &&
         (o.config.empty() || o.config == c->name))
       candidates_.push_back(c);
@@ -109,6 +114,7 @@ Gemm::~Gemm() {
 
 std::string Gemm::config() const {
   if (!chosen_) return "";
+  if (chosen_->cublas) return chosen_->name;
   return str(chosen_->name, ", swizzle ", swizzle_, raster_ == 1 ? " along M" : raster_ == 2 ? " along N" : "");
 }
 
@@ -177,10 +183,14 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // Hooked kernels also keep swizzle bands narrow: a band of 2^s cluster rows
   // is walked across all of N before the next, so a wide band would make the
   // first wave wait for many chunks of rows at once.
-  const std::vector<int> swizzles = options_.hook == GemmHook::none ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1, 2};
+  // (AllGather's remote rows arrive long before the GEMM reaches them, so
+  // wait_a_rows keeps every swizzle; a source arrives while its GEMM runs.)
+  const std::vector<int> swizzles =
+      options_.hook == GemmHook::wait_source_rows ? std::vector<int>{1, 2, 4} : std::vector<int>{1, 2, 4, 8};
   for (const auto* cfg : candidates_)
     for (int swizzle : swizzles)
       for (int raster : rasters) {
+        if (cfg->cublas && (swizzle != swizzles.front() || raster != rasters.front())) continue;  // no scheduler knobs
         Candidate c{cfg, swizzle, raster};
         gemm_detail::Problem p = problem(local, swizzle, raster);
         if (*cfg->check(p)) continue;

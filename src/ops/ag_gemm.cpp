@@ -39,6 +39,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), "bf16", "ag_gemm.gathered");
   arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
+  g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   if (o.mode != OverlapMode::sequential) {
     GemmOptions hooked = g;
     hooked.hook = GemmHook::wait_a_rows;
@@ -115,7 +116,8 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   GemmArgs args{.a = gathered_.get(), .b = b, .c = c};
   fused_gemm_->prepare(args, stream);  // tuning (first run only) before any peer waits on us
 
-  overlap_->handshake(stream);  // every rank's gathered A and flags are free for this run
+  // Every rank's gathered A and flags are free for this run; our flags of the last run are zeroed.
+  overlap_->handshake(stream, arrived, static_cast<int>(world * chunks_));
   cudaStream_t side = overlap_->fork(stream);
   // Push this rank's shard to each peer, the peer that needs it soonest first:
   // peer p walks shards p, p+1, ..., so it reaches ours after (me - p) mod W.
@@ -141,8 +143,6 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   args.first_row = me * shard_rows_;
   fused_gemm_->run(args, stream);
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
-  // Every flag was awaited by some tile, so no peer writes them any more this run.
-  WEFT_CUDA(cudaMemsetAsync(arrived, 0, static_cast<std::size_t>(world * chunks_ * 8), stream));
 }
 
 }  // namespace weft

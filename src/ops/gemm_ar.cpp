@@ -31,8 +31,9 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std:
                                "gemm_ar.arrived");
   }
   if (o.mode != OverlapMode::fused) {
-    plain_gemm_ = std::make_unique<Gemm>(
-        gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout));
+    GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
+    g.allow_cublas = true;  // unhooked: cuBLAS where it is faster
+    plain_gemm_ = std::make_unique<Gemm>(g);
     all_reduce_ = std::make_unique<AllReduce>(
         ctx_, AllReduceOptions{.count = static_cast<std::uint64_t>(o.m * o.n), .dtype = o.dtype});
   }

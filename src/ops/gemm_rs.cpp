@@ -35,6 +35,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
     WEFT_CUDA(cudaMalloc(&send_, steps * block_bytes));
   }
   GemmOptions g = gemm_options(block_rows_, o.n, o.k, o.dtype, o.b_layout);
+  g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   if (o.mode != OverlapMode::sequential) {
     first_gemm_ = std::make_unique<Gemm>(g);
     if (steps > 0) {
@@ -139,7 +140,8 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging(0)}, stream);
   if (last_gemm_) last_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging(0)}, stream);
 
-  overlap_->handshake(stream);  // every rank's staging and flags are free for this run
+  // Every rank's staging and flags are free for this run; our flags of the last run are zeroed.
+  overlap_->handshake(stream, arrived, static_cast<int>(steps * chunks_));
   const int next = (me + 1) % world;
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
   for (int s = 0; s < world; ++s) {
@@ -179,8 +181,6 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
     }
   }
   overlap_->join(stream);  // our sends are done: the next run may overwrite them
-  // Every flag was awaited by the last steps' tiles: nobody writes them any more this run.
-  WEFT_CUDA(cudaMemsetAsync(arrived, 0, static_cast<std::size_t>(steps * chunks_ * 8), stream));
 }
 
 }  // namespace weft

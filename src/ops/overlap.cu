@@ -10,8 +10,10 @@
 namespace weft::ops_detail {
 namespace {
 
-__global__ void handshake_kernel(dev::World w, std::uint64_t* flags, dev::LaunchEpoch e) {
+__global__ void handshake_kernel(dev::World w, std::uint64_t* flags, dev::LaunchEpoch e, std::uint64_t* reset,
+                                 int reset_count) {
   __shared__ std::uint64_t epoch;
+  for (int i = static_cast<int>(threadIdx.x); i < reset_count; i += blockDim.x) reset[i] = 0;
   if (threadIdx.x == 0) {
     epoch = *e.value + 1;
     *e.value = epoch;
@@ -57,9 +59,10 @@ Overlap::~Overlap() {
   if (side_) cudaStreamDestroy(side_);
 }
 
-void Overlap::handshake(cudaStream_t stream) {
-  const int threads = ((ctx_->world_size() + 31) / 32) * 32;
-  handshake_kernel<<<1, threads, 0, stream>>>(ctx_->world(), ready_.flags(), ready_.launch_epoch());
+void Overlap::handshake(cudaStream_t stream, std::uint64_t* reset, int reset_count) {
+  const int threads = std::max(128, ((ctx_->world_size() + 31) / 32) * 32);
+  handshake_kernel<<<1, threads, 0, stream>>>(ctx_->world(), ready_.flags(), ready_.launch_epoch(), reset,
+                                              reset_count);
   WEFT_CUDA(cudaGetLastError());
 }
 

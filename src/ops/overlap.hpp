@@ -28,8 +28,10 @@ class Overlap {
 
   /// Starts a run on `stream`: one small kernel advances the epoch, tells every
   /// peer "my buffers are free for this run" and waits until every peer said
-  /// the same. It runs before the GEMM takes the SMs.
-  void handshake(cudaStream_t stream);
+  /// the same. It runs before the GEMM takes the SMs. First it zeroes
+  /// reset[0, reset_count): this rank's arrival flags of the previous run,
+  /// which no peer writes again before it hears "free" from us.
+  void handshake(cudaStream_t stream, std::uint64_t* reset = nullptr, int reset_count = 0);
   /// The side stream starts after everything enqueued on `stream` so far.
   cudaStream_t fork(cudaStream_t stream);
   /// `stream` continues after everything enqueued on the side stream so far.

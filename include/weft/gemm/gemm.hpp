@@ -76,6 +76,10 @@ struct GemmOptions {
   std::string config;
   /// The communication hook (bf16, with the configurations compiled for it).
   GemmHook hook = GemmHook::none;
+  /// Let the tuner also time cuBLAS (plain plans only) and run it where it is
+  /// faster. Off by default, so a Gemm is weft's own kernels unless asked;
+  /// the overlapped operators turn it on for their unhooked GEMMs.
+  bool allow_cublas = false;
 };
 
 /// Options of a plain GEMM: C [m, n] = A [m, k] x B, inputs and output of type `t`.
