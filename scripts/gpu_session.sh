@@ -72,6 +72,10 @@ if has examples && [ "$GPUS" -ge 2 ]; then
   cat "$OUT/example01.log"
   run_logged "example 02 allgather" example02.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_02_intranode_allgather"
   cat "$OUT/example02.log"
+  run_logged "example 07 ag_gemm" example07.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_07_ag_gemm"
+  cat "$OUT/example07.log"
+  run_logged "example 08 gemm_rs" example08.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_08_gemm_rs"
+  cat "$OUT/example08.log"
 fi
 
 if has pdl; then  # what programmatic dependent launch buys the small collectives
