@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/gemm/cublas.hpp"
 #include "weft/ops/ag_gemm.hpp"
 #include "weft/runtime/context.hpp"
 
@@ -86,12 +87,9 @@ int main() {
   cublasHandle_t blas;
   WEFT_REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed");
   cublasSetStream(blas, stream);
-  // Row-major C [m,n] = A [m,k] x B^T is column-major C^T = B x A^T: hence the
-  // swapped operands. fp32 output, so the reference is not rounded to bf16.
-  const float one = 1, zero = 0;
-  WEFT_REQUIRE(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, b, CUDA_R_16BF, int(k),
-                            gathered, CUDA_R_16BF, int(k), &zero, ref, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS,
+  // fp32 output, so the reference is not rounded to bf16.
+  WEFT_REQUIRE(cublas_gemm(blas, m, n, k, DType::bf16, DType::fp32, BLayout::nk, gathered, b, ref) ==
+                   CUBLAS_STATUS_SUCCESS,
                "cublasGemmEx failed");
   ctx->synchronize(stream);  // turns a hung flag wait into an error naming it
 

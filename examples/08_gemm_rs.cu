@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/gemm/cublas.hpp"
 #include "weft/ops/gemm_rs.hpp"
 #include "weft/runtime/context.hpp"
 
@@ -90,12 +91,9 @@ int main() {
   cublasHandle_t blas;
   WEFT_REQUIRE(cublasCreate(&blas) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed");
   cublasSetStream(blas, stream);
-  // Row-major P [m,n] = A [m,k] x B^T is column-major P^T = B x A^T: hence the
-  // swapped operands. fp32 output and an fp32 reduction: no bf16 rounding.
-  const float one = 1, zero = 0;
-  WEFT_REQUIRE(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, b, CUDA_R_16BF, int(k), a,
-                            CUDA_R_16BF, int(k), &zero, partial, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS,
+  // fp32 output and an fp32 reduction: no bf16 rounding in the reference.
+  WEFT_REQUIRE(cublas_gemm(blas, m, n, k, DType::bf16, DType::fp32, BLayout::nk, a, b, partial) ==
+                   CUBLAS_STATUS_SUCCESS,
                "cublasGemmEx failed");
   WEFT_NCCL(ncclReduceScatter(partial, ref, rows * n, ncclFloat32, ncclSum, ctx->nccl(), stream));
   ctx->synchronize(stream);  // turns a hung flag wait into an error naming it

@@ -8,9 +8,24 @@
 #include <mutex>
 
 #include "config.hpp"
+#include "weft/gemm/cublas.hpp"
 #include "weft/core/error.hpp"
 
-namespace weft::gemm_detail {
+namespace weft {
+
+cublasStatus_t cublas_gemm(cublasHandle_t handle, std::int64_t m, std::int64_t n, std::int64_t k, DType in, DType out,
+                           BLayout layout, const void* a, const void* b, void* c) {
+  auto type = [](DType t) { return t == DType::fp32 ? CUDA_R_32F : t == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF; };
+  const float alpha = 1.0f, beta = 0.0f;
+  const bool nk = layout == BLayout::nk;
+  // Row-major C[m,n] = A[m,k] x op(B) is, column-major, C^T = op(B)^T x A^T.
+  return cublasGemmEx(handle, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                      static_cast<int>(k), &alpha, b, type(in), static_cast<int>(nk ? k : n), a, type(in),
+                      static_cast<int>(k), &beta, c, type(out), static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+}
+
+namespace gemm_detail {
 namespace {
 
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
@@ -35,8 +50,6 @@ Handle& handle_for_current_device() {
   return h;
 }
 
-cudaDataType_t cuda_type(DType t) { return t == DType::fp32 ? CUDA_R_32F : t == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF; }
-
 template <DType In, DType Out, BLayout Layout>
 struct CublasKernel {
   static std::size_t workspace(const Problem&) { return 0; }
@@ -44,21 +57,15 @@ struct CublasKernel {
     if (p.source) return "cuBLAS runs plain GEMMs only (no source)";
     return p.m < (1ll << 31) && p.n < (1ll << 31) && p.k < (1ll << 31) ? "" : "dimensions too large for cuBLAS";
   }
-  // Row-major C[M,N] = A[M,K] x op(B) is, column-major, C^T = op(B)^T x A^T.
   static const char* run(const Problem& p, cudaStream_t stream) {
     Handle& h = handle_for_current_device();
     if (cublasSetStream(h.handle, stream) != CUBLAS_STATUS_SUCCESS) return "cublasSetStream failed";
     // cublasSetStream drops a user workspace: set it again, so capture never allocates.
     if (cublasSetWorkspace(h.handle, h.workspace, kWorkspaceBytes) != CUBLAS_STATUS_SUCCESS)
       return "cublasSetWorkspace failed";
-    const float alpha = 1.0f, beta = 0.0f;
-    const bool nk = Layout == BLayout::nk;
-    const cublasStatus_t s = cublasGemmEx(
-        h.handle, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(p.m),
-        static_cast<int>(p.k), &alpha, p.b, cuda_type(In), static_cast<int>(nk ? p.k : p.n), p.a, cuda_type(In),
-        static_cast<int>(p.k), &beta, p.c, cuda_type(Out), static_cast<int>(p.n), CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT);
-    return s == CUBLAS_STATUS_SUCCESS ? "" : "cublasGemmEx failed";
+    return cublas_gemm(h.handle, p.m, p.n, p.k, In, Out, Layout, p.a, p.b, p.c) == CUBLAS_STATUS_SUCCESS
+               ? ""
+               : "cublasGemmEx failed";
   }
   static const Config* config() {
     static const Config c{In,   Out,   Layout, "cuBLAS (cublasGemmEx)", 128, 256, false, false,
@@ -83,4 +90,5 @@ const std::vector<const Config*>& cublas_configs() {
   return configs;
 }
 
-}  // namespace weft::gemm_detail
+}  // namespace gemm_detail
+}  // namespace weft

@@ -162,41 +162,41 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     int swizzle, raster;
     float ms = 0;
   };
-  auto time_runs = [&](const Candidate& c, int runs) {
+  // One launch of candidate `c`: "" or why it cannot run.
+  auto launch = [&](const Candidate& c) {
     gemm_detail::Problem p = problem(local, c.swizzle, c.raster);
+    if (const char* why = c.cfg->check(p); *why) return why;
     reserve_workspace(c.cfg->workspace(p));
     p.workspace = workspace_;
+    return c.cfg->run(p, stream);
+  };
+  auto time_runs = [&](const Candidate& c, int runs) {
     WEFT_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < runs; ++i) c.cfg->run(p, stream);
+    for (int i = 0; i < runs; ++i) launch(c);
     WEFT_CUDA(cudaEventRecord(stop, stream));
     WEFT_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
     WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
     return ms / runs;
   };
-  // Hooked kernels keep the row-major tile order (raster along N), so that
-  // rows are consumed in the order they arrive.
+  // The scheduler settings to try (the same kernel with other arguments, so
+  // trying them costs only run time). Hooked kernels keep the row-major tile
+  // order (raster along N), so rows are consumed in the order they arrive;
+  // wait_source_rows also keeps swizzle bands narrow, since a band of 2^s
+  // cluster rows is walked across all of N before the next and its source
+  // arrives while the GEMM runs. (AllGather's remote rows arrive long before
+  // the GEMM reaches them, so wait_a_rows keeps every swizzle.)
   const std::vector<int> rasters = options_.hook == GemmHook::none ? std::vector<int>{1, 2} : std::vector<int>{2};
-  // Round 1: every configuration with every swizzle and raster order (the
-  // same kernel with other scheduler arguments, so trying them costs only run time).
-  std::vector<Candidate> all;
-  // Hooked kernels also keep swizzle bands narrow: a band of 2^s cluster rows
-  // is walked across all of N before the next, so a wide band would make the
-  // first wave wait for many chunks of rows at once.
-  // (AllGather's remote rows arrive long before the GEMM reaches them, so
-  // wait_a_rows keeps every swizzle; a source arrives while its GEMM runs.)
   const std::vector<int> swizzles =
       options_.hook == GemmHook::wait_source_rows ? std::vector<int>{1, 2, 4} : std::vector<int>{1, 2, 4, 8};
+  // Round 1: every configuration with every setting (cuBLAS has none), timed briefly.
+  std::vector<Candidate> all;
   for (const auto* cfg : candidates_)
     for (int swizzle : swizzles)
       for (int raster : rasters) {
-        if (cfg->cublas && (swizzle != swizzles.front() || raster != rasters.front())) continue;  // no scheduler knobs
+        if (cfg->cublas && (swizzle != swizzles.front() || raster != rasters.front())) continue;
         Candidate c{cfg, swizzle, raster};
-        gemm_detail::Problem p = problem(local, swizzle, raster);
-        if (*cfg->check(p)) continue;
-        reserve_workspace(cfg->workspace(p));
-        p.workspace = workspace_;
-        if (*cfg->run(p, stream)) continue;  // warm-up, and a check that it launches
+        if (*launch(c)) continue;  // warm-up, and a check that it can run
         c.ms = time_runs(c, kTuneRuns);
         WEFT_LOG(debug, "Gemm ", describe(options_), ": ", cfg->name, " swizzle ", swizzle, " raster ", raster, " ",
                  c.ms, " ms");

@@ -30,6 +30,18 @@ bool pdl_enabled() {
 }
 }  // namespace ops_detail
 
+namespace {
+constexpr VariantName<OverlapMode> kOverlapModes[] = {
+    {OverlapMode::automatic, "auto", "automatic"},
+    {OverlapMode::fused, "fused"},
+    {OverlapMode::sequential, "sequential", "seq"},
+};
+}  // namespace
+
+const char* to_string(OverlapMode m) { return variant_name(kOverlapModes, m); }
+
+OverlapMode parse_overlap_mode(const std::string& name) { return parse_variant(kOverlapModes, name, "overlap mode"); }
+
 void throw_unknown_variant(const char* op, const std::string& text, const std::string& names) {
   WEFT_FAIL("unknown ", op, " variant '", text, "': expected one of ", names);
 }

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "schedule.hpp"
 #include "weft/core/driver.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
 #include "weft/device.cuh"
 
 namespace weft::ops_detail {
@@ -36,16 +38,39 @@ __global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int co
 
 }  // namespace
 
-const char* to_string(OverlapPath p) { return p == OverlapPath::fused ? "fused" : "sequential"; }
-
-std::int64_t even_chunks(std::int64_t rows, std::int64_t want) {
-  for (std::int64_t c = std::max<std::int64_t>(1, std::min(want, rows)); c > 1; --c)
-    if (rows % c == 0) return c;
-  return 1;
+RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
+                    int world) {
+  WEFT_REQUIRE(m > 0 && n > 0 && k > 0, who, ": M, N, K must be positive, got ", m, " x ", n, " x ", k);
+  WEFT_REQUIRE(m % world == 0, who, ": M = ", m, " must be a multiple of the world size ", world,
+               " (each rank owns M / W rows)");
+  WEFT_REQUIRE(dtype == DType::bf16, who, ": dtype must be bf16 (the hooked GEMM kernels' type), got ",
+               to_string(dtype));
+  WEFT_REQUIRE(chunks_wanted >= 1, who, ": chunks per rank must be >= 1, got ", chunks_wanted);
+  RowChunks r;
+  r.rows_per_rank = m / world;
+  r.chunks = schedule::even_chunks(r.rows_per_rank, chunks_wanted);
+  r.chunk_rows = r.rows_per_rank / r.chunks;
+  return r;
 }
 
-Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name)
+std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
+                             BLayout layout, OverlapMode mode) {
+  return str(who, " plan: ", m, " x ", n, " x ", k, " ", to_string(dtype), ", B ",
+             layout == BLayout::nk ? "[N,K]" : "[K,N]", ", ", to_string(mode));
+}
+
+void require_operands(const char* who, std::initializer_list<const void*> operands) {
+  for (const void* p : operands) {
+    WEFT_REQUIRE(p, who, ": every operand must be a device pointer, got a null one");
+    WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, who, ": ", p,
+                 " is not 16-byte aligned (TMA needs 16-byte aligned matrices)");
+  }
+}
+
+Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode)
     : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready") {
+  if (mode == OverlapMode::fused) path_ = 1;
+  if (mode == OverlapMode::sequential) path_ = 0;
   WEFT_REQUIRE(ctx_->world_size() <= 1024, "overlapped operators support up to 1024 ranks, got ",
                ctx_->world_size());
   WEFT_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
@@ -77,8 +102,30 @@ void Overlap::join(cudaStream_t stream) {
   WEFT_CUDA(cudaStreamWaitEvent(stream, join_, 0));
 }
 
-void Overlap::raise(std::uint64_t* flag, std::uint64_t value, cudaStream_t stream) {
-  WEFT_CU(driver().cuStreamWriteValue64(stream, reinterpret_cast<CUdeviceptr>(flag), value, 0));
+void Overlap::push_chunks(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
+                          std::int64_t count, std::uint64_t* flags, cudaStream_t side) {
+  for (std::int64_t c = first; c < first + count; ++c) {
+    const std::uint64_t off = static_cast<std::uint64_t>(c) * chunk_bytes;
+    WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes,
+                              cudaMemcpyDeviceToDevice, side));
+    WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
+  }
+}
+
+void Overlap::run(cudaStream_t stream, const std::function<void()>& first, const std::function<void()>& fused,
+                  const std::function<void()>& sequential, const std::string& what) {
+  if (path_ < 0) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) {
+      path_ = 1;  // no timing under capture: the overlapped kernels
+    } else {
+      first();
+      choose(fused, sequential, stream);
+      WEFT_LOG(info, what, ": fused ", fused_ms_, " ms, sequential ", sequential_ms_, " ms: runs ", path());
+    }
+  }
+  (path_ == 1 ? fused : sequential)();
 }
 
 void Overlap::wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream) {
@@ -86,8 +133,9 @@ void Overlap::wait_all(const std::uint64_t* flags, int count, int per_rank, cuda
   WEFT_CUDA(cudaGetLastError());
 }
 
-OverlapPath Overlap::choose(const std::function<void()>& fused, const std::function<void()>& sequential,
-                            cudaStream_t stream, float* fused_ms, float* sequential_ms, int runs) {
+void Overlap::choose(const std::function<void()>& fused, const std::function<void()>& sequential,
+                     cudaStream_t stream) {
+  constexpr int runs = 7;
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
@@ -125,9 +173,9 @@ OverlapPath Overlap::choose(const std::function<void()>& fused, const std::funct
   WEFT_CUDA(cudaFree(both));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  if (fused_ms) *fused_ms = agreed[0];
-  if (sequential_ms) *sequential_ms = agreed[1];
-  return agreed[0] <= agreed[1] ? OverlapPath::fused : OverlapPath::sequential;
+  fused_ms_ = agreed[0];
+  sequential_ms_ = agreed[1];
+  path_ = agreed[0] <= agreed[1] ? 1 : 0;
 }
 
 }  // namespace weft::ops_detail

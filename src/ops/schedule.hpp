@@ -65,4 +65,36 @@ WEFT_HD std::uint64_t reduce_scatter_ring_flag(int parity, int step, int block, 
   return (static_cast<std::uint64_t>(parity) * (world - 1) + (step - 1)) * blocks + block;
 }
 
+// ---- the overlapped operators (host code; the CPU tests check them too) ----
+
+/// The largest divisor of `rows` that is at most `want` (>= 1): chunks of equal rows.
+inline std::int64_t even_chunks(std::int64_t rows, std::int64_t want) {
+  for (std::int64_t c = want < rows ? want : rows; c > 1; --c)
+    if (rows % c == 0) return c;
+  return 1;
+}
+
+/// AllGather+GEMM: the peer rank `rank` pushes its shard to at turn i (1..W-1).
+/// Peer p's GEMM walks shards p, p+1, ..., so it reaches ours after
+/// (rank - p) mod W turns: the peer that needs it soonest comes first.
+inline int shard_push_peer(int rank, int turn, int world) { return wrap(rank - turn, world); }
+
+/// GEMM+ReduceScatter ring: the block of rows rank `rank` computes at step s
+/// (0..W-1). Block b starts at rank b+1 and travels to b+2, ..., ending,
+/// complete, at its owner b at the last step; each step adds the partial
+/// received from rank - 1, who computed the same block a step earlier.
+inline int ring_gemm_block(int rank, int step, int world) { return wrap(rank - 1 - step, world); }
+
+/// How many row parts the ring's last step runs as (GemmRsOptions::last_step_parts):
+/// the most, up to `want`, that divide the block's `chunks` and still give
+/// every part two waves of 128 x 256 tiles on `sms` SMs; else 1.
+inline int last_step_parts(std::int64_t block_rows, std::int64_t n, std::int64_t chunks, int want, int sms) {
+  for (int parts = want; parts > 1; --parts) {
+    const std::int64_t rows = block_rows / parts;
+    const std::int64_t tiles = ((rows + 127) / 128) * ((n + 255) / 256);
+    if (chunks % parts == 0 && tiles >= 2 * sms) return parts;
+  }
+  return 1;
+}
+
 }  // namespace weft::schedule

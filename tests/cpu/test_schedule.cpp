@@ -112,3 +112,75 @@ TEST(Schedule, FlagIndicesStayInsideTheirAllocations) {
       }
     }
 }
+
+// ---- the overlapped operators' maps (AgGemm, GemmRs, GemmAr), world sizes 1 to 8 ----
+
+TEST(Schedule, EvenChunksDivideTheRowsAndStayWithinTheRequest) {
+  for (std::int64_t rows : {1, 7, 125, 500, 1024, 4096, 4099})
+    for (std::int64_t want : {1, 2, 4, 8, 16}) {
+      const std::int64_t c = even_chunks(rows, want);
+      EXPECT_GE(c, 1);
+      EXPECT_LE(c, want);
+      EXPECT_EQ(rows % c, 0) << rows << " rows, " << want << " wanted";
+      for (std::int64_t larger = c + 1; larger <= std::min(want, rows); ++larger)
+        EXPECT_NE(rows % larger, 0) << "a larger divisor within the request exists: " << larger;
+    }
+}
+
+TEST(Schedule, ShardPushesReachEveryPeerOnceInTheOrderTheyNeedThem) {
+  for (int world = 1; world <= 8; ++world)
+    for (int rank = 0; rank < world; ++rank) {
+      std::set<int> peers;
+      for (int turn = 1; turn < world; ++turn) {
+        const int peer = shard_push_peer(rank, turn, world);
+        EXPECT_NE(peer, rank);
+        peers.insert(peer);
+        // Peer p's GEMM walks shards p, p+1, ...: ours is its turn-th remote shard.
+        EXPECT_EQ(wrap(rank - peer, world), turn) << "world " << world << " rank " << rank;
+      }
+      EXPECT_EQ(peers.size(), static_cast<std::size_t>(world - 1));
+    }
+}
+
+TEST(Schedule, RingGemmBlocksAccumulateAlongTheRingAndEndAtTheirOwner) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int step = 0; step < world; ++step) {
+      std::set<int> blocks;  // at every step the ranks work on distinct blocks
+      for (int rank = 0; rank < world; ++rank) {
+        const int b = ring_gemm_block(rank, step, world);
+        ASSERT_GE(b, 0);
+        ASSERT_LT(b, world);
+        blocks.insert(b);
+        // The partial sum added at this step is the one rank - 1 computed a step earlier.
+        if (step > 0) {
+          EXPECT_EQ(b, ring_gemm_block(wrap(rank - 1, world), step - 1, world));
+        }
+      }
+      EXPECT_EQ(blocks.size(), static_cast<std::size_t>(world));
+    }
+    for (int rank = 0; rank < world; ++rank) {
+      EXPECT_EQ(ring_gemm_block(rank, world - 1, world), rank) << "the last step is the rank's own block";
+      std::set<int> seen;  // each rank computes every block exactly once
+      for (int step = 0; step < world; ++step) seen.insert(ring_gemm_block(rank, step, world));
+      EXPECT_EQ(seen.size(), static_cast<std::size_t>(world));
+    }
+  }
+}
+
+TEST(Schedule, LastStepPartsDivideTheChunksAndKeepTwoWavesEach) {
+  const int sms = 132;
+  for (std::int64_t block_rows : {512, 1024, 2048, 4096})
+    for (std::int64_t n : {4096, 8192})
+      for (std::int64_t chunks : {1, 4, 8})
+        for (int want : {1, 2, 4}) {
+          const int parts = last_step_parts(block_rows, n, chunks, want, sms);
+          EXPECT_GE(parts, 1);
+          EXPECT_LE(parts, want);
+          EXPECT_EQ(chunks % parts, 0);
+          if (parts > 1) {
+            EXPECT_GE(((block_rows / parts + 127) / 128) * ((n + 255) / 256), 2 * sms);
+          }
+        }
+  EXPECT_EQ(last_step_parts(4096, 8192, 8, 4, sms), 2);  // 8192 rows at W = 2: two parts of 2048 rows
+  EXPECT_EQ(last_step_parts(1024, 8192, 8, 4, sms), 1);  // too few tiles to split
+}

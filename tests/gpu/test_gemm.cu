@@ -6,6 +6,7 @@
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
 #include "weft/core/error.hpp"
+#include "weft/gemm/cublas.hpp"
 #include "weft/gemm/gemm.hpp"
 
 using namespace weft;
@@ -15,13 +16,7 @@ namespace {
 
 // fp32 reference: row-major C[M,N] = A[M,K] x op(B), fp32 accumulation and output.
 void reference(cublasHandle_t h, const GemmOptions& o, const void* a, const void* b, float* c) {
-  const float alpha = 1, beta = 0;
-  const bool nk = o.b_layout == BLayout::nk;
-  const cudaDataType_t t = o.input == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF;
-  ASSERT_EQ(cublasGemmEx(h, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, int(o.n), int(o.m), int(o.k), &alpha, b, t,
-                         int(nk ? o.k : o.n), a, t, int(o.k), &beta, c, CUDA_R_32F, int(o.n), CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT),
-            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublas_gemm(h, o.m, o.n, o.k, o.input, DType::fp32, o.b_layout, a, b, c), CUBLAS_STATUS_SUCCESS);
 }
 
 double gemm_error(GemmOptions o, cublasHandle_t h) {

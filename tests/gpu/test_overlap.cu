@@ -11,6 +11,7 @@
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
 #include "weft/core/error.hpp"
+#include "weft/gemm/cublas.hpp"
 #include "weft/ops/ag_gemm.hpp"
 #include "weft/ops/gemm_ar.hpp"
 #include "weft/ops/gemm_rs.hpp"
@@ -33,10 +34,7 @@ struct Cublas {
 // fp32 C[m,n] = A[m,k] x B^T, B [n,k], bf16 inputs.
 void reference(cublasHandle_t h, std::int64_t m, std::int64_t n, std::int64_t k, const void* a, const void* b,
                float* c) {
-  const float alpha = 1, beta = 0;
-  ASSERT_EQ(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, CUDA_R_16BF, int(k), a,
-                         CUDA_R_16BF, int(k), &beta, c, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublas_gemm(h, m, n, k, DType::bf16, DType::fp32, BLayout::nk, a, b, c), CUBLAS_STATUS_SUCCESS);
 }
 
 void* dalloc(std::uint64_t bytes) {

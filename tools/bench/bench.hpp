@@ -1,12 +1,17 @@
 // bench.hpp - one entry point per benchmarked operation.
 #pragma once
 
+#include <cublas_v2.h>
+
 #include <memory>
 
 #include "bench_args.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft::bench {
+
+/// Throws weft::Error naming `what` unless cuBLAS returned success.
+void require_cublas(cublasStatus_t status, const char* what);
 
 /// weft-bench all_gather | all_reduce | reduce_scatter: every requested variant
 /// against NCCL (exit code 0, or 3 if a check failed). Collective; rank 0 prints.

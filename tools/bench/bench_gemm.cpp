@@ -8,39 +8,22 @@
 #include "gpu_check.hpp"
 #include "timing.hpp"
 #include "weft/core/error.hpp"
+#include "weft/gemm/cublas.hpp"
 #include "weft/gemm/gemm.hpp"
 
 namespace weft::bench {
-namespace {
 
-void check_cublas(cublasStatus_t s, const char* what) {
-  WEFT_REQUIRE(s == CUBLAS_STATUS_SUCCESS, what, " failed: cuBLAS status ", static_cast<int>(s));
+void require_cublas(cublasStatus_t status, const char* what) {
+  WEFT_REQUIRE(status == CUBLAS_STATUS_SUCCESS, what, " failed: cuBLAS status ", static_cast<int>(status));
 }
-
-cudaDataType_t cuda_type(DType t) {
-  return t == DType::fp32 ? CUDA_R_32F : t == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF;
-}
-
-// Row-major C[M,N] = A[M,K] x op(B) in cuBLAS's column-major terms: C^T = op(B)^T x A^T.
-void cublas_gemm(cublasHandle_t h, const GemmOptions& o, const void* a, const void* b, void* c, DType out) {
-  const float alpha = 1.0f, beta = 0.0f;
-  const bool nk = o.b_layout == BLayout::nk;
-  check_cublas(cublasGemmEx(h, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(o.n),
-                            static_cast<int>(o.m), static_cast<int>(o.k), &alpha, b, cuda_type(o.input),
-                            static_cast<int>(nk ? o.k : o.n), a, cuda_type(o.input), static_cast<int>(o.k), &beta, c,
-                            cuda_type(out), static_cast<int>(o.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx");
-}
-
-}  // namespace
 
 int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
   Context& ctx = *ctx_ptr;
   cudaStream_t stream;
   WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t handle;
-  check_cublas(cublasCreate(&handle), "cublasCreate");
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  require_cublas(cublasCreate(&handle), "cublasCreate");
+  require_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const DType in = parse_dtype(args.dtype);
   const DType out = args.out_dtype.empty() ? in : parse_dtype(args.out_dtype);
   struct Row {
@@ -76,15 +59,16 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     gemm.run(a, b, c, stream);  // first run tunes
     poison(c, c_n * dtype_size(out), 0xFF, stream);
     gemm.run(a, b, c, stream);
-    cublas_gemm(handle, o, a, b, c32, DType::fp32);  // fp32-output reference (fp32 accumulation)
-    cublas_gemm(handle, o, a, b, c_ref, out);
+    // fp32-output reference (fp32 accumulation)
+    require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, DType::fp32, o.b_layout, a, b, c32), "cublasGemmEx");
+    require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx");
     WEFT_CUDA(cudaStreamSynchronize(stream));
     // weft's result against the fp32-accumulated, fp32-output reference.
     const double err = relative_error_vs_fp32(c, to_string(out), static_cast<const float*>(c32), c_n, stream);
     const int calls = 5;
     double weft_us = time_per_call(ctx, stream, [&] { gemm.run(a, b, c, stream); }, calls, args.samples, args.warmup);
     double cublas_us =
-        time_per_call(ctx, stream, [&] { cublas_gemm(handle, o, a, b, c_ref, out); }, calls, args.samples, args.warmup);
+        time_per_call(ctx, stream, [&] { require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx"); }, calls, args.samples, args.warmup);
     rows.push_back({o.m, o.n, o.k, gemm.config(), weft_us / 1000, cublas_us / 1000, err});
     ok &= err < 1e-2;
     for (void* p : {a, b, c, c_ref, c32}) cudaFree(p);

@@ -23,6 +23,7 @@
 #include "gpu_check.hpp"
 #include "timing.hpp"
 #include "weft/core/error.hpp"
+#include "weft/gemm/cublas.hpp"
 #include "weft/ops/ag_gemm.hpp"
 #include "weft/ops/all_gather.hpp"
 #include "weft/ops/all_reduce.hpp"
@@ -33,19 +34,11 @@
 namespace weft::bench {
 namespace {
 
-void check_cublas(cublasStatus_t s, const char* what) {
-  WEFT_REQUIRE(s == CUBLAS_STATUS_SUCCESS, what, " failed: cuBLAS status ", static_cast<int>(s));
-}
-
 // Row-major C[m,n] (bf16 or fp32) = A[m,k] x B^T, B [n,k] bf16.
 void cublas_nk(cublasHandle_t h, std::int64_t m, std::int64_t n, std::int64_t k, const void* a, const void* b,
                void* c, bool fp32_out) {
-  const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                            &alpha, b, CUDA_R_16BF, static_cast<int>(k), a, CUDA_R_16BF, static_cast<int>(k), &beta, c,
-                            fp32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx");
+  require_cublas(cublas_gemm(h, m, n, k, DType::bf16, fp32_out ? DType::fp32 : DType::bf16, BLayout::nk, a, b, c),
+                 "cublasGemmEx");
 }
 
 struct Row {
@@ -73,8 +66,8 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   cudaStream_t stream;
   WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t blas;
-  check_cublas(cublasCreate(&blas), "cublasCreate");
-  check_cublas(cublasSetStream(blas, stream), "cublasSetStream");
+  require_cublas(cublasCreate(&blas), "cublasCreate");
+  require_cublas(cublasSetStream(blas, stream), "cublasSetStream");
   ncclComm_t nccl = ctx.nccl();
   const int calls = 3;  // back to back per sample, as a layer runs them
   auto timed = [&](const std::function<void()>& fn) {

@@ -13,7 +13,8 @@
 //   - the GEMM starts at this rank's own rows and walks the shards in the order
 //     they arrive (rank r, r+1, ...); the producer warp of each tile waits only
 //     for the chunk flags of the rows that tile reads.
-// Sequential path: weft's AllGather, then weft's GEMM. `automatic` times both
+// Sequential path: weft's AllGather, then a plain GEMM (weft's, or cuBLAS where
+// the tuner finds it faster). `automatic` times both
 // on the first run (outside graph capture) and keeps the faster, the same on
 // every rank; path() says which runs.
 #pragma once
@@ -29,17 +30,6 @@
 #include "weft/runtime/context.hpp"
 
 namespace weft {
-
-/// How an overlapped operator runs.
-enum class OverlapMode {
-  automatic,   ///< time fused and sequential on the first run, keep the faster
-  fused,       ///< always the overlapped kernel
-  sequential   ///< always the plain collective, then (or after) the plain GEMM
-};
-/// "auto", "fused", "sequential".
-const char* to_string(OverlapMode m);
-/// Parses the names above; throws naming the accepted ones.
-OverlapMode parse_overlap_mode(const std::string& name);
 
 /// What an AgGemm plan is built for.
 struct AgGemmOptions {
@@ -80,8 +70,8 @@ class AgGemm {
   /// "fused", "sequential", or "" before the first automatic run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
-  float measured_fused_ms() const { return fused_ms_; }
-  float measured_sequential_ms() const { return sequential_ms_; }
+  float measured_fused_ms() const;
+  float measured_sequential_ms() const;
   /// The GEMM configuration the path uses.
   std::string gemm_config() const;
   const AgGemmOptions& options() const { return options_; }
@@ -93,13 +83,11 @@ class AgGemm {
   std::shared_ptr<Context> ctx_;
   AgGemmOptions options_;
   std::int64_t shard_rows_, chunk_rows_, chunks_;
-  std::unique_ptr<ops_detail::Overlap> overlap_;
+  std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
   SymmetricBuffer gathered_;  // [M, K]
   SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
   std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;
   std::unique_ptr<AllGather> all_gather_;
-  int path_ = -1;  // -1 undecided, else ops_detail::OverlapPath
-  float fused_ms_ = 0, sequential_ms_ = 0;
 };
 
 }  // namespace weft

@@ -1,4 +1,4 @@
-// weft/ops/collective.hpp - what every collective plan shares: element types and variant names.
+// weft/ops/collective.hpp - what every collective plan shares: element types, variant and mode names.
 #pragma once
 
 #include <cstddef>
@@ -48,5 +48,16 @@ E parse_variant(const VariantName<E> (&table)[N], const std::string& text, const
   }
   throw_unknown_variant(op, text, names);
 }
+
+/// How an overlapped operator (AgGemm, GemmRs, GemmAr) runs.
+enum class OverlapMode {
+  automatic,   ///< time fused and sequential on the first run, keep the faster
+  fused,       ///< always the overlapped kernels
+  sequential   ///< always the plain collective and the plain GEMM, one after the other
+};
+/// "auto", "fused", "sequential".
+const char* to_string(OverlapMode m);
+/// Parses those names ("automatic" and "seq" too); throws naming the accepted ones.
+OverlapMode parse_overlap_mode(const std::string& name);
 
 }  // namespace weft

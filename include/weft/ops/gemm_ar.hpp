@@ -7,9 +7,9 @@
 // every peer's `out`, chunk by chunk, each chunk followed by a flag raised on
 // the peer from the stream's front end. Same fixed summation order as GemmRs:
 // repeated runs are bitwise identical, and every rank holds the same bits.
-// Sequential path (what small M wants: one-shot): weft's GEMM into `out`, then
-// weft's AllReduce in place. `automatic` times both on the first run and
-// keeps the faster, the same on every rank.
+// Sequential path (what small M wants: one-shot): a plain GEMM (weft's, or
+// cuBLAS where faster) into `out`, then weft's AllReduce in place. `automatic`
+// times both on the first run and keeps the faster, the same on every rank.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -45,9 +45,12 @@ class GemmAr {
   /// it, in the same order. Throws weft::Error naming what was expected.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
+  /// "fused", "sequential", or "" before the first automatic run.
   std::string path() const;
-  float measured_fused_ms() const { return fused_ms_; }
-  float measured_sequential_ms() const { return sequential_ms_; }
+  /// The first automatic run's measurements (ms, slowest rank), else 0.
+  float measured_fused_ms() const;
+  float measured_sequential_ms() const;
+  /// The GEMM configuration(s) the path uses.
   std::string gemm_config() const;
   const GemmArOptions& options() const { return options_; }
 
@@ -59,12 +62,10 @@ class GemmAr {
   GemmArOptions options_;
   std::int64_t block_rows_, chunk_rows_, chunks_;
   std::unique_ptr<GemmRs> reduce_;  // fused: the ring into our rows of out
-  std::unique_ptr<ops_detail::Overlap> overlap_;
+  std::unique_ptr<ops_detail::Overlap> overlap_;  // the path; fused: the side stream and pushes
   SymmetricBuffer arrived_;  // u64 [W][chunks]: chunk c of rank q's block has landed in out
   std::unique_ptr<Gemm> plain_gemm_;
   std::unique_ptr<AllReduce> all_reduce_;
-  int path_ = -1;
-  float fused_ms_ = 0, sequential_ms_ = 0;
 };
 
 }  // namespace weft

@@ -12,9 +12,10 @@
 // rank r + 1's staging, each chunk followed by a flag raised from the stream's
 // front end. At the last step the block is rank r's own and D is the output.
 // So block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
-// are bitwise identical. Sequential path: weft's GEMM, then weft's
-// ReduceScatter. `automatic` times both on the first run (outside graph
-// capture) and keeps the faster, the same on every rank.
+// are bitwise identical. Sequential path: a plain GEMM (weft's, or cuBLAS where
+// the tuner finds it faster), then weft's ReduceScatter. `automatic` times
+// both on the first run (outside graph capture) and keeps the faster, the same
+// on every rank.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,11 +27,15 @@
 #include <vector>
 
 #include "weft/gemm/gemm.hpp"
-#include "weft/ops/ag_gemm.hpp"
+#include "weft/ops/collective.hpp"
 #include "weft/ops/reduce_scatter.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft {
+
+namespace ops_detail {
+class Overlap;
+}
 
 /// What a GemmRs plan is built for.
 struct GemmRsOptions {
@@ -64,8 +69,9 @@ class GemmRs {
 
   /// "fused", "sequential", or "" before the first automatic run.
   std::string path() const;
-  float measured_fused_ms() const { return fused_ms_; }
-  float measured_sequential_ms() const { return sequential_ms_; }
+  /// The first automatic run's measurements (ms, slowest rank), else 0.
+  float measured_fused_ms() const;
+  float measured_sequential_ms() const;
   std::string gemm_config() const;
   const GemmRsOptions& options() const { return options_; }
 
@@ -74,8 +80,6 @@ class GemmRs {
   using PartDone = std::function<void(std::int64_t row0, std::int64_t rows)>;
   /// The fused path alone (GemmAr builds on it); `part_done` as above.
   void run_fused(const void* a, const void* b, void* out, cudaStream_t stream, const PartDone& part_done = {});
-  /// Row parts of the last step (see GemmRsOptions::last_step_parts).
-  int last_step_parts() const { return parts_; }
 
  private:
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream);
@@ -84,15 +88,13 @@ class GemmRs {
   GemmRsOptions options_;
   std::int64_t block_rows_, chunk_rows_, chunks_;
   int parts_ = 1;
-  std::unique_ptr<ops_detail::Overlap> overlap_;
+  std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
   SymmetricBuffer staging_;  // [W-1 steps][M/W, N]: partial sums from rank - 1
   SymmetricBuffer arrived_;  // u64 [W-1 steps][chunks]
   SymmetricBuffer partial_;  // sequential: [M, N]
   void* send_ = nullptr;     // [W-1 steps][M/W, N], local: what goes to rank + 1
   std::unique_ptr<Gemm> first_gemm_, step_gemm_, last_gemm_, plain_gemm_;  // last_: one row part of the last step
   std::unique_ptr<ReduceScatter> reduce_scatter_;
-  int path_ = -1;
-  float fused_ms_ = 0, sequential_ms_ = 0;
 };
 
 }  // namespace weft
