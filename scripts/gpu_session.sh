@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm overlap bench pdl tune
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap bench pdl tune
 #                                               (default: build cpu gpu examples bench)
 #
 # What comes back (the device tool returns at most 8 files): summary.txt, the
@@ -102,6 +102,11 @@ fi
 if has gemm; then  # the GEMM engine alone against cuBLAS, every rank on its own GPU
   run_logged "gemm vs cuBLAS" gemm.txt "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --samples 10
   cat "$OUT/gemm.txt"
+fi
+
+if has cublas; then  # which kernel cuBLAS runs at each GEMM shape (tile, cluster, schedule in its name)
+  run_logged "cuBLAS kernel names" cublas_kernels.txt python3 tools/cublas_kernels.py
+  cat "$OUT/cublas_kernels.txt"
 fi
 
 if has tune; then  # copy-engine chunk size for the bulk reductions

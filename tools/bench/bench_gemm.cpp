@@ -66,9 +66,14 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     // weft's result against the fp32-accumulated, fp32-output reference.
     const double err = relative_error_vs_fp32(c, to_string(out), static_cast<const float*>(c32), c_n, stream);
     const int calls = 5;
-    double weft_us = time_per_call(ctx, stream, [&] { gemm.run(a, b, c, stream); }, calls, args.samples, args.warmup);
-    double cublas_us =
-        time_per_call(ctx, stream, [&] { require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx"); }, calls, args.samples, args.warmup);
+    const std::vector<double> us = time_interleaved(
+        ctx, stream,
+        {[&] { gemm.run(a, b, c, stream); },
+         [&] {
+           require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx");
+         }},
+        calls, args.samples, args.warmup);
+    const double weft_us = us[0], cublas_us = us[1];
     rows.push_back({o.m, o.n, o.k, gemm.config(), weft_us / 1000, cublas_us / 1000, err});
     ok &= err < 1e-2;
     for (void* p : {a, b, c, c_ref, c32}) cudaFree(p);
@@ -86,7 +91,7 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
                     args.dtype.c_str(), args.b_layout.c_str(), r.config.c_str(), r.weft_ms, r.cublas_ms,
                     tflops(r, r.weft_ms), tflops(r, r.cublas_ms), r.rel_err);
     } else {
-      std::printf("gemm %s, B %s; ms per call (median of %d samples of 5 back-to-back calls, max over ranks);\n"
+      std::printf("gemm %s, B %s; ms per call (median of %d samples of 5 back-to-back calls, weft and cuBLAS in turn, max over ranks);\n"
                   "ratio = weft TFLOP/s / cuBLAS TFLOP/s; rel err = ||weft - ref|| / ||ref||, ref = cuBLAS fp32 output\n",
                   args.dtype.c_str(), args.b_layout == "kn" ? "[K,N]" : "[N,K]", args.samples);
       std::printf("%6s %6s %6s | %-30s | %8s %8s | %7s %7s | %6s | %s\n", "M", "N", "K", "weft config", "weft", "cuBLAS",

@@ -1,6 +1,7 @@
 #include "timing.hpp"
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 
 #include "weft/core/error.hpp"
@@ -16,26 +17,41 @@ double median(std::vector<double> values) {
 
 double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void()>& fn, int calls_per_sample,
                      int samples, int warmup) {
+  return time_interleaved(ctx, stream, {fn}, calls_per_sample, samples, warmup).front();
+}
+
+std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
+                                     const std::vector<std::function<void()>>& contenders, int calls_per_sample,
+                                     int samples, int warmup) {
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
-  std::vector<double> us;
-  for (int s = 0; s < warmup + samples; ++s) {
-    ctx.barrier(stream);
-    WEFT_CUDA(cudaEventRecord(start, stream));
-    for (int c = 0; c < calls_per_sample; ++c) fn();
-    WEFT_CUDA(cudaEventRecord(stop, stream));
-    ctx.synchronize(stream);
-    float ms = 0;
-    WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (s >= warmup) us.push_back(1000.0 * ms / calls_per_sample);
-  }
+  std::vector<std::vector<double>> us(contenders.size());
+  for (int s = 0; s < warmup + samples; ++s)
+    for (std::size_t i = 0; i < contenders.size(); ++i) {
+      ctx.barrier(stream);
+      WEFT_CUDA(cudaEventRecord(start, stream));
+      for (int c = 0; c < calls_per_sample; ++c) contenders[i]();
+      WEFT_CUDA(cudaEventRecord(stop, stream));
+      ctx.synchronize(stream);
+      float ms = 0;
+      WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      if (s >= warmup) us[i].push_back(1000.0 * ms / calls_per_sample);
+    }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  double mine = median(us);
-  double slowest = mine;
-  for (const std::string& v : ctx.store().all_gather(std::to_string(mine), "benchmark timing"))
-    slowest = std::max(slowest, std::stod(v));
+  // Each contender: the median on this rank, then the slowest rank's.
+  std::string mine;
+  for (const auto& v : us) mine += std::to_string(median(v)) + " ";
+  std::vector<double> slowest(contenders.size(), 0.0);
+  for (const std::string& line : ctx.store().all_gather(mine, "benchmark timing")) {
+    std::istringstream in(line);
+    for (double& x : slowest) {
+      double v = 0;
+      in >> v;
+      x = std::max(x, v);
+    }
+  }
   return slowest;
 }
 

@@ -22,4 +22,12 @@ double median(std::vector<double> values);
 double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void()>& fn, int calls_per_sample,
                      int samples, int warmup);
 
+/// time_per_call for several contenders, interleaved: each round takes one
+/// sample of every contender in turn, so a drift of the clocks (power, heat)
+/// over the run falls on all of them alike instead of on whichever ran last.
+/// Returns microseconds per call for each, in the order given. Collective.
+std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
+                                     const std::vector<std::function<void()>>& contenders, int calls_per_sample,
+                                     int samples, int warmup);
+
 }  // namespace weft::bench
