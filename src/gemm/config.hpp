@@ -12,7 +12,8 @@
 
 namespace weft::gemm_detail {
 
-/// The hooked scheduler's run-time settings (see tile_hooks.cuh). A plain
+/// The hooked scheduler's run-time settings (see tile_hooks.cuh): what tiles
+/// wait for, and where they report their stored rows. A plain
 /// aggregate: kernel parameter and host value alike.
 struct TileWaitParams {
   dev::World world{};                    ///< for the wait's timeout report
@@ -24,7 +25,9 @@ struct TileWaitParams {
   std::int64_t rotate_rows = 0;          ///< start the tile order at the tile holding this row
   int flags_per_rank = 0;                ///< > 0: flag i is signalled by rank i / flags_per_rank
   int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
-  int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue
+  int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue, -1 none
+  std::uint64_t* done = nullptr;         ///< rows stored: see weft::RowsDone
+  std::int64_t rows_per_done = 1;
 };
 
 /// Arguments every configuration takes.
@@ -86,5 +89,6 @@ const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked_source();
 const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source();
 const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked();
 const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source();
+const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong();
 
 }  // namespace weft::gemm_detail

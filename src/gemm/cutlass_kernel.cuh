@@ -43,8 +43,15 @@ struct Kernel {
       kAlignIn, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainSchedule>::CollectiveOp;
+  // The hooked scheduler reports a tile once at most one tile's worth of TMA
+  // store groups (one per epilogue sub-tile) is in flight, and finds the
+  // storing warp where the cooperative kernel puts it.
+  static constexpr int kStoreGroupsPerTile = (TM * TN) / decltype(cute::size(typename Epilogue::EpilogueTile{}))::value;
+  static_assert(!kHooked || kCooperative, "the hooked scheduler expects the cooperative kernel's warp roles");
+  using KernelScheduler = std::conditional_t<kHooked, HookedSchedulerFor<kStoreGroupsPerTile>, Scheduler>;
   using GemmKernel =
-      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
+      cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue, KernelScheduler>;
+  static_assert(!kHooked || GemmKernel::NumLoadWarpGroups == 1, "the hooked scheduler's store warp is CTA warp 4");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments arguments(const Problem& p) {

@@ -32,6 +32,7 @@ const std::vector<const Config*>& all_configs() {
       config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source(),
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked(),
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source(),
+      config_bf16_bf16_nk_128x128x64_c1x2_pingpong(),
   };
   return configs;
 }
@@ -48,7 +49,13 @@ constexpr int kFinalRuns = 10;     // ... of this many runs each
 const char* layout_name(BLayout l) { return l == BLayout::nk ? "[N,K]" : "[K,N]"; }
 
 const char* hook_name(GemmHook h) {
-  return h == GemmHook::none ? "" : h == GemmHook::wait_a_rows ? ", waiting on A rows" : ", + source waiting on its rows";
+  switch (h) {
+    case GemmHook::none: return "";
+    case GemmHook::wait_a_rows: return ", waiting on A rows";
+    case GemmHook::wait_source_rows: return ", + source waiting on its rows";
+    case GemmHook::report_rows: return ", reporting stored rows";
+  }
+  return "";
 }
 
 std::string describe(const GemmOptions& o) {
@@ -88,7 +95,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
     std::string have;
     for (const auto* c : gemm_detail::all_configs())
       have += str("\n  ", to_string(c->input), " -> ", to_string(c->output), ", B ", layout_name(c->b_layout),
-                  c->hooked ? (c->with_source ? ", + source waiting on its rows" : ", waiting on A rows") : "", ": ",
+                  c->hooked ? (c->with_source ? ", hooked, + source" : ", hooked") : "", ": ",
                   c->name);
     WEFT_FAIL("Gemm: no compiled configuration for ", describe(o),
               o.config.empty() ? std::string() : str(" named '", o.config, "'"), "; available:", have);
@@ -146,7 +153,10 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.rotate_rows = x.first_row;
     w.flags_per_rank = sig.flags_per_rank;
     w.from_rank = sig.from_rank;
-    w.wait_warp = options_.hook == GemmHook::wait_a_rows ? 0 : 2;  // mainloop producer : epilogue producer
+    // The mainloop producer loads A; the epilogue producer loads the source.
+    w.wait_warp = options_.hook == GemmHook::wait_a_rows ? 0 : options_.hook == GemmHook::wait_source_rows ? 2 : -1;
+    w.done = x.done.counters;
+    w.rows_per_done = x.done.rows_per_counter;
   }
   return p;
 }
@@ -156,7 +166,8 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
   GemmArgs local = args;
-  local.signals.flags = nullptr;  // tuning never waits: every row counts as present
+  local.signals.flags = nullptr;  // tuning never waits: every row counts as present ...
+  local.done.counters = nullptr;  // ... and reports nothing
   struct Candidate {
     const gemm_detail::Config* cfg;
     int swizzle, raster;
@@ -250,8 +261,14 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  x.source);
   else
     WEFT_REQUIRE(!x.source, "Gemm::run: a source matrix was given to a plan built without one (GemmHook::wait_source_rows)");
+  if (x.done.counters) {
+    WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: stored-row counters were given to a plan built without a hook");
+    WEFT_REQUIRE(x.done.rows_per_counter > 0, "Gemm::run: rows_per_counter must be positive, got ",
+                 x.done.rows_per_counter);
+  }
   if (x.signals.flags) {
-    WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: row signals were given to a plan built without a hook");
+    WEFT_REQUIRE(options_.hook == GemmHook::wait_a_rows || options_.hook == GemmHook::wait_source_rows,
+                 "Gemm::run: row signals were given to a plan whose hook waits for nothing");
     WEFT_REQUIRE(x.signals.world, "Gemm::run: row signals need the World (for the wait's bound and report)");
     WEFT_REQUIRE(x.signals.rows_per_flag > 0, "Gemm::run: rows_per_flag must be positive, got ",
                  x.signals.rows_per_flag);

@@ -1,5 +1,6 @@
-// tile_hooks.cuh (private) - the GEMM's communication hook: a tile scheduler that rotates the tile
-// order and makes one warp wait, per tile, for the rows that tile reads to have arrived.
+// tile_hooks.cuh (private) - the GEMM's communication hooks: a tile scheduler that rotates the tile
+// order, makes one warp wait, per tile, for the rows that tile reads to have arrived, and reports
+// each tile's rows once its stores are complete.
 //
 // CUTLASS's persistent kernels ask their tile scheduler for every tile, in
 // every warp (mainloop producer, epilogue producer, consumers). Wrapping the
@@ -14,19 +15,37 @@
 // that did. The rotation starts the order at a chosen row tile (the rank's own
 // shard first); it is a multiple of the cluster's M extent, so the CTAs of a
 // cluster keep sharing their B tile.
+//
+// Reporting (RowsDone): the consumers ask for their next tile right after the
+// epilogue has issued the TMA stores of this one. The warp that issued them
+// (consumer warp 0, CTA warp 4 in the cooperative kernel) then waits for the
+// *previous* tile's stores to complete - long done by now, so it costs
+// nothing - and adds that tile's rows x columns to the counter of each row
+// band it covers (release, system scope). The last tile waits for its own.
+// A copy engine can then wait on a band's counter (cuStreamWaitValue64) and
+// send the band while the GEMM goes on.
 #pragma once
 
 #include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "config.hpp"
+#include "row_bands.hpp"
 #include "weft/device/signal.cuh"
 #include "weft/gemm/gemm.hpp"
 
 namespace weft::gemm_detail {
 
-/// Tag selecting HookedScheduler in CUTLASS's GemmUniversal.
+/// What a configuration names to get the hooked scheduler (cutlass_kernel.cuh
+/// turns it into HookedSchedulerFor<its epilogue's store count>).
 struct HookedSchedulerTag {};
+/// Selects HookedScheduler<kStoreGroupsPerTile> in CUTLASS's GemmUniversal.
+template <int kStoreGroupsPerTile>
+struct HookedSchedulerFor {};
 
+/// kStoreGroupsPerTile: the bulk async-groups the epilogue commits per tile
+/// (one per epilogue sub-tile), so that "at most this many in flight" means
+/// "the previous tile's stores are complete".
+template <int kStoreGroupsPerTile>
 class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
   using BaseParams = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params;
@@ -42,6 +61,8 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     int rotate_tiles = 0;
     int tiles_m = 0;  ///< row tiles, rounded up to the cluster's M extent
     int rows = 0;     ///< M: rows past it belong to no flag
+    int tile_n = 0;
+    int cols = 0;     ///< N
   };
 
   template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
@@ -57,6 +78,8 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     p.wait = args.wait;
     p.tile_m = cute::size<0>(tile);
     p.rows = static_cast<int>(cute::get<0>(problem));
+    p.tile_n = cute::size<1>(tile);
+    p.cols = static_cast<int>(cute::get<1>(problem));
     const int cluster_m = cute::size<0>(cluster);
     p.tiles_m = static_cast<int>(p.problem_tiles_m_) * cluster_m;
     const int rot = static_cast<int>(args.wait.rotate_rows / p.tile_m);
@@ -67,15 +90,19 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   CUTLASS_HOST_DEVICE HookedScheduler() {}
   CUTLASS_DEVICE explicit HookedScheduler(Params const& params)
       : Base(params), wait_(params.wait), tile_m_(params.tile_m), rotate_tiles_(params.rotate_tiles),
-        tiles_m_(params.tiles_m), rows_(params.rows) {}
+        tiles_m_(params.tiles_m), rows_(params.rows), tile_n_(params.tile_n), cols_(params.cols) {}
 
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
     return hooked(Base::get_current_work());
   }
-  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo) {
+  /// Called by every warp after its part of tile `work`: the consumers call
+  /// it right after the epilogue issued the tile's stores.
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
     Base::advance_to_next_work();
-    return cute::make_tuple(hooked(Base::get_current_work()), true);
+    WorkTileInfo next = hooked(Base::get_current_work());
+    if (wait_.done && static_cast<int>(threadIdx.x / 32) == kStoreWarp) report_stored(work, next.is_valid());
+    return cute::make_tuple(next, true);
   }
   template <class Pipeline, class PipelineState>
   CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work, Pipeline&, PipelineState) {
@@ -83,6 +110,39 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   }
 
  private:
+  /// The warp whose lanes issue the epilogue's TMA stores: the first warp of
+  /// the consumers, after the one producer warpgroup (cooperative kernel).
+  static constexpr int kStoreWarp = 4;
+
+  CUTLASS_DEVICE void report_stored(WorkTileInfo work, bool more) {
+    if (pending_m_ >= 0) {
+      dev::bulk_stores_wait<kStoreGroupsPerTile>();  // at most this tile's stores still in flight
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) add_rows(pending_m_, pending_n_);
+    }
+    pending_m_ = work.M_idx;
+    pending_n_ = work.N_idx;
+    if (!more) {
+      dev::bulk_stores_wait<0>();
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) add_rows(pending_m_, pending_n_);
+      pending_m_ = -1;
+    }
+  }
+
+  /// done[band] += (rows of tile (m, n) in the band) x (its columns), per band it covers.
+  CUTLASS_DEVICE void add_rows(int m, int n) const {
+    const std::int64_t row0 = static_cast<std::int64_t>(m) * tile_m_;
+    const std::int64_t row1 = std::min<std::int64_t>(row0 + tile_m_, rows_);
+    const std::int64_t cols = std::min<std::int64_t>(tile_n_, cols_ - static_cast<std::int64_t>(n) * tile_n_);
+    if (row0 >= row1 || cols <= 0) return;  // a tile past M (cluster padding) stores nothing
+    dev::fence_proxy_async_global();  // the rows were written by the async proxy (TMA)
+    const std::int64_t per = wait_.rows_per_done;
+    for (std::int64_t band = row0 / per; band * per < row1; ++band)
+      dev::red_release(wait_.done + band, static_cast<std::uint64_t>(rows_in_band(row0, row1, band, per) * cols),
+                       dev::Scope::sys);
+  }
+
   CUTLASS_DEVICE WorkTileInfo hooked(WorkTileInfo work) const {
     if (!work.is_valid()) return work;
     if (rotate_tiles_) work.M_idx = (work.M_idx + rotate_tiles_) % tiles_m_;
@@ -108,14 +168,16 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   }
 
   TileWaitParams wait_;
-  int tile_m_, rotate_tiles_, tiles_m_, rows_;
+  int tile_m_, rotate_tiles_, tiles_m_, rows_, tile_n_, cols_;
+  int pending_m_ = -1, pending_n_ = 0;  // the last tile this thread's stores were issued for, unreported
 };
 
 }  // namespace weft::gemm_detail
 
 namespace cutlass::gemm::kernel::detail {
-template <class ArchTag, class TileShape, class ClusterShape, uint32_t Stages>
-struct TileSchedulerSelector<weft::gemm_detail::HookedSchedulerTag, ArchTag, TileShape, ClusterShape, Stages> {
-  using Scheduler = weft::gemm_detail::HookedScheduler;
+template <int kStoreGroupsPerTile, class ArchTag, class TileShape, class ClusterShape, uint32_t Stages>
+struct TileSchedulerSelector<weft::gemm_detail::HookedSchedulerFor<kStoreGroupsPerTile>, ArchTag, TileShape,
+                             ClusterShape, Stages> {
+  using Scheduler = weft::gemm_detail::HookedScheduler<kStoreGroupsPerTile>;
 };
 }  // namespace cutlass::gemm::kernel::detail

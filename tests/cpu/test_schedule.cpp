@@ -3,9 +3,12 @@
 // index inside its allocation. (The kernels call these same functions.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <utility>
 #include <vector>
 
+#include "gemm/row_bands.hpp"
 #include "ops/schedule.hpp"
 
 using namespace weft::schedule;
@@ -167,20 +170,31 @@ TEST(Schedule, RingGemmBlocksAccumulateAlongTheRingAndEndAtTheirOwner) {
   }
 }
 
-TEST(Schedule, LastStepPartsDivideTheChunksAndKeepTwoWavesEach) {
-  const int sms = 132;
-  for (std::int64_t block_rows : {512, 1024, 2048, 4096})
-    for (std::int64_t n : {4096, 8192})
-      for (std::int64_t chunks : {1, 4, 8})
-        for (int want : {1, 2, 4}) {
-          const int parts = last_step_parts(block_rows, n, chunks, want, sms);
-          EXPECT_GE(parts, 1);
-          EXPECT_LE(parts, want);
-          EXPECT_EQ(chunks % parts, 0);
-          if (parts > 1) {
-            EXPECT_GE(((block_rows / parts + 127) / 128) * ((n + 255) / 256), 2 * sms);
+TEST(RowBands, EveryBandCountsExactlyItsElementsWhateverTheTiles) {
+  // The hooked GEMM's stored-row reports: each tile adds its share to every
+  // band it touches; the copy engine waits for band_stored_value.
+  for (std::int64_t m : {1000, 1024, 2048, 4096, 4100})
+    for (std::int64_t n : {4096, 8200})
+      for (auto [tile_m, tile_n] : {std::pair<int, int>{128, 256}, {256, 128}, {64, 256}})
+        for (std::int64_t per : {m, m / 8, std::int64_t{100}, std::int64_t{128}, std::int64_t{1}}) {
+          const std::int64_t bands = (m + per - 1) / per;
+          std::vector<std::uint64_t> counter(bands + 1, 0);  // one past the end: must stay 0
+          const std::int64_t tiles_m = (m + tile_m - 1) / tile_m + 1;  // + a padding tile past M (clusters)
+          for (std::int64_t tm = 0; tm < tiles_m; ++tm)
+            for (std::int64_t col0 = 0; col0 < n; col0 += tile_n) {
+              const std::int64_t row0 = tm * tile_m, row1 = std::min(row0 + tile_m, m);
+              const std::int64_t cols = std::min<std::int64_t>(tile_n, n - col0);
+              if (row0 >= row1) continue;  // as the kernel: a tile past M stores nothing
+              for (std::int64_t b = row0 / per; b * per < row1; ++b)
+                counter[b] += static_cast<std::uint64_t>(weft::gemm_detail::rows_in_band(row0, row1, b, per) * cols);
+            }
+          std::uint64_t total = 0;
+          for (std::int64_t b = 0; b < bands; ++b) {
+            ASSERT_EQ(counter[b], weft::gemm_detail::band_stored_value(b, per, m, n))
+                << "M " << m << " N " << n << " tile " << tile_m << "x" << tile_n << " band " << b << " of " << per;
+            total += counter[b];
           }
+          EXPECT_EQ(counter[bands], 0u);
+          EXPECT_EQ(total, static_cast<std::uint64_t>(m * n));
         }
-  EXPECT_EQ(last_step_parts(4096, 8192, 8, 4, sms), 2);  // 8192 rows at W = 2: two parts of 2048 rows
-  EXPECT_EQ(last_step_parts(1024, 8192, 8, 4, sms), 1);  // too few tiles to split
 }

@@ -3,6 +3,9 @@
 // fp32 result; and the errors for shapes it cannot take.
 #include <cublas_v2.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
 #include "weft/core/error.hpp"
@@ -89,4 +92,48 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
   GemmOptions named{64, 64, 64};
   named.config = "no such tile";
   EXPECT_NE(error_of(named).find("available:"), std::string::npos);
+}
+
+TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {
+  // GemmArgs::done: after the run, band b's counter holds exactly its rows x N
+  // (a copy engine waits for that value); and the product is still right.
+  Cublas cb;
+  cudaStream_t s = test::stream();
+  GemmOptions o{1000, 1032, 512};  // neither M nor N a multiple of any tile
+  o.hook = GemmHook::report_rows;
+  const std::int64_t per = 100, bands = (o.m + per - 1) / per;
+  void *a, *b, *c;
+  float* ref;
+  std::uint64_t* counters;
+  WEFT_CUDA(cudaMalloc(&a, o.m * o.k * 2));
+  WEFT_CUDA(cudaMalloc(&b, o.n * o.k * 2));
+  WEFT_CUDA(cudaMalloc(&c, o.m * o.n * 2));
+  WEFT_CUDA(cudaMalloc(&ref, o.m * o.n * 4));
+  WEFT_CUDA(cudaMalloc(&counters, bands * 8));
+  cublasSetStream(cb.h, s);
+  Gemm probe(o);
+  ASSERT_FALSE(probe.configurations().empty());
+  for (const std::string& name : probe.configurations()) {
+    o.config = name;
+    Gemm gemm(o);
+    bench::fill_uniform(a, o.m * o.k, "bf16", bench::fresh_seed(ctx().rank(), 31), s);
+    bench::fill_uniform(b, o.n * o.k, "bf16", bench::fresh_seed(ctx().rank(), 32), s);
+    GemmArgs args{.a = a, .b = b, .c = c};
+    gemm.prepare(args, s);  // tuning runs report nothing
+    for (int run = 0; run < 3; ++run) {
+      bench::poison(c, o.m * o.n * 2, 0xFF, s);
+      WEFT_CUDA(cudaMemsetAsync(counters, 0, bands * 8, s));
+      args.done = RowsDone{.counters = counters, .rows_per_counter = per};
+      gemm.run(args, s);
+      std::vector<std::uint64_t> got(bands);
+      WEFT_CUDA(cudaMemcpyAsync(got.data(), counters, bands * 8, cudaMemcpyDeviceToHost, s));
+      WEFT_CUDA(cudaStreamSynchronize(s));
+      for (std::int64_t band = 0; band < bands; ++band)
+        EXPECT_EQ(got[band], static_cast<std::uint64_t>(std::min(per, o.m - band * per) * o.n))
+            << name << ", run " << run << ", band " << band;
+    }
+    reference(cb.h, o, a, b, ref);
+    EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << name;
+  }
+  for (void* p : {a, b, c, static_cast<void*>(ref), static_cast<void*>(counters)}) cudaFree(p);
 }

@@ -136,6 +136,14 @@ WEFT_DEVICE void fence_sc(Scope scope) {
 /// before the release that tells a peer to read it. Without it the async proxy
 /// may read stale data even though the flag was seen. Does not block.
 WEFT_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+/// Waits until at most `Pending` of this thread's committed bulk async-groups
+/// (TMA stores) are still in flight: their writes to global memory complete,
+/// not only their reads of shared memory (all that CUTLASS's tma_store_wait,
+/// the `.read` form, waits for).
+template <int Pending>
+WEFT_DEVICE void bulk_stores_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(Pending) : "memory");
+}
 /// The same for shared memory that ordinary stores wrote and TMA/wgmma read next.
 WEFT_DEVICE void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 

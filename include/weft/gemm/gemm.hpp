@@ -32,11 +32,13 @@ enum class BLayout {
 };
 
 /// The communication hook a plan's kernels carry (used by the overlapped
-/// operators; plain GEMMs leave it at none).
+/// operators; plain GEMMs leave it at none). Every hooked plan can also report
+/// the rows it has stored (GemmArgs::done).
 enum class GemmHook {
   none,          ///< a plain persistent GEMM
   wait_a_rows,   ///< before loading a tile's rows of A, wait for their flags (AllGather + GEMM)
-  wait_source_rows  ///< D = A x B + S; before loading a tile's rows of S, wait for their flags (GEMM + ReduceScatter)
+  wait_source_rows,  ///< D = A x B + S; before loading a tile's rows of S, wait for their flags (GEMM + ReduceScatter)
+  report_rows    ///< no wait: only report stored rows (a ring step whose output is sent on)
 };
 
 /// Flags that say which rows of A (wait_a_rows) or of the source (wait_source_rows)
@@ -53,6 +55,18 @@ struct RowSignals {
   int from_rank = -1;      ///< else the rank that raises them all
 };
 
+/// Where a hooked plan reports the rows of C it has stored, for one run. Once
+/// the TMA stores of a tile are complete, the tile adds (its rows in band b) x
+/// (its columns) to counters[b] (band b = rows [b * rows_per_counter, (b + 1) *
+/// rows_per_counter)), with release semantics at system scope. Band b is
+/// therefore complete when counters[b] reaches (its rows) x N: a copy engine
+/// can wait for that (cuStreamWaitValue64) and send the band while the GEMM
+/// goes on. Zero the counters before the run.
+struct RowsDone {
+  std::uint64_t* counters = nullptr;  ///< device memory, one per band
+  std::int64_t rows_per_counter = 1;
+};
+
 /// One run's operands.
 struct GemmArgs {
   const void* a = nullptr;       ///< [M, K] row-major
@@ -60,6 +74,7 @@ struct GemmArgs {
   void* c = nullptr;             ///< [M, N] row-major, the output
   const void* source = nullptr;  ///< wait_source_rows: S [M, N] (output type), added to A x B
   RowSignals signals{};          ///< hooked plans: what tiles wait for
+  RowsDone done{};               ///< hooked plans: where tiles report their stored rows (optional)
   std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
 };
 
