@@ -61,17 +61,23 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
   overlap_->run(
       stream,
       [&] {  // a sequential run gathers real data for the GEMMs to tune on
-        run_sequential(b, c, stream);
+        run_sequential(b, c, stream, false);
         GemmArgs tune{.a = gathered_.get(), .b = b, .c = c};
         fused_gemm_->prepare(tune, stream);
         plain_gemm_->prepare(tune, stream);
       },
-      [&] { run_fused(b, c, stream); }, [&] { run_sequential(b, c, stream); },
+      {{"fused", [&] { overlap_->launch(stream, {b, c}, [&](cudaStream_t s) { run_fused(b, c, s); }); }},
+       {"sequential", [&] { run_sequential(b, c, stream, false); }},
+       {"sequential, NCCL", [&] { run_sequential(b, c, stream, true); }}},
       str("AgGemm ", options_.m, " x ", options_.n, " x ", options_.k));
 }
 
-void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream) {
-  all_gather_->run(local_shard(), gathered_.get(), stream);
+void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl) {
+  if (nccl)  // in place: our shard already sits in its slot of the gathered A
+    WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
+                            ncclBfloat16, ctx_->nccl(), stream));
+  else
+    all_gather_->run(local_shard(), gathered_.get(), stream);
   plain_gemm_->run(gathered_.get(), b, c, stream);
 }
 

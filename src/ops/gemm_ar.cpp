@@ -21,8 +21,7 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std:
   if (o.mode != OverlapMode::sequential) {
     reduce_ = std::make_unique<GemmRs>(ctx_, GemmRsOptions{.m = o.m, .n = o.n, .k = o.k, .dtype = o.dtype,
                                                            .b_layout = o.b_layout, .mode = OverlapMode::fused,
-                                                           .chunks_per_block = o.chunks_per_block,
-                                                           .last_step_parts = 4});
+                                                           .chunks_per_block = o.chunks_per_block});
     arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64",
                                "gemm_ar.arrived");
   }
@@ -56,16 +55,22 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
   overlap_->run(
       stream,
       [&] {
-        run_sequential(a, b, out, stream);
+        run_sequential(a, b, out, stream, false);
         run_fused(a, b, out, stream);  // tunes its GEMMs (before its handshake), then runs
       },
-      [&] { run_fused(a, b, out, stream); }, [&] { run_sequential(a, b, out, stream); },
+      {{"fused", [&] { overlap_->launch(stream, {a, b, out}, [&](cudaStream_t s) { run_fused(a, b, out, s); }); }},
+       {"sequential", [&] { run_sequential(a, b, out, stream, false); }},
+       {"sequential, NCCL", [&] { run_sequential(a, b, out, stream, true); }}},
       str("GemmAr ", options_.m, " x ", options_.n, " x ", options_.k));
 }
 
-void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream) {
+void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {
   plain_gemm_->run(a, b, out, stream);
-  all_reduce_->run(out, out, stream);
+  if (nccl)
+    WEFT_NCCL(ncclAllReduce(out, out, static_cast<std::size_t>(options_.m * options_.n), ncclBfloat16, ncclSum,
+                            ctx_->nccl(), stream));
+  else
+    all_reduce_->run(out, out, stream);
 }
 
 void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t stream) {
@@ -74,20 +79,19 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   char* mine = static_cast<char*>(out) + me * chunks_ * chunk_bytes;
   auto* arrived = arrived_.as<std::uint64_t>();
   // GemmRs's handshake also tells us every peer's out is free for this run.
-  // Each finished part of our block goes to every peer while the next part computes.
-  reduce_->run_fused(a, b, mine, stream, [&](std::int64_t row0, std::int64_t rows) {
-    if (world == 1) return;
-    cudaStream_t side = overlap_->fork(stream);
-    for (int turn = 1; turn < world; ++turn) {
-      const int peer = schedule::shard_push_peer(me, turn, world);
-      auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
-      Overlap::push_chunks(ctx_->heap().peer_ptr(mine, peer), mine, chunk_bytes, row0 / chunk_rows_,
-                           rows / chunk_rows_, peer_arrived + me * chunks_, side);
-    }
+  // Each chunk of our block goes to every peer as soon as the ring's last step
+  // has stored it, while the rest of the block computes.
+  reduce_->run_fused(a, b, mine, stream, [&](cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value) {
+    for (std::int64_t c = 0; c < chunks_; ++c)
+      for (int turn = 1; turn < world; ++turn) {
+        const int peer = schedule::shard_push_peer(me, turn, world);
+        auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
+        Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(mine, peer), mine, chunk_bytes, c, 1, done, done_value,
+                                         peer_arrived + me * chunks_, side);
+      }
   });
   if (world == 1) return;
   overlap_->wait_all(arrived, static_cast<int>(world * chunks_), static_cast<int>(chunks_), stream);
-  overlap_->join(stream);
   WEFT_CUDA(cudaMemsetAsync(arrived, 0, static_cast<std::size_t>(world * chunks_ * 8), stream));
 }
 

@@ -3,6 +3,7 @@
 // primitives are overlap.hpp's, the ring order schedule.hpp's.
 #include "weft/ops/gemm_rs.hpp"
 
+#include "../gemm/row_bands.hpp"
 #include "overlap.hpp"
 #include "schedule.hpp"
 #include "weft/core/error.hpp"
@@ -24,24 +25,17 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   GemmOptions g = gemm_options(block_rows_, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   if (o.mode != OverlapMode::sequential) {
-    first_gemm_ = std::make_unique<Gemm>(g);
+    GemmOptions first = g;
+    if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
+    first_gemm_ = std::make_unique<Gemm>(first);
     if (steps > 0) {
       staging_ = SymmetricBuffer(ctx_->heap(), steps * block_bytes, "bf16", "gemm_rs.staging");
-      arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(steps * chunks_ * 8), "u64",
+      arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>((steps + world) * chunks_ * 8), "u64",
                                  "gemm_rs.arrived");
       WEFT_CUDA(cudaMalloc(&send_, steps * block_bytes));
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_source_rows;
       step_gemm_ = std::make_unique<Gemm>(hooked);
-      int sms = 0, device = 0;
-      WEFT_CUDA(cudaGetDevice(&device));
-      WEFT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      parts_ = schedule::last_step_parts(block_rows_, o.n, chunks_, std::max(1, o.last_step_parts), sms);
-      if (parts_ > 1) {
-        GemmOptions part = hooked;
-        part.m = block_rows_ / parts_;
-        last_gemm_ = std::make_unique<Gemm>(part);
-      }
     }
   }
   if (o.mode != OverlapMode::fused) {
@@ -66,8 +60,7 @@ std::string GemmRs::gemm_config() const {
   if (overlap_->path().empty()) return "";
   if (!overlap_->fused()) return plain_gemm_->config();
   if (!step_gemm_) return first_gemm_->config();
-  return str(first_gemm_->config(), "; then ", step_gemm_->config(),
-             last_gemm_ ? str("; last step in ", parts_, " parts: ", last_gemm_->config()) : "");
+  return str(first_gemm_->config(), "; then ", step_gemm_->config());
 }
 
 void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
@@ -77,71 +70,75 @@ void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
   overlap_->run(
       stream,
       [&] {
-        run_sequential(a, b, out, stream);
+        run_sequential(a, b, out, stream, false);
         run_fused(a, b, out, stream);  // tunes its GEMMs (before its handshake), then runs
       },
-      [&] { run_fused(a, b, out, stream); }, [&] { run_sequential(a, b, out, stream); },
+      {{"fused", [&] { overlap_->launch(stream, {a, b, out}, [&](cudaStream_t s) { run_fused(a, b, out, s); }); }},
+       {"sequential", [&] { run_sequential(a, b, out, stream, false); }},
+       {"sequential, NCCL", [&] { run_sequential(a, b, out, stream, true); }}},
       str("GemmRs ", options_.m, " x ", options_.n, " x ", options_.k));
 }
 
-void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream) {
+void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {
   plain_gemm_->run(a, b, partial_.get(), stream);
-  reduce_scatter_->run(partial_.get(), out, stream);
+  if (nccl)
+    WEFT_NCCL(ncclReduceScatter(partial_.get(), out, static_cast<std::size_t>(options_.m / ctx_->world_size() * options_.n),
+                                ncclBfloat16, ncclSum, ctx_->nccl(), stream));
+  else
+    reduce_scatter_->run(partial_.get(), out, stream);
 }
 
-void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t stream, const PartDone& part_done) {
+void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t stream,
+                       const OwnBlockStored& own_block_stored) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   const std::int64_t n = options_.n, k = options_.k;
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
+  const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);
+  // A chunk's stored-row counter once final (every chunk has chunk_rows_ rows).
+  const std::uint64_t chunk_stored = gemm_detail::band_stored_value(0, chunk_rows_, block_rows_, n);
   auto block_of_a = [&](int blk) { return static_cast<const char*>(a) + blk * block_rows_ * k * 2; };
   auto send = [&](int step) { return static_cast<char*>(send_) + step * block_bytes; };
   auto staging = [&](int step) { return staging_.as<char>() + step * block_bytes; };
-  auto* arrived = arrived_.as<std::uint64_t>();
   const int steps = world - 1;
   // Tune (first run only) before the handshake, so no peer waits on a tuning rank.
   first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = steps ? send(0) : out}, stream);
   if (steps == 0) {
     first_gemm_->run(a, b, out, stream);
-    if (part_done) part_done(0, block_rows_);
     return;
   }
   step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging(0)}, stream);
-  if (last_gemm_) last_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging(0)}, stream);
+  auto* arrived = arrived_.as<std::uint64_t>();
+  auto* stored = arrived + steps * chunks_;  // [step][chunk]: elements of the chunk stored by that step's GEMM
+  auto stored_of = [&](int step) { return stored + step * chunks_; };
 
-  // Every rank's staging and flags are free for this run; our flags of the last run are zeroed.
-  overlap_->handshake(stream, arrived, static_cast<int>(steps * chunks_));
+  // Every rank's staging and flags are free for this run; our flags and counters of the last run are zeroed.
+  overlap_->handshake(stream, arrived, static_cast<int>((steps + world) * chunks_));
+  // The side stream starts now, before the GEMMs: each step's block goes to
+  // rank + 1 chunk by chunk, each chunk as soon as that step's GEMM stored it.
+  cudaStream_t side = overlap_->fork(stream);
   const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
+  for (int s = 0; s < steps; ++s)
+    Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(staging(s), next), send(s), chunk_bytes, 0, chunks_,
+                                     stored_of(s), chunk_stored, next_arrived + s * chunks_, side);
+  if (own_block_stored) own_block_stored(side, stored_of(steps), chunk_stored);
+
   for (int s = 0; s < world; ++s) {
     const int blk = schedule::ring_gemm_block(me, s, world);
-    void* dst = s == steps ? out : send(s);
+    GemmArgs args{.a = block_of_a(blk), .b = b, .c = s == steps ? out : send(s)};
+    if (s < steps || own_block_stored) args.done = RowsDone{.counters = stored_of(s), .rows_per_counter = chunk_rows_};
     if (s == 0) {
-      first_gemm_->run(block_of_a(blk), b, dst, stream);
-    } else {
-      // The last step may run as row parts (see last_step_parts), each waiting
-      // on its own chunks of the partial sum and announced when enqueued.
-      const int parts = s == steps ? parts_ : 1;
-      const std::int64_t part_rows = block_rows_ / parts, part_chunks = chunks_ / parts;
-      for (int p = 0; p < parts; ++p) {
-        const std::int64_t row0 = p * part_rows;
-        GemmArgs args{.a = block_of_a(blk) + row0 * k * 2,
-                      .b = b,
-                      .c = static_cast<char*>(dst) + row0 * n * 2,
-                      .source = staging(s - 1) + row0 * n * 2};
-        args.signals = RowSignals{.world = &ctx_->world(),
-                                  .flags = arrived + (s - 1) * chunks_ + p * part_chunks,
-                                  .rows_per_flag = chunk_rows_,
-                                  .value = 1,
-                                  .from_rank = prev};
-        (parts > 1 ? last_gemm_ : step_gemm_)->run(args, stream);
-        if (s == steps && part_done) part_done(row0, part_rows);
-      }
+      first_gemm_->run(args, stream);
+      continue;
     }
-    if (s == steps) break;
-    // This step's block goes to rank + 1, chunk by chunk, while the next step computes.
-    Overlap::push_chunks(ctx_->heap().peer_ptr(staging(s), next), send(s),
-                         static_cast<std::uint64_t>(chunk_rows_ * n * 2), 0, chunks_, next_arrived + s * chunks_,
-                         overlap_->fork(stream));
+    // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
+    args.source = staging(s - 1);
+    args.signals = RowSignals{.world = &ctx_->world(),
+                              .flags = arrived + (s - 1) * chunks_,
+                              .rows_per_flag = chunk_rows_,
+                              .value = 1,
+                              .from_rank = prev};
+    step_gemm_->run(args, stream);
   }
   overlap_->join(stream);  // our sends are done: the next run may overwrite them
 }

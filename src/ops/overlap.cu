@@ -5,6 +5,7 @@
 
 #include "schedule.hpp"
 #include "weft/core/driver.hpp"
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
 #include "weft/device.cuh"
@@ -68,9 +69,8 @@ void require_operands(const char* who, std::initializer_list<const void*> operan
 }
 
 Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode)
-    : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready") {
-  if (mode == OverlapMode::fused) path_ = 1;
-  if (mode == OverlapMode::sequential) path_ = 0;
+    : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready"), mode_(mode) {
+  use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0;
   WEFT_REQUIRE(ctx_->world_size() <= 1024, "overlapped operators support up to 1024 ranks, got ",
                ctx_->world_size());
   WEFT_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
@@ -79,6 +79,8 @@ Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapM
 }
 
 Overlap::~Overlap() {
+  for (CachedGraph& g : graphs_) cudaGraphExecDestroy(g.exec);
+  if (capture_) cudaStreamDestroy(capture_);
   if (join_) cudaEventDestroy(join_);
   if (fork_) cudaEventDestroy(fork_);
   if (side_) cudaStreamDestroy(side_);
@@ -112,20 +114,83 @@ void Overlap::push_chunks(void* dst, const void* src, std::uint64_t chunk_bytes,
   }
 }
 
-void Overlap::run(cudaStream_t stream, const std::function<void()>& first, const std::function<void()>& fused,
-                  const std::function<void()>& sequential, const std::string& what) {
+void Overlap::push_chunks_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
+                                      std::int64_t count, const std::uint64_t* done, std::uint64_t done_value,
+                                      std::uint64_t* flags, cudaStream_t side) {
+  for (std::int64_t c = first; c < first + count; ++c) {
+    WEFT_CU(driver().cuStreamWaitValue64(side, reinterpret_cast<CUdeviceptr>(done + c), done_value,
+                                         CU_STREAM_WAIT_VALUE_GEQ));
+    push_chunks(dst, src, chunk_bytes, c, 1, flags, side);
+  }
+}
+
+void Overlap::run(cudaStream_t stream, const std::function<void()>& first, const std::vector<Path>& paths,
+                  const std::string& what) {
+  WEFT_REQUIRE(paths.size() >= 2, what, ": an overlapped plan needs a fused and a sequential path");
   if (path_ < 0) {
+    std::vector<int> candidates;
+    for (int i = 0; i < static_cast<int>(paths.size()); ++i)
+      if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i == 0)) candidates.push_back(i);
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing != cudaStreamCaptureStatusNone) {
-      path_ = 1;  // no timing under capture: the overlapped kernels
+    if (candidates.size() == 1 || capturing != cudaStreamCaptureStatusNone) {
+      path_ = candidates.front();  // nothing to time, or no timing under capture: the first candidate
     } else {
-      first();
-      choose(fused, sequential, stream);
-      WEFT_LOG(info, what, ": fused ", fused_ms_, " ms, sequential ", sequential_ms_, " ms: runs ", path());
+      if (candidates.front() == 0) first();  // it may tune the fused path's GEMMs: not built for sequential plans
+      choose(paths, candidates, stream);
+      WEFT_LOG(info, what, ": fused ", fused_ms_, " ms, fastest sequential ", sequential_ms_, " ms: runs ",
+               paths[path_].name);
     }
+    path_name_ = paths[path_].name;
   }
-  (path_ == 1 ? fused : sequential)();
+  paths[path_].call();
+}
+
+void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key,
+                     const std::function<void(cudaStream_t)>& enqueue) {
+  constexpr std::size_t kMaxGraphs = 8;
+  constexpr int kMaxCaptures = 16;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  if (!use_graphs_ || !enqueued_once_ || capturing != cudaStreamCaptureStatusNone) {
+    enqueue(stream);  // the first call tunes its GEMMs: that cannot happen under capture
+    enqueued_once_ = true;
+    return;
+  }
+  const std::vector<const void*> k(key);
+  auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const CachedGraph& g) { return g.key == k; });
+  if (hit == graphs_.end()) {
+    if (++captures_ > kMaxCaptures) {
+      WEFT_LOG(info, "overlapped plan: operand pointers changed ", kMaxCaptures,
+               " times; enqueueing calls directly from now on");
+      use_graphs_ = false;
+      for (CachedGraph& g : graphs_) WEFT_CUDA(cudaGraphExecDestroy(g.exec));
+      graphs_.clear();
+      enqueue(stream);
+      return;
+    }
+    if (!capture_) WEFT_CUDA(cudaStreamCreateWithFlags(&capture_, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    WEFT_CUDA(cudaStreamBeginCapture(capture_, cudaStreamCaptureModeRelaxed));
+    try {
+      enqueue(capture_);
+    } catch (...) {
+      cudaStreamEndCapture(capture_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    WEFT_CUDA(cudaStreamEndCapture(capture_, &graph));
+    CachedGraph g{k, nullptr};
+    WEFT_CUDA(cudaGraphInstantiate(&g.exec, graph, 0));
+    WEFT_CUDA(cudaGraphDestroy(graph));
+    if (graphs_.size() == kMaxGraphs) {
+      WEFT_CUDA(cudaGraphExecDestroy(graphs_.front().exec));
+      graphs_.erase(graphs_.begin());
+    }
+    graphs_.push_back(g);
+    hit = graphs_.end() - 1;
+  }
+  WEFT_CUDA(cudaGraphLaunch(hit->exec, stream));
 }
 
 void Overlap::wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream) {
@@ -133,8 +198,7 @@ void Overlap::wait_all(const std::uint64_t* flags, int count, int per_rank, cuda
   WEFT_CUDA(cudaGetLastError());
 }
 
-void Overlap::choose(const std::function<void()>& fused, const std::function<void()>& sequential,
-                     cudaStream_t stream) {
+void Overlap::choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream) {
   constexpr int runs = 7;
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
@@ -152,30 +216,33 @@ void Overlap::choose(const std::function<void()>& fused, const std::function<voi
     WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
     return ms / kCalls;
   };
-  fused();
-  sequential();
+  for (int c : candidates) paths[c].call();  // warm-up
   ctx_->synchronize(stream);
-  std::vector<float> f, s;
-  for (int i = 0; i < runs; ++i) {  // interleaved, so drifting clocks hit both alike
-    f.push_back(time_one(fused));
-    s.push_back(time_one(sequential));
+  const std::size_t n = candidates.size();
+  std::vector<std::vector<float>> samples(n);
+  for (int i = 0; i < runs; ++i)  // interleaved, so drifting clocks hit all alike
+    for (std::size_t c = 0; c < n; ++c) samples[c].push_back(time_one(paths[candidates[c]].call));
+  std::vector<float> medians(n);
+  for (std::size_t c = 0; c < n; ++c) {
+    std::sort(samples[c].begin(), samples[c].end());
+    medians[c] = samples[c][samples[c].size() / 2];
   }
-  std::sort(f.begin(), f.end());
-  std::sort(s.begin(), s.end());
-  float* both = nullptr;
-  WEFT_CUDA(cudaMalloc(&both, 2 * sizeof(float)));
-  const float host[2] = {f[f.size() / 2], s[s.size() / 2]};
-  WEFT_CUDA(cudaMemcpyAsync(both, host, sizeof host, cudaMemcpyHostToDevice, stream));
-  WEFT_NCCL(ncclAllReduce(both, both, 2, ncclFloat, ncclMax, ctx_->nccl(), stream));
-  float agreed[2];
-  WEFT_CUDA(cudaMemcpyAsync(agreed, both, sizeof agreed, cudaMemcpyDeviceToHost, stream));
+  float* device_medians = nullptr;
+  WEFT_CUDA(cudaMalloc(&device_medians, n * sizeof(float)));
+  WEFT_CUDA(cudaMemcpyAsync(device_medians, medians.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+  WEFT_NCCL(ncclAllReduce(device_medians, device_medians, n, ncclFloat, ncclMax, ctx_->nccl(), stream));
+  WEFT_CUDA(cudaMemcpyAsync(medians.data(), device_medians, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
   ctx_->synchronize(stream);
-  WEFT_CUDA(cudaFree(both));
+  WEFT_CUDA(cudaFree(device_medians));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  fused_ms_ = agreed[0];
-  sequential_ms_ = agreed[1];
-  path_ = agreed[0] <= agreed[1] ? 1 : 0;
+  std::size_t best = 0;
+  for (std::size_t c = 0; c < n; ++c) {
+    if (medians[c] < medians[best]) best = c;
+    if (candidates[c] == 0) fused_ms_ = medians[c];
+    else if (sequential_ms_ == 0 || medians[c] < sequential_ms_) sequential_ms_ = medians[c];
+  }
+  path_ = candidates[best];
 }
 
 }  // namespace weft::ops_detail

@@ -1,7 +1,7 @@
 // overlap.hpp (private) - what the overlapped operators (AgGemm, GemmRs, GemmAr) share:
 // their construction checks, a side stream for the copy engines, the
 // start-of-run handshake, chunked pushes whose flags the stream front end
-// raises, and the measured choice between fused and sequential.
+// raises, and the measured choice between fused and sequential paths.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/collective.hpp"
@@ -50,21 +51,42 @@ class Overlap {
   Overlap(const Overlap&) = delete;
   Overlap& operator=(const Overlap&) = delete;
 
-  /// Runs one call the chosen way. On the first automatic call outside graph
-  /// capture, `first` runs before anything else (a sequential run that fills
-  /// the buffers, and tuning), then both ways are timed: 7 interleaved samples
-  /// of 3 back-to-back calls each, each way's slowest rank (so all ranks
-  /// agree), the faster kept and logged as `what`. Under capture the first
-  /// automatic call takes the fused path untimed.
-  void run(cudaStream_t stream, const std::function<void()>& first, const std::function<void()>& fused,
-           const std::function<void()>& sequential, const std::string& what);
+  /// One way to run a call: paths[0] of run() is the fused one, the rest are
+  /// sequential (a plain GEMM, then a plain collective: weft's or NCCL's).
+  struct Path {
+    const char* name;
+    std::function<void()> call;
+  };
+  /// Runs one call the chosen way. On the first call outside graph capture
+  /// with more than one candidate (automatic: every path; sequential: the
+  /// sequential ones), `first` runs before anything else where the fused path
+  /// is a candidate (a sequential run that fills the buffers, and tuning),
+  /// then each candidate is warmed up once and timed: 7
+  /// interleaved samples of 3 back-to-back calls, each candidate's slowest
+  /// rank (so all ranks agree), the fastest kept and logged as `what`. Under
+  /// capture the first automatic call takes the fused path untimed.
+  void run(cudaStream_t stream, const std::function<void()>& first, const std::vector<Path>& paths,
+           const std::string& what);
   /// True once the path is the fused one.
-  bool fused() const { return path_ == 1; }
-  /// "fused", "sequential", or "" before the first automatic run.
-  std::string path() const { return path_ < 0 ? "" : path_ == 1 ? "fused" : "sequential"; }
-  /// The first automatic run's medians (ms, slowest rank); 0 otherwise.
+  bool fused() const { return path_ == 0; }
+  /// The chosen path's name ("fused", "sequential", "sequential, NCCL"), or "" before the first run.
+  std::string path() const { return path_name_; }
+  /// The first automatic run's medians (ms, slowest rank): the fused path, and
+  /// the fastest sequential one; 0 where not timed.
   float fused_ms() const { return fused_ms_; }
   float sequential_ms() const { return sequential_ms_; }
+
+  /// Enqueues one fused call through a CUDA graph: `enqueue(s)` puts the call
+  /// on stream `s`. A fused call is dozens of API calls (a handshake, GEMM
+  /// launches, copies, stream waits and writes per chunk); at small shapes
+  /// enqueueing them takes as long as running them. So the first call runs
+  /// `enqueue` directly (it may tune), later calls capture it once per `key`
+  /// (the call's operand pointers) on a private stream and launch the graph:
+  /// one API call. Up to 8 graphs are kept; a plan whose pointers keep
+  /// changing (16 captures) goes back to enqueueing directly, as does a call
+  /// made under the caller's own capture, or WEFT_PLAN_GRAPHS=0.
+  void launch(cudaStream_t stream, std::initializer_list<const void*> key,
+              const std::function<void(cudaStream_t)>& enqueue);
 
   /// Starts a fused run on `stream`: one small kernel zeroes reset[0,
   /// reset_count) (this rank's arrival flags of the previous run, which no
@@ -84,18 +106,37 @@ class Overlap {
   /// peer's, as mapped here.
   static void push_chunks(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
                           std::int64_t count, std::uint64_t* flags, cudaStream_t side);
+  /// push_chunks, but chunk c is copied only once done[c] >= done_value: the
+  /// side stream's front end waits for the GEMM's tiles to have stored it
+  /// (weft::RowsDone), so the chunk goes while the GEMM goes on. Fork the side
+  /// stream before the GEMM is enqueued, or it waits for the whole GEMM.
+  static void push_chunks_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
+                                      std::int64_t count, const std::uint64_t* done, std::uint64_t done_value,
+                                      std::uint64_t* flags, cudaStream_t side);
   /// Waits on `stream` until flags[i] >= 1 for every i in [0, count) whose
   /// rank (i / per_rank) is not this one. One small kernel, bounded by the timeout.
   void wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);
 
  private:
-  void choose(const std::function<void()>& fused, const std::function<void()>& sequential, cudaStream_t stream);
+  void choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream);
+
+  struct CachedGraph {
+    std::vector<const void*> key;
+    cudaGraphExec_t exec = nullptr;
+  };
 
   std::shared_ptr<Context> ctx_;
   SignalArray ready_;  // [W]: flag q = rank q's "free for run e"
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  int path_ = -1;  // -1 undecided, 0 sequential, 1 fused
+  OverlapMode mode_;
+  bool use_graphs_ = true;
+  bool enqueued_once_ = false;
+  int captures_ = 0;
+  cudaStream_t capture_ = nullptr;
+  std::vector<CachedGraph> graphs_;
+  int path_ = -1;  // index into run()'s paths; -1: undecided
+  std::string path_name_;
   float fused_ms_ = 0, sequential_ms_ = 0;
 };
 

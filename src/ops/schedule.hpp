@@ -85,16 +85,4 @@ inline int shard_push_peer(int rank, int turn, int world) { return wrap(rank - t
 /// received from rank - 1, who computed the same block a step earlier.
 inline int ring_gemm_block(int rank, int step, int world) { return wrap(rank - 1 - step, world); }
 
-/// How many row parts the ring's last step runs as (GemmRsOptions::last_step_parts):
-/// the most, up to `want`, that divide the block's `chunks` and still give
-/// every part two waves of 128 x 256 tiles on `sms` SMs; else 1.
-inline int last_step_parts(std::int64_t block_rows, std::int64_t n, std::int64_t chunks, int want, int sms) {
-  for (int parts = want; parts > 1; --parts) {
-    const std::int64_t rows = block_rows / parts;
-    const std::int64_t tiles = ((rows + 127) / 128) * ((n + 255) / 256);
-    if (chunks % parts == 0 && tiles >= 2 * sms) return parts;
-  }
-  return 1;
-}
-
 }  // namespace weft::schedule

@@ -216,6 +216,52 @@ TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
   for (void* p : {a, b, static_cast<void*>(mismatches)}) cudaFree(p);
 }
 
+// Fused calls after the first launch a CUDA graph captured per operand
+// pointers (Overlap::launch): other pointers must get their own graph, and a
+// plan whose pointers keep changing must go back to direct calls - all with
+// the same bits as the first call on the same inputs.
+TEST(Overlap, CachedLaunchesFollowChangingOperands) {
+  cudaStream_t s = test::stream();
+  const int w = ctx().world_size(), me = ctx().rank();
+  const std::int64_t m = 512 * w, n = 512, k = 512, out_elems = m / w * n;
+  GemmRs plan(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+  void* inputs[2] = {dalloc(m * k * 2), dalloc(m * k * 2)};
+  void* b = dalloc(n * k * 2);
+  void* expected[2] = {dalloc(out_elems * 2), dalloc(out_elems * 2)};
+  bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
+  for (int i = 0; i < 2; ++i) {
+    bench::fill_uniform(inputs[i], m * k, "bf16", bench::fresh_seed(me, ++salt), s);
+    plan.run(inputs[i], b, expected[i], s);
+  }
+  unsigned long long* mismatches = static_cast<unsigned long long*>(dalloc(8));
+  WEFT_CUDA(cudaMemsetAsync(mismatches, 0, 8, s));
+  // 3 outputs x 2 inputs, round and round: 6 graphs, each replayed.
+  void* outs[3] = {dalloc(out_elems * 2), dalloc(out_elems * 2), dalloc(out_elems * 2)};
+  for (int call = 0; call < 30; ++call) {
+    void* out = outs[call % 3];
+    const int in = (call / 3) % 2;
+    bench::poison(out, out_elems * 2, static_cast<unsigned char>(call), s);
+    plan.run(inputs[in], b, out, s);
+    bench::accumulate_mismatches(out, expected[in], out_elems * 2, mismatches, s);
+  }
+  // 20 fresh outputs: past 16 captures the plan stops capturing.
+  for (int call = 0; call < 20; ++call) {
+    void* out = dalloc(out_elems * 2);
+    bench::poison(out, out_elems * 2, 0x5A, s);
+    plan.run(inputs[call % 2], b, out, s);
+    bench::accumulate_mismatches(out, expected[call % 2], out_elems * 2, mismatches, s);
+    ctx().synchronize(s);
+    cudaFree(out);
+  }
+  unsigned long long differ = 0;
+  WEFT_CUDA(cudaMemcpyAsync(&differ, mismatches, 8, cudaMemcpyDeviceToHost, s));
+  ctx().synchronize(s);
+  EXPECT_EQ(differ, 0u) << "bytes that differed from the first call on the same inputs";
+  for (void* p : {inputs[0], inputs[1], b, expected[0], expected[1], outs[0], outs[1], outs[2],
+                  static_cast<void*>(mismatches)})
+    cudaFree(p);
+}
+
 TEST(Overlap, BadInputIsRejectedNamingWhatWasExpected) {
   const int w = ctx().world_size();
   auto message = [](const std::function<void()>& fn) {

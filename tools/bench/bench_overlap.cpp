@@ -45,6 +45,7 @@ struct Row {
   std::string op, mode, path, config;
   std::int64_t m, n, k;
   double weft = 0, seq = 0, gemm_weft = 0, gemm_cublas = 0, comm_nccl = 0, comm_weft = 0, ideal = 0;
+  double gemm_hooked = 0;  // the fused path's GEMMs alone, with nothing to wait for or send
   double plan_fused = 0, plan_seq = 0;
   double rel_err = -1;
   long long gathered_mismatch = -1;
@@ -70,8 +71,11 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   require_cublas(cublasSetStream(blas, stream), "cublasSetStream");
   ncclComm_t nccl = ctx.nccl();
   const int calls = 3;  // back to back per sample, as a layer runs them
-  auto timed = [&](const std::function<void()>& fn) {
-    return time_per_call(ctx, stream, fn, calls, args.samples, args.warmup) / 1000.0;
+  // weft, the baselines and the parts, sampled in turn (ms per call).
+  auto timed = [&](const std::vector<std::function<void()>>& contenders) {
+    std::vector<double> ms = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup);
+    for (double& x : ms) x /= 1000.0;
+    return ms;
   };
   std::vector<Row> rows;
   bool ok = true;
@@ -98,6 +102,9 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       void* c_ref = device_alloc(gm * gn * 2);
       if (ag) {
         AgGemm plan(ctx_ptr, AgGemmOptions{.m = M, .n = n, .k = K, .mode = mode});
+        GemmOptions hooked_options = gemm_options(gm, gn, gk);
+        hooked_options.hook = GemmHook::wait_a_rows;
+        Gemm hooked(hooked_options);
         void* a_shard = plan.local_shard();
         void* a_nccl = device_alloc(rows_per_rank * K * 2);
         void* gathered_nccl = device_alloc(M * K * 2);
@@ -127,15 +134,20 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           row.gathered_mismatch = static_cast<long long>(count_mismatches(plan.gathered(), gathered_nccl, M * K * 2, stream));
           ok &= row.rel_err < 1e-2 && row.gathered_mismatch == 0;
         }
-        row.weft = timed([&] { plan.run(a_shard, b, c, stream); });
-        row.seq = timed([&] {
-          nccl_ag();
-          cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false);
+        const std::vector<double> t = timed({
+            [&] { plan.run(a_shard, b, c, stream); },
+            [&] {
+              nccl_ag();
+              cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false);
+            },
+            [&] { weft_gemm.run(gathered_nccl, b, c_ref, stream); },
+            [&] { cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false); },
+            nccl_ag,
+            [&] { weft_ag.run(a_nccl, weft_gathered.get(), stream); },
+            [&] { hooked.run(GemmArgs{.a = gathered_nccl, .b = b, .c = c_ref}, stream); },
         });
-        row.gemm_weft = timed([&] { weft_gemm.run(gathered_nccl, b, c_ref, stream); });
-        row.gemm_cublas = timed([&] { cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false); });
-        row.comm_nccl = timed(nccl_ag);
-        row.comm_weft = timed([&] { weft_ag.run(a_nccl, weft_gathered.get(), stream); });
+        row.weft = t[0], row.seq = t[1], row.gemm_weft = t[2], row.gemm_cublas = t[3], row.comm_nccl = t[4],
+        row.comm_weft = t[5], row.gemm_hooked = t[6];
         row.path = plan.path();
         row.config = plan.gemm_config();
         row.plan_fused = plan.measured_fused_ms();
@@ -163,6 +175,19 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           weft_rs = std::make_unique<ReduceScatter>(
               ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N)});
         }
+        // The ring's GEMMs alone: W blocks of M/W rows, each after the first adding the previous one's output.
+        GemmOptions ring_options = gemm_options(rows_per_rank, N, k);
+        ring_options.hook = GemmHook::report_rows;
+        Gemm ring_first(ring_options);
+        ring_options.hook = GemmHook::wait_source_rows;
+        Gemm ring_step(ring_options);
+        auto ring_gemms = [&] {
+          auto a_block = [&](int s) { return static_cast<const char*>(a) + s * rows_per_rank * k * 2; };
+          auto c_block = [&](int s) { return static_cast<char*>(c_ref) + s * rows_per_rank * N * 2; };
+          ring_first.run(GemmArgs{.a = a_block(0), .b = b, .c = c_block(0)}, stream);
+          for (int s = 1; s < world; ++s)
+            ring_step.run(GemmArgs{.a = a_block(s), .b = b, .c = c_block(s), .source = c_block(s - 1)}, stream);
+        };
         auto run_weft = [&] {
           if (ar) arp->run(a, b, out.get(), stream);
           else rs->run(a, b, out.get(), stream);
@@ -181,18 +206,23 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           row.rel_err = relative_error_vs_fp32(out.get(), "bf16", static_cast<const float*>(ref32), out_elems, stream);
           ok &= row.rel_err < 1e-2;
         }
-        row.weft = timed(run_weft);
-        row.seq = timed([&] {
-          cublas_nk(blas, M, N, k, a, b, c_ref, false);
-          nccl_coll(c_ref, out_ref, ncclBfloat16);
+        const std::vector<double> t = timed({
+            run_weft,
+            [&] {
+              cublas_nk(blas, M, N, k, a, b, c_ref, false);
+              nccl_coll(c_ref, out_ref, ncclBfloat16);
+            },
+            [&] { weft_gemm.run(a, b, c_ref, stream); },
+            [&] { cublas_nk(blas, M, N, k, a, b, c_ref, false); },
+            [&] { nccl_coll(c_ref, out_ref, ncclBfloat16); },
+            [&] {
+              if (ar) weft_ar->run(comm_buf.get(), comm_buf.get(), stream);
+              else weft_rs->run(c_ref, comm_out, stream);
+            },
+            ring_gemms,
         });
-        row.gemm_weft = timed([&] { weft_gemm.run(a, b, c_ref, stream); });
-        row.gemm_cublas = timed([&] { cublas_nk(blas, M, N, k, a, b, c_ref, false); });
-        row.comm_nccl = timed([&] { nccl_coll(c_ref, out_ref, ncclBfloat16); });
-        row.comm_weft = timed([&] {
-          if (ar) weft_ar->run(comm_buf.get(), comm_buf.get(), stream);
-          else weft_rs->run(c_ref, comm_out, stream);
-        });
+        row.weft = t[0], row.seq = t[1], row.gemm_weft = t[2], row.gemm_cublas = t[3], row.comm_nccl = t[4],
+        row.comm_weft = t[5], row.gemm_hooked = t[6];
         row.path = ar ? arp->path() : rs->path();
         row.config = ar ? arp->gemm_config() : rs->gemm_config();
         row.plan_fused = ar ? arp->measured_fused_ms() : rs->measured_fused_ms();
@@ -216,14 +246,15 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         std::printf("{\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"world\":%d,\"mode\":\"%s\",\"path\":\"%s\","
                     "\"config\":\"%s\",\"weft_ms\":%.4f,\"seq_ms\":%.4f,\"gemm_weft_ms\":%.4f,\"gemm_cublas_ms\":%.4f,"
                     "\"comm_nccl_ms\":%.4f,\"comm_weft_ms\":%.4f,\"ideal_ms\":%.4f,\"vs_ideal\":%.4f,"
-                    "\"speedup_vs_seq\":%.4f,\"plan_fused_ms\":%.4f,\"plan_seq_ms\":%.4f,\"rel_err\":%.3e,"
+                    "\"speedup_vs_seq\":%.4f,\"plan_fused_ms\":%.4f,\"plan_seq_ms\":%.4f,\"gemm_hooked_ms\":%.4f,"
+                    "\"rel_err\":%.3e,"
                     "\"gathered_mismatch\":%lld}\n",
                     r.op.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
                     static_cast<long long>(r.k), world, r.mode.c_str(), r.path.c_str(), r.config.c_str(), r.weft,
                     r.seq, r.gemm_weft, r.gemm_cublas, r.comm_nccl, r.comm_weft, r.ideal, r.weft / r.ideal,
-                    r.seq / r.weft, r.plan_fused, r.plan_seq, r.rel_err, r.gathered_mismatch);
+                    r.seq / r.weft, r.plan_fused, r.plan_seq, r.gemm_hooked, r.rel_err, r.gathered_mismatch);
     } else {
-      std::printf("%s on %d GPUs, bf16, ms per call (median of %d samples of %d back-to-back calls, max over ranks).\n"
+      std::printf("%s on %d GPUs, bf16, ms per call (median of %d samples of %d back-to-back calls, all contenders in turn, max over ranks).\n"
                   "seq = NCCL + cuBLAS one after the other; ideal = max(faster GEMM alone, faster comm alone);\n"
                   "x seq = seq / weft (> 1: weft faster); x ideal = weft / ideal\n",
                   args.op.c_str(), world, args.samples, calls);

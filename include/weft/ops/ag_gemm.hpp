@@ -67,7 +67,8 @@ class AgGemm {
   /// same order. Throws weft::Error naming what was expected on bad input.
   void run(const void* a_shard, const void* b, void* c, cudaStream_t stream);
 
-  /// "fused", "sequential", or "" before the first automatic run.
+  /// "fused", "sequential" (weft's all-gather, then the GEMM), "sequential,
+  /// NCCL" (NCCL's), or "" before the first run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
@@ -78,7 +79,7 @@ class AgGemm {
 
  private:
   void run_fused(const void* b, void* c, cudaStream_t stream);
-  void run_sequential(const void* b, void* c, cudaStream_t stream);
+  void run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl);
 
   std::shared_ptr<Context> ctx_;
   AgGemmOptions options_;

@@ -51,9 +51,10 @@ E parse_variant(const VariantName<E> (&table)[N], const std::string& text, const
 
 /// How an overlapped operator (AgGemm, GemmRs, GemmAr) runs.
 enum class OverlapMode {
-  automatic,   ///< time fused and sequential on the first run, keep the faster
+  automatic,   ///< time every path on the first run, keep the fastest
   fused,       ///< always the overlapped kernels
-  sequential   ///< always the plain collective and the plain GEMM, one after the other
+  sequential   ///< always a plain GEMM and a plain collective, one after the other: weft's
+               ///< collective or NCCL's, whichever the first run measures faster
 };
 /// "auto", "fused", "sequential".
 const char* to_string(OverlapMode m);

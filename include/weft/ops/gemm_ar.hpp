@@ -45,7 +45,8 @@ class GemmAr {
   /// it, in the same order. Throws weft::Error naming what was expected.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
-  /// "fused", "sequential", or "" before the first automatic run.
+  /// "fused", "sequential" (the GEMM, then weft's all-reduce), "sequential,
+  /// NCCL" (NCCL's), or "" before the first run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
@@ -56,7 +57,7 @@ class GemmAr {
 
  private:
   void run_fused(const void* a, const void* b, void* out, cudaStream_t stream);
-  void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream);
+  void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
 
   std::shared_ptr<Context> ctx_;
   GemmArOptions options_;

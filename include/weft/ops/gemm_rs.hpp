@@ -10,7 +10,9 @@
 // (D = A_b x B + S); the epilogue warp of each tile waits only for the chunk
 // of S that tile adds. The result goes, by copy engine and chunk by chunk, to
 // rank r + 1's staging, each chunk followed by a flag raised from the stream's
-// front end. At the last step the block is rank r's own and D is the output.
+// front end. A chunk leaves as soon as the tiles covering it have stored it
+// (the GEMM reports stored rows, weft::RowsDone), while the step goes on. At
+// the last step the block is rank r's own and D is the output.
 // So block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
 // are bitwise identical. Sequential path: a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster), then weft's ReduceScatter. `automatic` times
@@ -46,10 +48,6 @@ struct GemmRsOptions {
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
   int chunks_per_block = 8;  ///< copy and signal granularity (rounded down to divide M / W)
-  /// The last step (this rank's own block) as up to this many GEMMs over row
-  /// parts, so a caller (GemmAr) can ship each part while the next computes.
-  /// Used only where every part still fills the GPU for two waves of tiles.
-  int last_step_parts = 1;
 };
 
 /// A planned GEMM + ReduceScatter. Collective construction; runs many times
@@ -67,7 +65,8 @@ class GemmRs {
   /// expected on bad input.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
-  /// "fused", "sequential", or "" before the first automatic run.
+  /// "fused", "sequential" (the GEMM, then weft's reduce-scatter), "sequential,
+  /// NCCL" (NCCL's), or "" before the first run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
@@ -75,25 +74,30 @@ class GemmRs {
   std::string gemm_config() const;
   const GemmRsOptions& options() const { return options_; }
 
-  /// Called on the run's stream after each part of the last step has been
-  /// enqueued: rows [row0, row0 + rows) of `out` are complete once the stream reaches that point.
-  using PartDone = std::function<void(std::int64_t row0, std::int64_t rows)>;
-  /// The fused path alone (GemmAr builds on it); `part_done` as above.
-  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream, const PartDone& part_done = {});
+  /// For a caller that ships `out` on (GemmAr): called once per fused run,
+  /// before the GEMMs are enqueued, with the side stream (forked from the run's
+  /// stream after the handshake, joined back at the end) and the last step's
+  /// stored-row counters: chunk c of `out` (chunk_rows() rows) is final once
+  /// done[c] >= done_value. Work enqueued on `side` overlaps the GEMMs.
+  using OwnBlockStored = std::function<void(cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value)>;
+  /// The fused path alone (GemmAr builds on it); `own_block_stored` as above.
+  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream,
+                 const OwnBlockStored& own_block_stored = {});
+  /// Rows per chunk, the copy and signal unit.
+  std::int64_t chunk_rows() const { return chunk_rows_; }
 
  private:
-  void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream);
+  void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
 
   std::shared_ptr<Context> ctx_;
   GemmRsOptions options_;
   std::int64_t block_rows_, chunk_rows_, chunks_;
-  int parts_ = 1;
   std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
   SymmetricBuffer staging_;  // [W-1 steps][M/W, N]: partial sums from rank - 1
-  SymmetricBuffer arrived_;  // u64 [W-1 steps][chunks]
+  SymmetricBuffer arrived_;  // u64 [W-1 steps][chunks] flags, then [W steps][chunks] stored-row counters
   SymmetricBuffer partial_;  // sequential: [M, N]
   void* send_ = nullptr;     // [W-1 steps][M/W, N], local: what goes to rank + 1
-  std::unique_ptr<Gemm> first_gemm_, step_gemm_, last_gemm_, plain_gemm_;  // last_: one row part of the last step
+  std::unique_ptr<Gemm> first_gemm_, step_gemm_, plain_gemm_;
   std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
 
