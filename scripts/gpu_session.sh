@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap bench pdl tune
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap chunks bench pdl tune
 #                                               (default: build cpu gpu examples bench)
 #
 # What comes back (the device tool returns at most 8 files): summary.txt, the
@@ -136,6 +136,26 @@ if has overlap; then  # AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce vs NC
     --timeout 500 "${tb[@]}" ${OVERLAP_ARGS:+--extra="$OVERLAP_ARGS"} ${OVERLAP_OPS:+--ops="$OVERLAP_OPS"}
   grep -v '^\[weft-bench\]' "$OUT/overlap.log" | tail -n 40
   cp "$OUT/overlap/overlap.csv" "$OUT/overlap/overlap.png" "$OUT/" 2>/dev/null
+fi
+
+if has chunks; then  # the fused paths' copy/signal granularity, and what graph launches save
+  for op in ag_gemm gemm_rs gemm_ar; do
+    for chunks in 1 2 4 8 16; do
+      "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $op --m 2048,4096 --n 8192 --k 8192 \
+        --variant fused --chunks $chunks --samples 9 --json 2>/dev/null | sed "s/^/chunks=$chunks graphs=1 /" >>"$OUT/chunks.txt"
+    done
+    WEFT_PLAN_GRAPHS=0 "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $op --m 2048,4096 --n 8192 \
+      --k 8192 --variant fused --samples 9 --json 2>/dev/null | sed "s/^/chunks=default graphs=0 /" >>"$OUT/chunks.txt"
+  done
+  python3 - "$OUT/chunks.txt" <<'PY'
+import json, sys
+print("fused path by chunks per rank's rows: weft ms (the fused GEMMs alone ms)")
+for line in open(sys.argv[1]):
+    c, g, js = line.split(" ", 2)
+    if not js.startswith("{"): continue
+    r = json.loads(js)
+    print(f"  {r['op']:8s} {r['m']}x{r['n']}x{r['k']} {c:15s} {g}: {r['weft_ms']:.3f} ({r['gemm_hooked_ms']:.3f})")
+PY
 fi
 
 if has bench; then

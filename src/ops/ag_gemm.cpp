@@ -12,7 +12,8 @@ using ops_detail::Overlap;
 
 AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std::move(ctx)), options_(o) {
   const int world = ctx_->world_size();
-  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", o.m, o.n, o.k, o.dtype, o.chunks_per_shard, world);
+  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", o.m, o.n, o.k, o.dtype, o.chunks_per_shard, world,
+                                                              o.k * 2);
   shard_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;

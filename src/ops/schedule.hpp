@@ -74,6 +74,19 @@ inline std::int64_t even_chunks(std::int64_t rows, std::int64_t want) {
   return 1;
 }
 
+/// The smallest chunk worth its own copy and signal: each chunk costs a copy
+/// engine launch and a stream wait or write (5 to 13 us measured on H200,
+/// docs/PERF.md), so a 16 MB chunk spends under a tenth of its transfer on them.
+constexpr std::int64_t kMinChunkBytes = std::int64_t{16} << 20;
+
+/// How many chunks a rank's `rows` rows of `row_bytes` bytes travel in: at
+/// most `want`, no chunk under kMinChunkBytes (but at least one), and equal
+/// rows in each (even_chunks).
+inline std::int64_t copy_chunks(std::int64_t rows, std::int64_t row_bytes, std::int64_t want) {
+  const std::int64_t by_size = rows * row_bytes / kMinChunkBytes;
+  return even_chunks(rows, by_size < 1 ? 1 : by_size < want ? by_size : want);
+}
+
 /// AllGather+GEMM: the peer rank `rank` pushes its shard to at turn i (1..W-1).
 /// Peer p's GEMM walks shards p, p+1, ..., so it reaches ours after
 /// (rank - p) mod W turns: the peer that needs it soonest comes first.

@@ -170,6 +170,20 @@ TEST(Schedule, RingGemmBlocksAccumulateAlongTheRingAndEndAtTheirOwner) {
   }
 }
 
+TEST(Schedule, CopyChunksDivideTheRowsAndStayAboveTheMinimum) {
+  for (std::int64_t rows : {1, 500, 1024, 2048, 4096, 4097})
+    for (std::int64_t row_bytes : {2048, 16384, 57344})
+      for (std::int64_t want : {1, 4, 8, 16}) {
+        const std::int64_t c = copy_chunks(rows, row_bytes, want);
+        EXPECT_GE(c, 1);
+        EXPECT_LE(c, want);
+        EXPECT_EQ(rows % c, 0);
+        if (c > 1) EXPECT_GE(rows / c * row_bytes, kMinChunkBytes) << rows << " rows of " << row_bytes << " B";
+      }
+  EXPECT_EQ(copy_chunks(4096, 16384, 8), 4);  // a 64 MB block: four 16 MB chunks
+  EXPECT_EQ(copy_chunks(1024, 16384, 8), 1);  // 16 MB: one
+}
+
 TEST(RowBands, EveryBandCountsExactlyItsElementsWhateverTheTiles) {
   // The hooked GEMM's stored-row reports: each tile adds its share to every
   // band it touches; the copy engine waits for band_stored_value.

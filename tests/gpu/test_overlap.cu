@@ -124,6 +124,12 @@ TEST(AgGemm, EveryPathMatchesNcclPlusCublas) {
       EXPECT_LT(r.err, 1e-2) << "M=" << mm << " " << to_string(mode);
       EXPECT_EQ(r.gathered_mismatch, 0u) << "M=" << mm << " " << to_string(mode);
     }
+  // Shards of 32 MB and more travel in several chunks (each at least 16 MB).
+  for (OverlapMode mode : kModes) {
+    AgResult r = check_ag_gemm(2048 * w, 768, 8192, mode, cb);
+    EXPECT_LT(r.err, 1e-2) << "K=8192 " << to_string(mode);
+    EXPECT_EQ(r.gathered_mismatch, 0u) << "K=8192 " << to_string(mode);
+  }
 }
 
 TEST(GemmRs, EveryPathMatchesNcclPlusCublas) {
@@ -134,6 +140,9 @@ TEST(GemmRs, EveryPathMatchesNcclPlusCublas) {
       const std::int64_t mm = m / w * w;
       EXPECT_LT(check_gemm_reduce(false, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
     }
+  // Blocks of 32 MB and more travel in several chunks (each at least 16 MB).
+  for (OverlapMode mode : kModes)
+    EXPECT_LT(check_gemm_reduce(false, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
 }
 
 TEST(GemmAr, EveryPathMatchesNcclPlusCublas) {
@@ -144,6 +153,9 @@ TEST(GemmAr, EveryPathMatchesNcclPlusCublas) {
       const std::int64_t mm = m / w * w;
       EXPECT_LT(check_gemm_reduce(true, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
     }
+  // Blocks of 32 MB and more travel in several chunks (each at least 16 MB).
+  for (OverlapMode mode : kModes)
+    EXPECT_LT(check_gemm_reduce(true, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
 }
 
 // 1,000 back-to-back fused runs of each operator, no host sync between them,

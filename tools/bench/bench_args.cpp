@@ -123,6 +123,7 @@ std::string bench_usage() {
          "  --samples N        timed samples per point, median reported (default 15)\n"
          "  --warmup N         untimed samples first (default 3)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
+         "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
          "gemm (each rank times its own GPU against cuBLAS):\n"
          "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"
          "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
@@ -156,6 +157,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--samples") args.samples = parse_int(a, value(), 1, 100000);
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
+    else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
     else if (a == "--shapes") args.shapes = parse_shapes(value());
     else if (a == "--b-layout") args.b_layout = value();
     else if (a == "--out") args.out_dtype = value();

@@ -101,7 +101,9 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       void* c32 = device_alloc(gm * gn * 4);  // fp32 GEMM output (reference)
       void* c_ref = device_alloc(gm * gn * 2);
       if (ag) {
-        AgGemm plan(ctx_ptr, AgGemmOptions{.m = M, .n = n, .k = K, .mode = mode});
+        AgGemmOptions plan_options{.m = M, .n = n, .k = K, .mode = mode};
+        if (args.chunks) plan_options.chunks_per_shard = args.chunks;
+        AgGemm plan(ctx_ptr, plan_options);
         GemmOptions hooked_options = gemm_options(gm, gn, gk);
         hooked_options.hook = GemmHook::wait_a_rows;
         Gemm hooked(hooked_options);
@@ -168,10 +170,14 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         std::unique_ptr<ReduceScatter> weft_rs;
         std::unique_ptr<AllReduce> weft_ar;
         if (ar) {
-          arp = std::make_unique<GemmAr>(ctx_ptr, GemmArOptions{.m = M, .n = N, .k = k, .mode = mode});
+          GemmArOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
+          if (args.chunks) plan_options.chunks_per_block = args.chunks;
+          arp = std::make_unique<GemmAr>(ctx_ptr, plan_options);
           weft_ar = std::make_unique<AllReduce>(ctx_ptr, AllReduceOptions{.count = static_cast<std::uint64_t>(M * N)});
         } else {
-          rs = std::make_unique<GemmRs>(ctx_ptr, GemmRsOptions{.m = M, .n = N, .k = k, .mode = mode});
+          GemmRsOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
+          if (args.chunks) plan_options.chunks_per_block = args.chunks;
+          rs = std::make_unique<GemmRs>(ctx_ptr, plan_options);
           weft_rs = std::make_unique<ReduceScatter>(
               ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N)});
         }

@@ -39,7 +39,10 @@ struct AgGemmOptions {
   DType dtype = DType::bf16;  ///< bf16 (the hooked kernels' type)
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
-  int chunks_per_shard = 4;  ///< copy and signal granularity (rounded down to divide M / W)
+  /// Copy and signal granularity: at most this many chunks per shard, fewer
+  /// where a chunk would be under 16 MB (each costs a copy launch and a
+  /// signal), rounded down to divide M / W.
+  int chunks_per_shard = 4;
 };
 
 namespace ops_detail {

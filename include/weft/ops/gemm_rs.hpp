@@ -47,7 +47,10 @@ struct GemmRsOptions {
   DType dtype = DType::bf16;  ///< bf16 (the hooked GEMM kernels' type)
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
-  int chunks_per_block = 8;  ///< copy and signal granularity (rounded down to divide M / W)
+  /// Copy and signal granularity: at most this many chunks per block of M / W
+  /// rows, fewer where a chunk would be under 16 MB (each costs a copy launch
+  /// and a stream wait), rounded down to divide M / W.
+  int chunks_per_block = 8;
 };
 
 /// A planned GEMM + ReduceScatter. Collective construction; runs many times
