@@ -86,7 +86,14 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   auto* arrived = arrived_.as<std::uint64_t>();
   GemmArgs args{.a = gathered_.get(), .b = b, .c = c};
-  fused_gemm_->prepare(args, stream);  // tuning (first run only) before any peer waits on us
+  if (fused_gemm_->config().empty()) {  // first run: the GEMM tunes (before any peer waits on us) ...
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing == cudaStreamCaptureStatusNone)  // ... on the A it will read, not on stale peer slots
+      WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
+                              ncclBfloat16, ctx_->nccl(), stream));
+  }
+  fused_gemm_->prepare(args, stream);
 
   // Every rank's gathered A and flags are free for this run; our flags of the last run are zeroed.
   overlap_->handshake(stream, arrived, static_cast<int>(world * chunks_));
