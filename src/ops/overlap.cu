@@ -138,8 +138,8 @@ void Overlap::run(cudaStream_t stream, const std::function<void()>& first, const
     } else {
       if (candidates.front() == 0) first();  // it may tune the fused path's GEMMs: not built for sequential plans
       choose(paths, candidates, stream);
-      WEFT_LOG(info, what, ": fused ", fused_ms_, " ms, fastest sequential ", sequential_ms_, " ms: runs ",
-               paths[path_].name);
+      WEFT_LOG(info, what, ": ", candidates.front() == 0 ? str("fused ", fused_ms_, " ms, ") : std::string(),
+               "fastest sequential ", sequential_ms_, " ms: runs ", paths[path_].name);
     }
     path_name_ = paths[path_].name;
   }
