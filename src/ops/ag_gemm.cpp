@@ -18,7 +18,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("AgGemm", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
-  overlap_ = std::make_unique<Overlap>(ctx_, "ag_gemm", o.mode);
+  overlap_ = std::make_unique<Overlap>(ctx_, "ag_gemm", o.mode, str("AgGemm ", o.m, " x ", o.n, " x ", o.k));
   gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), "bf16", "ag_gemm.gathered");
   arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
@@ -60,17 +60,14 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
     WEFT_CUDA(cudaMemcpyAsync(local_shard(), a_shard, static_cast<std::size_t>(shard_rows_ * options_.k * 2),
                               cudaMemcpyDeviceToDevice, stream));
   overlap_->run(
-      stream,
+      stream, {b, c},
       [&] {  // a sequential run gathers real data for the GEMMs to tune on
         run_sequential(b, c, stream, false);
         GemmArgs tune{.a = gathered_.get(), .b = b, .c = c};
         fused_gemm_->prepare(tune, stream);
         plain_gemm_->prepare(tune, stream);
       },
-      {{"fused", [&] { overlap_->launch(stream, {b, c}, [&](cudaStream_t s) { run_fused(b, c, s); }); }},
-       {"sequential", [&] { run_sequential(b, c, stream, false); }},
-       {"sequential, NCCL", [&] { run_sequential(b, c, stream, true); }}},
-      str("AgGemm ", options_.m, " x ", options_.n, " x ", options_.k));
+      [&](cudaStream_t s) { run_fused(b, c, s); }, [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
 
 void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl) {
@@ -86,7 +83,7 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   auto* arrived = arrived_.as<std::uint64_t>();
   GemmArgs args{.a = gathered_.get(), .b = b, .c = c};
-  if (fused_gemm_->config().empty()) {  // first run: the GEMM tunes (before any peer waits on us) ...
+  if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
     if (capturing == cudaStreamCaptureStatusNone)  // ... on the A it will read, not on stale peer slots

@@ -18,7 +18,7 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std:
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
-  overlap_ = std::make_unique<Overlap>(ctx_, "gemm_ar", o.mode);
+  overlap_ = std::make_unique<Overlap>(ctx_, "gemm_ar", o.mode, str("GemmAr ", o.m, " x ", o.n, " x ", o.k));
   if (o.mode != OverlapMode::sequential) {
     reduce_ = std::make_unique<GemmRs>(ctx_, GemmRsOptions{.m = o.m, .n = o.n, .k = o.k, .dtype = o.dtype,
                                                            .b_layout = o.b_layout, .mode = OverlapMode::fused,
@@ -54,15 +54,12 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmAr run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(
-      stream,
+      stream, {a, b, out},
       [&] {
         run_sequential(a, b, out, stream, false);
         run_fused(a, b, out, stream);  // tunes its GEMMs (before its handshake), then runs
       },
-      {{"fused", [&] { overlap_->launch(stream, {a, b, out}, [&](cudaStream_t s) { run_fused(a, b, out, s); }); }},
-       {"sequential", [&] { run_sequential(a, b, out, stream, false); }},
-       {"sequential, NCCL", [&] { run_sequential(a, b, out, stream, true); }}},
-      str("GemmAr ", options_.m, " x ", options_.n, " x ", options_.k));
+      [&](cudaStream_t s) { run_fused(a, b, out, s); }, [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
 }
 
 void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {

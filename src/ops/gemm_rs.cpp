@@ -20,7 +20,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("GemmRs", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
-  overlap_ = std::make_unique<Overlap>(ctx_, "gemm_rs", o.mode);
+  overlap_ = std::make_unique<Overlap>(ctx_, "gemm_rs", o.mode, str("GemmRs ", o.m, " x ", o.n, " x ", o.k));
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * o.n * 2);
   const int steps = world - 1;
   GemmOptions g = gemm_options(block_rows_, o.n, o.k, o.dtype, o.b_layout);
@@ -69,15 +69,12 @@ void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmRs run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(
-      stream,
+      stream, {a, b, out},
       [&] {
         run_sequential(a, b, out, stream, false);
         run_fused(a, b, out, stream);  // tunes its GEMMs (before its handshake), then runs
       },
-      {{"fused", [&] { overlap_->launch(stream, {a, b, out}, [&](cudaStream_t s) { run_fused(a, b, out, s); }); }},
-       {"sequential", [&] { run_sequential(a, b, out, stream, false); }},
-       {"sequential, NCCL", [&] { run_sequential(a, b, out, stream, true); }}},
-      str("GemmRs ", options_.m, " x ", options_.n, " x ", options_.k));
+      [&](cudaStream_t s) { run_fused(a, b, out, s); }, [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
 }
 
 void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {

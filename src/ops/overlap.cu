@@ -68,8 +68,9 @@ void require_operands(const char* who, std::initializer_list<const void*> operan
   }
 }
 
-Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode)
-    : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready"), mode_(mode) {
+Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode, std::string what)
+    : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready"), mode_(mode),
+      what_(std::move(what)) {
   use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0;
   WEFT_REQUIRE(ctx_->world_size() <= 1024, "overlapped operators support up to 1024 ranks, got ",
                ctx_->world_size());
@@ -124,10 +125,12 @@ void Overlap::push_chunks_when_stored(void* dst, const void* src, std::uint64_t 
   }
 }
 
-void Overlap::run(cudaStream_t stream, const std::function<void()>& first, const std::vector<Path>& paths,
-                  const std::string& what) {
-  WEFT_REQUIRE(paths.size() >= 2, what, ": an overlapped plan needs a fused and a sequential path");
+void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
+                  const std::function<void(cudaStream_t)>& fused, const std::function<void(bool nccl)>& sequential) {
   if (path_ < 0) {
+    const std::vector<Path> paths = {{"fused", [&] { launch(stream, key, fused); }},
+                                     {"sequential", [&] { sequential(false); }},
+                                     {"sequential, NCCL", [&] { sequential(true); }}};
     std::vector<int> candidates;
     for (int i = 0; i < static_cast<int>(paths.size()); ++i)
       if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i == 0)) candidates.push_back(i);
@@ -138,12 +141,13 @@ void Overlap::run(cudaStream_t stream, const std::function<void()>& first, const
     } else {
       if (candidates.front() == 0) first();  // it may tune the fused path's GEMMs: not built for sequential plans
       choose(paths, candidates, stream);
-      WEFT_LOG(info, what, ": ", candidates.front() == 0 ? str("fused ", fused_ms_, " ms, ") : std::string(),
+      WEFT_LOG(info, what_, ": ", candidates.front() == 0 ? str("fused ", fused_ms_, " ms, ") : std::string(),
                "fastest sequential ", sequential_ms_, " ms: runs ", paths[path_].name);
     }
     path_name_ = paths[path_].name;
   }
-  paths[path_].call();
+  if (path_ == 0) launch(stream, key, fused);
+  else sequential(path_ == 2);
 }
 
 void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key,
@@ -157,8 +161,9 @@ void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key
     enqueued_once_ = true;
     return;
   }
-  const std::vector<const void*> k(key);
-  auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const CachedGraph& g) { return g.key == k; });
+  auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const CachedGraph& g) {
+    return std::equal(g.key.begin(), g.key.end(), key.begin(), key.end());
+  });
   if (hit == graphs_.end()) {
     if (++captures_ > kMaxCaptures) {
       WEFT_LOG(info, "overlapped plan: operand pointers changed ", kMaxCaptures,
@@ -180,7 +185,7 @@ void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key
       throw;
     }
     WEFT_CUDA(cudaStreamEndCapture(capture_, &graph));
-    CachedGraph g{k, nullptr};
+    CachedGraph g{std::vector<const void*>(key), nullptr};
     WEFT_CUDA(cudaGraphInstantiate(&g.exec, graph, 0));
     WEFT_CUDA(cudaGraphDestroy(graph));
     if (graphs_.size() == kMaxGraphs) {

@@ -45,28 +45,26 @@ void require_operands(const char* who, std::initializer_list<const void*> operan
 class Overlap {
  public:
   /// `name` prefixes the symmetric allocations ("ag_gemm"); `mode` fixes the
-  /// path now (fused, sequential) or on the first run (automatic).
-  Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode);
+  /// path now (fused, sequential) or on the first run (automatic); `what`
+  /// names the plan in the path choice's log ("AgGemm 8192 x 14336 x 8192").
+  Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode, std::string what);
   ~Overlap();
   Overlap(const Overlap&) = delete;
   Overlap& operator=(const Overlap&) = delete;
 
-  /// One way to run a call: paths[0] of run() is the fused one, the rest are
-  /// sequential (a plain GEMM, then a plain collective: weft's or NCCL's).
-  struct Path {
-    const char* name;
-    std::function<void()> call;
-  };
-  /// Runs one call the chosen way. On the first call outside graph capture
-  /// with more than one candidate (automatic: every path; sequential: the
-  /// sequential ones), `first` runs before anything else where the fused path
-  /// is a candidate (a sequential run that fills the buffers, and tuning),
-  /// then each candidate is warmed up once and timed: 7
+  /// Runs one call the chosen way, of three paths: "fused" (`fused(s)`
+  /// enqueues the overlapped call on stream s; it goes through launch() with
+  /// `key`), "sequential" (`sequential(false)`: a plain GEMM, then weft's
+  /// collective) and "sequential, NCCL" (`sequential(true)`). On the first call
+  /// outside graph capture with more than one candidate (automatic: all three;
+  /// sequential: the two sequential ones), `first` runs before anything else
+  /// where the fused path is a candidate (a sequential run that fills the
+  /// buffers, and tuning), then each candidate is warmed up once and timed: 7
   /// interleaved samples of 3 back-to-back calls, each candidate's slowest
-  /// rank (so all ranks agree), the fastest kept and logged as `what`. Under
+  /// rank (so all ranks agree), the fastest kept and logged. Under
   /// capture the first automatic call takes the fused path untimed.
-  void run(cudaStream_t stream, const std::function<void()>& first, const std::vector<Path>& paths,
-           const std::string& what);
+  void run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
+           const std::function<void(cudaStream_t)>& fused, const std::function<void(bool nccl)>& sequential);
   /// True once the path is the fused one.
   bool fused() const { return path_ == 0; }
   /// The chosen path's name ("fused", "sequential", "sequential, NCCL"), or "" before the first run.
@@ -118,6 +116,10 @@ class Overlap {
   void wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);
 
  private:
+  struct Path {
+    const char* name;
+    std::function<void()> call;
+  };
   void choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream);
 
   struct CachedGraph {
@@ -130,12 +132,13 @@ class Overlap {
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   OverlapMode mode_;
+  std::string what_;
   bool use_graphs_ = true;
   bool enqueued_once_ = false;
   int captures_ = 0;
   cudaStream_t capture_ = nullptr;
   std::vector<CachedGraph> graphs_;
-  int path_ = -1;  // index into run()'s paths; -1: undecided
+  int path_ = -1;  // 0 fused, 1 sequential, 2 sequential with NCCL; -1: undecided
   std::string path_name_;
   float fused_ms_ = 0, sequential_ms_ = 0;
 };

@@ -132,31 +132,23 @@ TEST(AgGemm, EveryPathMatchesNcclPlusCublas) {
   }
 }
 
-TEST(GemmRs, EveryPathMatchesNcclPlusCublas) {
+// GemmRs (all_reduce = false) or GemmAr: every path at M = 1000 and 2048, and
+// blocks of 32 MB and more, which travel in several chunks (each at least 16 MB).
+static void expect_every_reduce_path_matches(bool all_reduce) {
   Cublas cb;
   const int w = ctx().world_size();
   for (std::int64_t m : {std::int64_t{1000}, std::int64_t{2048}})
     for (OverlapMode mode : kModes) {
       const std::int64_t mm = m / w * w;
-      EXPECT_LT(check_gemm_reduce(false, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
+      EXPECT_LT(check_gemm_reduce(all_reduce, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
     }
-  // Blocks of 32 MB and more travel in several chunks (each at least 16 MB).
   for (OverlapMode mode : kModes)
-    EXPECT_LT(check_gemm_reduce(false, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
+    EXPECT_LT(check_gemm_reduce(all_reduce, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
 }
 
-TEST(GemmAr, EveryPathMatchesNcclPlusCublas) {
-  Cublas cb;
-  const int w = ctx().world_size();
-  for (std::int64_t m : {std::int64_t{1000}, std::int64_t{2048}})
-    for (OverlapMode mode : kModes) {
-      const std::int64_t mm = m / w * w;
-      EXPECT_LT(check_gemm_reduce(true, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
-    }
-  // Blocks of 32 MB and more travel in several chunks (each at least 16 MB).
-  for (OverlapMode mode : kModes)
-    EXPECT_LT(check_gemm_reduce(true, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
-}
+TEST(GemmRs, EveryPathMatchesNcclPlusCublas) { expect_every_reduce_path_matches(false); }
+
+TEST(GemmAr, EveryPathMatchesNcclPlusCublas) { expect_every_reduce_path_matches(true); }
 
 // 1,000 back-to-back fused runs of each operator, no host sync between them,
 // each compared on the device with the first run's bits; then a CUDA graph of

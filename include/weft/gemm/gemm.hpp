@@ -132,6 +132,8 @@ class Gemm {
   /// with every row marked present. Hooked plans call it before their first
   /// collective run, so no peer waits on a rank that is still tuning.
   void prepare(const GemmArgs& args, cudaStream_t stream);
+  /// True once the configuration is chosen (tuned, forced, or by the size heuristic).
+  bool prepared() const { return chosen_ != nullptr; }
   /// The configuration in use ("128x256x64 c2x1 cooperative, swizzle 4 along N"), or "" before the first
   /// run if autotuning.
   std::string config() const;
