@@ -31,10 +31,10 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   if (o.mode != OverlapMode::sequential) {
     GemmOptions first = g;
-    if (steps > 0) first.hook = GemmHook::report_rows;  // rank + 1 waits for its stored rows
+    if (steps > 0) first.hook = GemmHook::report_rows;  // it counts its stored rows in the next rank's flags
     first_gemm_ = std::make_unique<Gemm>(first);
     if (steps > 0) {
-      send_ = SymmetricBuffer(ctx_->heap(), steps * block_bytes, "bf16", "gemm_rs.send");
+      staging_ = SymmetricBuffer(ctx_->heap(), steps * block_bytes, "bf16", "gemm_rs.staging");
       arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>((steps * bands_ + chunks_) * 8), "u64",
                                  "gemm_rs.arrived");
       GemmOptions hooked = g;
@@ -98,42 +98,41 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
     first_gemm_->run(a, b, out, stream);
     return;
   }
-  const int prev = schedule::wrap(me - 1, world);
-  // Step s's GEMM stores its block into our send(s) and counts the rows it
-  // stored per band (about 128 rows) once the stores are complete
-  // (weft::RowsDone). Rank + 1's step s + 1 reads it from here: its epilogue
-  // waits for a tile's band, then loads the tile's source rows from our send(s)
-  // over NVLink (TMA loads from the peer's mapping), while the tile's
-  // mainloop runs. No copy engine, no per-chunk cost, and every store stays local.
-  auto send = [&](int step) { return send_.as<char>() + step * block_bytes; };
-  auto prev_send = [&](int step) { return static_cast<const char*>(ctx_->heap().peer_ptr(send(step), prev)); };
-  auto* stored = arrived_.as<std::uint64_t>();  // [step][band]: rows of send(step) stored, then [chunk] of `out`
-  auto* prev_stored = static_cast<const std::uint64_t*>(ctx_->heap().peer_ptr(stored, prev));
-  std::uint64_t* own_stored = stored + steps * bands_;
+  const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
+  auto staging = [&](int step) { return staging_.as<char>() + step * block_bytes; };
+  // Step s's GEMM stores its block straight into rank + 1's staging(s), over
+  // NVLink (TMA stores to the peer's mapping), and counts the rows it stored
+  // in rank + 1's flags: no copy engine, no chunk overhead, and the next
+  // step's tiles wait only for the band of rows they add.
+  auto next_staging = [&](int step) { return static_cast<char*>(ctx_->heap().peer_ptr(staging(step), next)); };
+  auto* arrived = arrived_.as<std::uint64_t>();  // [step][band]: rows of staging(step) stored by rank - 1
+  auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
+  std::uint64_t* own_stored = arrived + steps * bands_;  // [chunk]: rows of `out` stored by our last step
   const std::uint64_t band_stored = gemm_detail::band_stored_value(0, band_rows_, block_rows_, n);
   const std::uint64_t chunk_stored = gemm_detail::band_stored_value(0, chunk_rows_, block_rows_, n);
 
-  // Tune (first run only) before the handshake, so no peer waits on a tuning rank.
-  first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = send(0)}, stream);
-  step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = prev_send(0)}, stream);
-  // Every peer is past its last run: it reads our send buffers and counters no
-  // more, so they are zeroed and refilled.
-  overlap_->handshake(stream, nullptr, 0, stored, static_cast<int>(steps * bands_ + chunks_));
+  // Tune (first run only) before the handshake, so no peer waits on a tuning
+  // rank. The first GEMM tunes on its real destination, the peer's staging:
+  // the peer reads it only after our handshake below.
+  first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = next_staging(0)}, stream);
+  step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging(0)}, stream);
+  // Every rank's staging and flags are free for this run; our flags and counters of the last run are zeroed.
+  overlap_->handshake(stream, arrived, static_cast<int>(steps * bands_ + chunks_));
   if (own_block_stored) own_block_stored(overlap_->fork(stream), own_stored, chunk_stored);
 
   for (int s = 0; s < world; ++s) {
     const int blk = schedule::ring_gemm_block(me, s, world);
-    GemmArgs args{.a = block_of_a(blk), .b = b, .c = s == steps ? out : send(s)};
-    if (s < steps) args.done = RowsDone{.counters = stored + s * bands_, .rows_per_counter = band_rows_};
+    GemmArgs args{.a = block_of_a(blk), .b = b, .c = s == steps ? out : next_staging(s)};
+    if (s < steps) args.done = RowsDone{.counters = next_arrived + s * bands_, .rows_per_counter = band_rows_};
     else if (own_block_stored) args.done = RowsDone{.counters = own_stored, .rows_per_counter = chunk_rows_};
     if (s == 0) {
       first_gemm_->run(args, stream);
       continue;
     }
-    // Each tile's epilogue waits for its band of rank - 1's partial sum, then reads it there.
-    args.source = prev_send(s - 1);
+    // Each tile's epilogue waits for its band of the partial sum from rank - 1.
+    args.source = staging(s - 1);
     args.signals = RowSignals{.world = &ctx_->world(),
-                              .flags = prev_stored + (s - 1) * bands_,
+                              .flags = arrived + (s - 1) * bands_,
                               .rows_per_flag = band_rows_,
                               .value = band_stored,
                               .from_rank = prev};

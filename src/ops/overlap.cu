@@ -14,7 +14,7 @@ namespace weft::ops_detail {
 namespace {
 
 __global__ void handshake_kernel(dev::World w, std::uint64_t* flags, dev::LaunchEpoch e, std::uint64_t* reset,
-                                 int reset_count, std::uint64_t* reset_after, int reset_after_count) {
+                                 int reset_count) {
   __shared__ std::uint64_t epoch;
   for (int i = static_cast<int>(threadIdx.x); i < reset_count; i += blockDim.x) reset[i] = 0;
   if (threadIdx.x == 0) {
@@ -28,9 +28,6 @@ __global__ void handshake_kernel(dev::World w, std::uint64_t* flags, dev::Launch
     dev::notify(w, flags + w.rank, p, epoch, dev::SignalOp::set, dev::Scope::sys);
     dev::wait_until(w, flags + p, dev::Cmp::ge, epoch, dev::Scope::sys, p);
   }
-  if (reset_after_count == 0) return;
-  __syncthreads();  // every peer is past its last run: none reads these any more
-  for (int i = static_cast<int>(threadIdx.x); i < reset_after_count; i += blockDim.x) reset_after[i] = 0;
 }
 
 __global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int count, int per_rank) {
@@ -90,11 +87,10 @@ Overlap::~Overlap() {
   if (side_) cudaStreamDestroy(side_);
 }
 
-void Overlap::handshake(cudaStream_t stream, std::uint64_t* reset, int reset_count, std::uint64_t* reset_after,
-                        int reset_after_count) {
+void Overlap::handshake(cudaStream_t stream, std::uint64_t* reset, int reset_count) {
   const int threads = std::max(128, ((ctx_->world_size() + 31) / 32) * 32);
   handshake_kernel<<<1, threads, 0, stream>>>(ctx_->world(), ready_.flags(), ready_.launch_epoch(), reset,
-                                              reset_count, reset_after, reset_after_count);
+                                              reset_count);
   WEFT_CUDA(cudaGetLastError());
 }
 

@@ -91,12 +91,8 @@ class Overlap {
   /// reset_count) (this rank's arrival flags of the previous run, which no
   /// peer writes again before it hears "free" from us), advances the epoch,
   /// tells every peer "my buffers are free for this run" and waits until every
-  /// peer said the same. Then it zeroes reset_after[0, reset_after_count):
-  /// flags this rank raises and peers read (poll) during a run, which only
-  /// now, with every peer past the previous run, no peer reads any more. It
-  /// runs before the GEMM takes the SMs.
-  void handshake(cudaStream_t stream, std::uint64_t* reset = nullptr, int reset_count = 0,
-                 std::uint64_t* reset_after = nullptr, int reset_after_count = 0);
+  /// peer said the same. It runs before the GEMM takes the SMs.
+  void handshake(cudaStream_t stream, std::uint64_t* reset = nullptr, int reset_count = 0);
   /// The side stream starts after everything enqueued on `stream` so far.
   cudaStream_t fork(cudaStream_t stream);
   /// `stream` continues after everything enqueued on the side stream so far.

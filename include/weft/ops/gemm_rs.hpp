@@ -7,14 +7,12 @@
 // Fused path (a ring, docs/design.md): the M rows are W blocks. At step s,
 // rank r computes block b = (r - 1 - s) mod W with a persistent GEMM whose
 // epilogue adds the partial sum of that block received from rank r - 1
-// (D = A_b x B + S), S being rank r - 1's partial of that block, read where
-// it lies: the epilogue producer warp of each tile waits for the band of S
-// (about 128 rows) that tile adds, then loads it from rank r - 1's memory
-// over NVLink (TMA loads from the peer's mapping) while the tile's mainloop
-// runs. Each GEMM stores D locally and counts the rows it stored per band once
-// the stores are complete (weft::RowsDone), for rank r + 1 to wait on: no copy
-// engine and no per-chunk cost. At the last step the block is rank r's own and
-// D is the output.
+// (D = A_b x B + S); the epilogue warp of each tile waits only for the band
+// of S (about 128 rows) that tile adds. The GEMM stores D straight into rank
+// r + 1's staging, over NVLink (TMA stores to the peer's mapping), and counts
+// the rows it stored in rank r + 1's per-band flags once the stores are
+// complete (weft::RowsDone): no copy engine, no send buffer. At the last step
+// the block is rank r's own and D is the output.
 // So block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
 // are bitwise identical. Sequential path: a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster), then weft's ReduceScatter. `automatic` times
@@ -101,8 +99,8 @@ class GemmRs {
   std::int64_t block_rows_, chunk_rows_, chunks_;
   std::int64_t bands_, band_rows_;  // the ring's signal bands per block (schedule::ring_bands)
   std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
-  SymmetricBuffer send_;     // [W-1 steps][M/W, N]: our partial sums, which rank + 1 reads
-  SymmetricBuffer arrived_;  // u64 [W-1 steps][bands]: rows of send_ stored, then [chunks] of our output
+  SymmetricBuffer staging_;  // [W-1 steps][M/W, N]: partial sums, stored here by rank - 1's GEMMs
+  SymmetricBuffer arrived_;  // u64 [W-1 steps][bands] rows stored into staging, then [chunks] of our output
   SymmetricBuffer partial_;  // sequential: [M, N]
   std::unique_ptr<Gemm> first_gemm_, step_gemm_, plain_gemm_;
   std::unique_ptr<ReduceScatter> reduce_scatter_;
