@@ -1,6 +1,5 @@
-// GEMM + AllReduce: the plan. Fused = GemmRs's ring, and a copy-engine
-// AllGather of each reduced block, chunk by chunk as the ring's last GEMM
-// stores it; the primitives are overlap.hpp's.
+// GEMM + AllReduce: the plan. Fused = GemmRs's ring, then a copy-engine
+// AllGather of the reduced blocks; the primitives are overlap.hpp's.
 #include "weft/ops/gemm_ar.hpp"
 
 #include "overlap.hpp"
@@ -13,9 +12,8 @@ using ops_detail::Overlap;
 
 GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std::move(ctx)), options_(o) {
   const int world = ctx_->world_size();
-  // The same split as GemmRs's own-block counters, which the copies wait on.
   const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
-                                                              o.n * 2, schedule::kMinOwnBlockChunkBytes);
+                                                              o.n * 2);
   block_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;

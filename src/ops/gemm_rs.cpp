@@ -14,15 +14,11 @@ using ops_detail::Overlap;
 
 GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std::move(ctx)), options_(o) {
   const int world = ctx_->world_size();
-  // Chunks only count the rows of our own block stored, for a caller that
-  // copies it on (GemmAr); the ring signals in bands.
   const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
-                                                              o.n * 2, schedule::kMinOwnBlockChunkBytes);
+                                                              o.n * 2);
   block_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
-  bands_ = schedule::ring_bands(block_rows_);
-  band_rows_ = block_rows_ / bands_;
   ctx_->verify_same_call(ops_detail::plan_description("GemmRs", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
   overlap_ = std::make_unique<Overlap>(ctx_, "gemm_rs", o.mode, str("GemmRs ", o.m, " x ", o.n, " x ", o.k));
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * o.n * 2);
@@ -31,12 +27,13 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   if (o.mode != OverlapMode::sequential) {
     GemmOptions first = g;
-    if (steps > 0) first.hook = GemmHook::report_rows;  // it counts its stored rows in the next rank's flags
+    if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
     first_gemm_ = std::make_unique<Gemm>(first);
     if (steps > 0) {
       staging_ = SymmetricBuffer(ctx_->heap(), steps * block_bytes, "bf16", "gemm_rs.staging");
-      arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>((steps * bands_ + chunks_) * 8), "u64",
+      arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>((steps + world) * chunks_ * 8), "u64",
                                  "gemm_rs.arrived");
+      WEFT_CUDA(cudaMalloc(&send_, steps * block_bytes));
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_source_rows;
       step_gemm_ = std::make_unique<Gemm>(hooked);
@@ -52,7 +49,9 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   }
 }
 
-GemmRs::~GemmRs() = default;
+GemmRs::~GemmRs() {
+  if (send_) cudaFree(send_);
+}
 
 std::string GemmRs::path() const { return overlap_->path(); }
 float GemmRs::measured_fused_ms() const { return overlap_->fused_ms(); }
@@ -92,53 +91,54 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   const int world = ctx_->world_size(), me = ctx_->rank();
   const std::int64_t n = options_.n, k = options_.k;
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
+  const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);
+  // A chunk's stored-row counter once final (every chunk has chunk_rows_ rows).
+  const std::uint64_t chunk_stored = gemm_detail::band_stored_value(0, chunk_rows_, block_rows_, n);
   auto block_of_a = [&](int blk) { return static_cast<const char*>(a) + blk * block_rows_ * k * 2; };
+  auto send = [&](int step) { return static_cast<char*>(send_) + step * block_bytes; };
+  auto staging = [&](int step) { return staging_.as<char>() + step * block_bytes; };
   const int steps = world - 1;
+  // Tune (first run only) before the handshake, so no peer waits on a tuning rank.
+  first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = steps ? send(0) : out}, stream);
   if (steps == 0) {
     first_gemm_->run(a, b, out, stream);
     return;
   }
-  const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
-  auto staging = [&](int step) { return staging_.as<char>() + step * block_bytes; };
-  // Step s's GEMM stores its block straight into rank + 1's staging(s), over
-  // NVLink (TMA stores to the peer's mapping), and counts the rows it stored
-  // in rank + 1's flags: no copy engine, no chunk overhead, and the next
-  // step's tiles wait only for the band of rows they add.
-  auto next_staging = [&](int step) { return static_cast<char*>(ctx_->heap().peer_ptr(staging(step), next)); };
-  auto* arrived = arrived_.as<std::uint64_t>();  // [step][band]: rows of staging(step) stored by rank - 1
-  auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
-  std::uint64_t* own_stored = arrived + steps * bands_;  // [chunk]: rows of `out` stored by our last step
-  const std::uint64_t band_stored = gemm_detail::band_stored_value(0, band_rows_, block_rows_, n);
-  const std::uint64_t chunk_stored = gemm_detail::band_stored_value(0, chunk_rows_, block_rows_, n);
-
-  // Tune (first run only) before the handshake, so no peer waits on a tuning
-  // rank. The first GEMM tunes on its real destination, the peer's staging:
-  // the peer reads it only after our handshake below.
-  first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = next_staging(0)}, stream);
   step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging(0)}, stream);
+  auto* arrived = arrived_.as<std::uint64_t>();
+  auto* stored = arrived + steps * chunks_;  // [step][chunk]: elements of the chunk stored by that step's GEMM
+  auto stored_of = [&](int step) { return stored + step * chunks_; };
+
   // Every rank's staging and flags are free for this run; our flags and counters of the last run are zeroed.
-  overlap_->handshake(stream, arrived, static_cast<int>(steps * bands_ + chunks_));
-  if (own_block_stored) own_block_stored(overlap_->fork(stream), own_stored, chunk_stored);
+  overlap_->handshake(stream, arrived, static_cast<int>((steps + world) * chunks_));
+  // The side stream starts now, before the GEMMs: each step's block goes to
+  // rank + 1 chunk by chunk, each chunk as soon as that step's GEMM stored it.
+  cudaStream_t side = overlap_->fork(stream);
+  const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
+  auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
+  for (int s = 0; s < steps; ++s)
+    Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(staging(s), next), send(s), chunk_bytes, 0, chunks_,
+                                     stored_of(s), chunk_stored, next_arrived + s * chunks_, side);
+  if (own_block_stored) own_block_stored(side, stored_of(steps), chunk_stored);
 
   for (int s = 0; s < world; ++s) {
     const int blk = schedule::ring_gemm_block(me, s, world);
-    GemmArgs args{.a = block_of_a(blk), .b = b, .c = s == steps ? out : next_staging(s)};
-    if (s < steps) args.done = RowsDone{.counters = next_arrived + s * bands_, .rows_per_counter = band_rows_};
-    else if (own_block_stored) args.done = RowsDone{.counters = own_stored, .rows_per_counter = chunk_rows_};
+    GemmArgs args{.a = block_of_a(blk), .b = b, .c = s == steps ? out : send(s)};
+    if (s < steps || own_block_stored) args.done = RowsDone{.counters = stored_of(s), .rows_per_counter = chunk_rows_};
     if (s == 0) {
       first_gemm_->run(args, stream);
       continue;
     }
-    // Each tile's epilogue waits for its band of the partial sum from rank - 1.
+    // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
     args.source = staging(s - 1);
     args.signals = RowSignals{.world = &ctx_->world(),
-                              .flags = arrived + (s - 1) * bands_,
-                              .rows_per_flag = band_rows_,
-                              .value = band_stored,
+                              .flags = arrived + (s - 1) * chunks_,
+                              .rows_per_flag = chunk_rows_,
+                              .value = 1,
                               .from_rank = prev};
     step_gemm_->run(args, stream);
   }
-  if (own_block_stored) overlap_->join(stream);  // the caller's sends are done when the run is
+  overlap_->join(stream);  // our sends are done: the next run may overwrite them
 }
 
 }  // namespace weft

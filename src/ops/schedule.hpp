@@ -79,18 +79,11 @@ inline std::int64_t even_chunks(std::int64_t rows, std::int64_t want) {
 /// docs/PERF.md), so a 16 MB chunk spends under a tenth of its transfer on them.
 constexpr std::int64_t kMinChunkBytes = std::int64_t{16} << 20;
 
-/// The smallest chunk of a GEMM+AllReduce's own block, which the copy engines
-/// send on as the ring's last GEMM stores it: the last chunk leaves only after
-/// that GEMM, so it is the operator's tail, and halving it saves more than a
-/// chunk's fixed cost.
-constexpr std::int64_t kMinOwnBlockChunkBytes = std::int64_t{8} << 20;
-
 /// How many chunks a rank's `rows` rows of `row_bytes` bytes travel in: at
-/// most `want`, no chunk under `min_chunk_bytes` (but at least one), and equal
+/// most `want`, no chunk under kMinChunkBytes (but at least one), and equal
 /// rows in each (even_chunks).
-inline std::int64_t copy_chunks(std::int64_t rows, std::int64_t row_bytes, std::int64_t want,
-                                std::int64_t min_chunk_bytes = kMinChunkBytes) {
-  const std::int64_t by_size = rows * row_bytes / min_chunk_bytes;
+inline std::int64_t copy_chunks(std::int64_t rows, std::int64_t row_bytes, std::int64_t want) {
+  const std::int64_t by_size = rows * row_bytes / kMinChunkBytes;
   return even_chunks(rows, by_size < 1 ? 1 : by_size < want ? by_size : want);
 }
 
@@ -104,19 +97,5 @@ inline int shard_push_peer(int rank, int turn, int world) { return wrap(rank - t
 /// complete, at its owner b at the last step; each step adds the partial
 /// received from rank - 1, who computed the same block a step earlier.
 inline int ring_gemm_block(int rank, int step, int world) { return wrap(rank - 1 - step, world); }
-
-/// Rows per signal band of the GEMM+ReduceScatter ring, about one tile row.
-/// The ring's GEMM stores straight into the next rank's staging and counts
-/// stored rows there per band, so a band costs one counter, not a copy: the
-/// next step's tiles can wait for exactly the rows they add.
-constexpr std::int64_t kRingBandRows = 128;
-
-/// How many equal bands a block of `rows` rows is signalled in: the largest
-/// divisor of `rows` not above ceil(rows / kRingBandRows) (even_chunks), so a
-/// band is kRingBandRows rows or a little less, or more where `rows` has no
-/// fitting divisor (a prime `rows` is one band).
-inline std::int64_t ring_bands(std::int64_t rows) {
-  return even_chunks(rows, (rows + kRingBandRows - 1) / kRingBandRows);
-}
 
 }  // namespace weft::schedule

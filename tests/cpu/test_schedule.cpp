@@ -184,19 +184,6 @@ TEST(Schedule, CopyChunksDivideTheRowsAndStayAboveTheMinimum) {
   EXPECT_EQ(copy_chunks(1024, 16384, 8), 1);  // 16 MB: one
 }
 
-TEST(Schedule, RingBandsAreEqualAndAboutATileRowEach) {
-  for (std::int64_t rows : {1, 7, 127, 128, 500, 1000, 1024, 2048, 4096, 4097}) {
-    const std::int64_t bands = ring_bands(rows);
-    EXPECT_GE(bands, 1);
-    EXPECT_EQ(rows % bands, 0) << rows;
-    EXPECT_LE(bands, (rows + kRingBandRows - 1) / kRingBandRows) << rows;
-  }
-  EXPECT_EQ(ring_bands(1024), 8);  // 128 rows each
-  EXPECT_EQ(ring_bands(4096), 32);
-  EXPECT_EQ(ring_bands(500), 4);   // 125 rows each (M = 1000 on two ranks)
-  EXPECT_EQ(ring_bands(127), 1);
-}
-
 TEST(RowBands, EveryBandCountsExactlyItsElementsWhateverTheTiles) {
   // The hooked GEMM's stored-row reports: each tile adds its share to every
   // band it touches; the copy engine waits for band_stored_value.

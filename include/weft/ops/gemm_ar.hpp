@@ -3,10 +3,9 @@
 // The same operands as GemmRs (A_q [M, K_q], B_q [N, K_q] or [K_q, N]); every
 // rank ends with the whole sum [M, N].
 // Fused path (two-shot): GemmRs's ring leaves rank r's block of rows of the
-// sum directly in its rows of `out`; the copy engines push that block to
-// every peer's `out` chunk by chunk (8 MB or more), each chunk as soon as the
-// ring's last GEMM has stored it, each followed by a flag raised on the peer
-// from the stream's front end. Same fixed summation order as GemmRs:
+// sum directly in its rows of `out`; the copy engines then push that block to
+// every peer's `out`, chunk by chunk, each chunk followed by a flag raised on
+// the peer from the stream's front end. Same fixed summation order as GemmRs:
 // repeated runs are bitwise identical, and every rank holds the same bits.
 // Sequential path (what small M wants: one-shot): a plain GEMM (weft's, or
 // cuBLAS where faster) into `out`, then weft's AllReduce in place. `automatic`

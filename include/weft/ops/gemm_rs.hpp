@@ -7,12 +7,12 @@
 // Fused path (a ring, docs/design.md): the M rows are W blocks. At step s,
 // rank r computes block b = (r - 1 - s) mod W with a persistent GEMM whose
 // epilogue adds the partial sum of that block received from rank r - 1
-// (D = A_b x B + S); the epilogue warp of each tile waits only for the band
-// of S (about 128 rows) that tile adds. The GEMM stores D straight into rank
-// r + 1's staging, over NVLink (TMA stores to the peer's mapping), and counts
-// the rows it stored in rank r + 1's per-band flags once the stores are
-// complete (weft::RowsDone): no copy engine, no send buffer. At the last step
-// the block is rank r's own and D is the output.
+// (D = A_b x B + S); the epilogue warp of each tile waits only for the chunk
+// of S that tile adds. The result goes, by copy engine and chunk by chunk, to
+// rank r + 1's staging, each chunk followed by a flag raised from the stream's
+// front end. A chunk leaves as soon as the tiles covering it have stored it
+// (the GEMM reports stored rows, weft::RowsDone), while the step goes on. At
+// the last step the block is rank r's own and D is the output.
 // So block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
 // are bitwise identical. Sequential path: a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster), then weft's ReduceScatter. `automatic` times
@@ -47,11 +47,9 @@ struct GemmRsOptions {
   DType dtype = DType::bf16;  ///< bf16 (the hooked GEMM kernels' type)
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
-  /// The granularity of own_block_stored's counters (GemmAr copies its
-  /// block on in these chunks): at most this many chunks per block of M / W
-  /// rows, fewer where a chunk would be under 8 MB (each costs a copy launch
-  /// and a stream wait), rounded down to divide M / W. The ring itself signals
-  /// in bands of about 128 rows (schedule::ring_bands).
+  /// Copy and signal granularity: at most this many chunks per block of M / W
+  /// rows, fewer where a chunk would be under 16 MB (each costs a copy launch
+  /// and a stream wait), rounded down to divide M / W.
   int chunks_per_block = 8;
 };
 
@@ -80,7 +78,7 @@ class GemmRs {
   const GemmRsOptions& options() const { return options_; }
 
   /// For a caller that ships `out` on (GemmAr): called once per fused run,
-  /// before the GEMMs are enqueued, with a side stream (forked from the run's
+  /// before the GEMMs are enqueued, with the side stream (forked from the run's
   /// stream after the handshake, joined back at the end) and the last step's
   /// stored-row counters: chunk c of `out` (chunk_rows() rows) is final once
   /// done[c] >= done_value. Work enqueued on `side` overlaps the GEMMs.
@@ -97,11 +95,11 @@ class GemmRs {
   std::shared_ptr<Context> ctx_;
   GemmRsOptions options_;
   std::int64_t block_rows_, chunk_rows_, chunks_;
-  std::int64_t bands_, band_rows_;  // the ring's signal bands per block (schedule::ring_bands)
   std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
-  SymmetricBuffer staging_;  // [W-1 steps][M/W, N]: partial sums, stored here by rank - 1's GEMMs
-  SymmetricBuffer arrived_;  // u64 [W-1 steps][bands] rows stored into staging, then [chunks] of our output
+  SymmetricBuffer staging_;  // [W-1 steps][M/W, N]: partial sums from rank - 1
+  SymmetricBuffer arrived_;  // u64 [W-1 steps][chunks] flags, then [W steps][chunks] stored-row counters
   SymmetricBuffer partial_;  // sequential: [M, N]
+  void* send_ = nullptr;     // [W-1 steps][M/W, N], local: what goes to rank + 1
   std::unique_ptr<Gemm> first_gemm_, step_gemm_, plain_gemm_;
   std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
