@@ -5,6 +5,7 @@
 # with the working tree (device tool: carry [".deps"]).
 #
 #   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap chunks bench pdl tune
+#   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS narrow the overlap and chunks stages)
 #                                               (default: build cpu gpu examples bench)
 #
 # What comes back (the device tool returns at most 8 files): summary.txt, the
@@ -139,8 +140,8 @@ if has overlap; then  # AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce vs NC
 fi
 
 if has chunks; then  # the fused paths' copy/signal granularity, and what graph launches save
-  for op in ag_gemm gemm_rs gemm_ar; do
-    for chunks in 1 2 4 8 16; do
+  for op in ${CHUNK_OPS:-ag_gemm gemm_rs gemm_ar}; do
+    for chunks in ${CHUNK_COUNTS:-1 2 4 8 16}; do
       "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $op --m 2048,4096 --n 8192 --k 8192 \
         --variant fused --chunks $chunks --samples 9 --json 2>/dev/null | sed "s/^/chunks=$chunks graphs=1 /" >>"$OUT/chunks.txt"
     done
