@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap chunks bench pdl tune
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap chunks trace bench pdl tune
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS narrow the overlap and chunks stages)
 #                                               (default: build cpu gpu examples bench)
 #
@@ -157,6 +157,16 @@ for line in open(sys.argv[1]):
     r = json.loads(js)
     print(f"  {r['op']:8s} {r['m']}x{r['n']}x{r['k']} {c:15s} {g}: {r['weft_ms']:.3f} ({r['gemm_hooked_ms']:.3f})")
 PY
+fi
+
+if has trace; then  # the fused paths' timelines (WEFT_TRACE_OVERLAP): where each call's time goes
+  for spec in "ag_gemm --m 2048,8192 --n 8192 --k 8192" "ag_gemm --m 8192 --n 28672 --k 8192" \
+              "gemm_rs --m 2048,8192 --n 8192 --k 8192" "gemm_ar --m 2048,8192 --n 8192 --k 8192"; do
+    WEFT_TRACE_OVERLAP=3 WEFT_LOG_LEVEL=info "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $spec \
+      --variant fused --samples 5 >>"$OUT/trace.txt" 2>&1
+  done
+  note "trace" "-> trace.txt"
+  grep -E "trace, rank|^\[weft-bench\]   weft" "$OUT/trace.txt" | cut -c1-420
 fi
 
 if has bench; then

@@ -94,15 +94,19 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
 
   // Every rank's gathered A and flags are free for this run; our flags of the last run are zeroed.
   overlap_->handshake(stream, arrived, static_cast<int>(world * chunks_));
+  Overlap::mark(stream, "handshake");
   cudaStream_t side = overlap_->fork(stream);
   // Our shard goes to every peer, the one that needs it soonest first, into
   // its slot `me` of their gathered A; its chunks' flags are [me][chunk] there.
   for (int turn = 1; turn < world; ++turn) {
     const int peer = schedule::shard_push_peer(me, turn, world);
     auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
-    Overlap::push_chunks(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
-                         static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), 0, chunks_,
-                         peer_arrived + me * chunks_, side);
+    for (std::int64_t c = 0; c < chunks_; ++c) {
+      Overlap::push_chunks(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
+                           static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), c, 1,
+                           peer_arrived + me * chunks_, side);
+      if (Overlap::recording()) Overlap::mark(side, str("side: chunk ", c, " sent to ", peer));
+    }
   }
   args.signals = RowSignals{.world = &ctx_->world(),
                             .flags = arrived,
@@ -113,6 +117,7 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
                             .flags_per_rank = static_cast<int>(chunks_)};
   args.first_row = me * shard_rows_;
   fused_gemm_->run(args, stream);
+  Overlap::mark(stream, "GEMM");
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
 }
 

@@ -86,10 +86,12 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
         auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
         Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(mine, peer), mine, chunk_bytes, c, 1, done, done_value,
                                          peer_arrived + me * chunks_, side);
+        if (Overlap::recording()) Overlap::mark(side, str("side: own chunk ", c, " sent to ", peer));
       }
   });
   if (world == 1) return;
   overlap_->wait_all(arrived, static_cast<int>(world * chunks_), static_cast<int>(chunks_), stream);
+  Overlap::mark(stream, "every block arrived");
   WEFT_CUDA(cudaMemsetAsync(arrived, 0, static_cast<std::size_t>(world * chunks_ * 8), stream));
 }
 

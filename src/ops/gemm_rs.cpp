@@ -111,14 +111,18 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
 
   // Every rank's staging and flags are free for this run; our flags and counters of the last run are zeroed.
   overlap_->handshake(stream, arrived, static_cast<int>((steps + world) * chunks_));
+  Overlap::mark(stream, "handshake");
   // The side stream starts now, before the GEMMs: each step's block goes to
   // rank + 1 chunk by chunk, each chunk as soon as that step's GEMM stored it.
   cudaStream_t side = overlap_->fork(stream);
   const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
   for (int s = 0; s < steps; ++s)
-    Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(staging(s), next), send(s), chunk_bytes, 0, chunks_,
-                                     stored_of(s), chunk_stored, next_arrived + s * chunks_, side);
+    for (std::int64_t c = 0; c < chunks_; ++c) {
+      Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(staging(s), next), send(s), chunk_bytes, c, 1,
+                                       stored_of(s), chunk_stored, next_arrived + s * chunks_, side);
+      if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " chunk ", c, " sent"));
+    }
   if (own_block_stored) own_block_stored(side, stored_of(steps), chunk_stored);
 
   for (int s = 0; s < world; ++s) {
@@ -127,6 +131,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
     if (s < steps || own_block_stored) args.done = RowsDone{.counters = stored_of(s), .rows_per_counter = chunk_rows_};
     if (s == 0) {
       first_gemm_->run(args, stream);
+      Overlap::mark(stream, "step 0 GEMM");
       continue;
     }
     // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
@@ -137,6 +142,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                               .value = 1,
                               .from_rank = prev};
     step_gemm_->run(args, stream);
+    if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
   }
   overlap_->join(stream);  // our sends are done: the next run may overwrite them
 }

@@ -37,6 +37,20 @@ __global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int co
   }
 }
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// WEFT_TRACE_OVERLAP's recorder: one traced call at a time per process (the
+// call synchronises before it returns), nested plans included.
+struct Trace {
+  bool recording = false;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  std::vector<cudaEvent_t> events;
+} trace;
+
 }  // namespace
 
 RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
@@ -72,6 +86,7 @@ Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapM
     : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready"), mode_(mode),
       what_(std::move(what)) {
   use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0;
+  trace_left_ = static_cast<int>(env_int(process_env(), "WEFT_TRACE_OVERLAP", 0));
   WEFT_REQUIRE(ctx_->world_size() <= 1024, "overlapped operators support up to 1024 ranks, got ",
                ctx_->world_size());
   WEFT_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
@@ -146,8 +161,50 @@ void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, c
     }
     path_name_ = paths[path_].name;
   }
-  if (path_ == 0) launch(stream, key, fused);
-  else sequential(path_ == 2);
+  if (path_ != 0) {
+    sequential(path_ == 2);
+  } else if (trace_left_ > 0 && !capturing(stream)) {
+    ctx_->barrier(stream);  // the ranks start together, as a layer's calls do after a collective
+    trace.recording = true;
+    trace.marks.clear();
+    mark(stream, "start");
+    fused(stream);
+    mark(stream, "end");
+    trace.recording = false;
+    print_trace(stream);
+    --trace_left_;
+  } else {
+    launch(stream, key, fused);
+  }
+}
+
+bool Overlap::recording() { return trace.recording; }
+
+void Overlap::mark(cudaStream_t stream, const std::string& label) {
+  if (!trace.recording) return;
+  if (trace.marks.size() == trace.events.size()) {
+    cudaEvent_t e = nullptr;
+    WEFT_CUDA(cudaEventCreate(&e));
+    trace.events.push_back(e);  // kept for the process: a handful of events
+  }
+  cudaEvent_t e = trace.events[trace.marks.size()];
+  WEFT_CUDA(cudaEventRecord(e, stream));
+  trace.marks.emplace_back(label, e);
+}
+
+void Overlap::print_trace(cudaStream_t stream) {
+  WEFT_CUDA(cudaStreamSynchronize(stream));
+  std::vector<std::pair<float, std::string>> at;
+  for (const auto& [label, e] : trace.marks) {
+    WEFT_CUDA(cudaEventSynchronize(e));
+    float ms = 0;
+    WEFT_CUDA(cudaEventElapsedTime(&ms, trace.marks.front().second, e));
+    at.emplace_back(ms * 1000.0f, label);
+  }
+  std::stable_sort(at.begin(), at.end());
+  std::string line;
+  for (const auto& [us, label] : at) line += str(" | ", label, " ", static_cast<int>(us + 0.5f));
+  WEFT_LOG(info, what_, " trace, rank ", ctx_->rank(), ", us:", line);
 }
 
 void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key,

@@ -115,12 +115,23 @@ class Overlap {
   /// rank (i / per_rank) is not this one. One small kernel, bounded by the timeout.
   void wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);
 
+  /// WEFT_TRACE_OVERLAP=N: the first N fused calls of a plan after its path
+  /// choice run on their own (after a barrier, no graph, synchronised after),
+  /// and each logs its timeline at info level: every mark's time since the
+  /// call started, in us. Plans mark where their streams reach a step
+  /// (`label`: "step 0 GEMM", "side: step 0 chunk 1 sent"), nested plans
+  /// (GemmAr's GemmRs) included. Outside a traced call a mark records nothing.
+  static void mark(cudaStream_t stream, const std::string& label);
+  /// True inside a traced call: label-building code can skip its formatting otherwise.
+  static bool recording();
+
  private:
   struct Path {
     const char* name;
     std::function<void()> call;
   };
   void choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream);
+  void print_trace(cudaStream_t stream);
 
   struct CachedGraph {
     std::vector<const void*> key;
@@ -141,6 +152,7 @@ class Overlap {
   int path_ = -1;  // 0 fused, 1 sequential, 2 sequential with NCCL; -1: undecided
   std::string path_name_;
   float fused_ms_ = 0, sequential_ms_ = 0;
+  int trace_left_ = 0;  // WEFT_TRACE_OVERLAP: fused calls still to trace
 };
 
 }  // namespace weft::ops_detail
