@@ -160,13 +160,16 @@ PY
 fi
 
 if has trace; then  # the fused paths' timelines (WEFT_TRACE_OVERLAP): where each call's time goes
-  for spec in "ag_gemm --m 2048,8192 --n 8192 --k 8192" "ag_gemm --m 8192 --n 28672 --k 8192" \
-              "gemm_rs --m 2048,8192 --n 8192 --k 8192" "gemm_ar --m 2048,8192 --n 8192 --k 8192"; do
-    WEFT_TRACE_OVERLAP=3 WEFT_LOG_LEVEL=info "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $spec \
+  # TRACE_SPECS: ';'-separated weft-bench arguments, each optionally led by VAR=value settings.
+  IFS=';' read -ra specs <<<"${TRACE_SPECS:-ag_gemm --m 2048,8192 --n 8192 --k 8192;ag_gemm --m 8192 --n 28672 --k 8192;gemm_rs --m 2048,8192 --n 8192 --k 8192;gemm_ar --m 2048,8192 --n 8192 --k 8192}"
+  for spec in "${specs[@]}"; do
+    echo "### $spec" >>"$OUT/trace.txt"
+    env WEFT_TRACE_OVERLAP=3 WEFT_LOG_LEVEL=info $(grep -oE '^( *[A-Z_]+=[^ ]+)+' <<<"$spec") \
+      "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $(sed -E 's/^( *[A-Z_]+=[^ ]+)+//' <<<"$spec") \
       --variant fused --samples 5 >>"$OUT/trace.txt" 2>&1
   done
   note "trace" "-> trace.txt"
-  grep -E "trace, rank|^\[weft-bench\]   weft" "$OUT/trace.txt" | cut -c1-420
+  grep -E "^###|trace, rank|^\[weft-bench\]   weft" "$OUT/trace.txt" | sed 's/^\[weft rank [0-9]*\/[0-9]*\] //' | cut -c1-400
 fi
 
 if has bench; then

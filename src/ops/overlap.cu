@@ -63,7 +63,10 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
   WEFT_REQUIRE(chunks_wanted >= 1, who, ": chunks per rank must be >= 1, got ", chunks_wanted);
   RowChunks r;
   r.rows_per_rank = m / world;
-  r.chunks = schedule::copy_chunks(r.rows_per_rank, row_bytes, chunks_wanted);
+  // WEFT_OVERLAP_MIN_CHUNK overrides the 16 MB floor, for measuring chunk sizes.
+  static const std::int64_t min_chunk = static_cast<std::int64_t>(
+      env_bytes(process_env(), "WEFT_OVERLAP_MIN_CHUNK", static_cast<std::uint64_t>(schedule::kMinChunkBytes)));
+  r.chunks = schedule::copy_chunks(r.rows_per_rank, row_bytes, chunks_wanted, min_chunk);
   r.chunk_rows = r.rows_per_rank / r.chunks;
   return r;
 }

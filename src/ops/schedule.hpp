@@ -80,10 +80,11 @@ inline std::int64_t even_chunks(std::int64_t rows, std::int64_t want) {
 constexpr std::int64_t kMinChunkBytes = std::int64_t{16} << 20;
 
 /// How many chunks a rank's `rows` rows of `row_bytes` bytes travel in: at
-/// most `want`, no chunk under kMinChunkBytes (but at least one), and equal
+/// most `want`, no chunk under min_chunk_bytes (but at least one), and equal
 /// rows in each (even_chunks).
-inline std::int64_t copy_chunks(std::int64_t rows, std::int64_t row_bytes, std::int64_t want) {
-  const std::int64_t by_size = rows * row_bytes / kMinChunkBytes;
+inline std::int64_t copy_chunks(std::int64_t rows, std::int64_t row_bytes, std::int64_t want,
+                                std::int64_t min_chunk_bytes = kMinChunkBytes) {
+  const std::int64_t by_size = rows * row_bytes / (min_chunk_bytes > 0 ? min_chunk_bytes : 1);
   return even_chunks(rows, by_size < 1 ? 1 : by_size < want ? by_size : want);
 }
 
