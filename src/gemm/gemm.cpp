@@ -1,6 +1,7 @@
 #include "weft/gemm/gemm.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 
 #include "config.hpp"
@@ -84,12 +85,26 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   const std::int64_t out_align = 16 / static_cast<std::int64_t>(dtype_size(o.output));
   WEFT_REQUIRE(o.n % out_align == 0, "Gemm: N = ", o.n, " must be a multiple of ", out_align, " for ",
                to_string(o.output), " output (16-byte aligned rows of C)");
+  // "NAME" forces a configuration; "NAME, swizzle S along M|N" (what config()
+  // prints) forces its tile-scheduler settings too.
+  std::string name = o.config;
+  int forced_swizzle = 0, forced_raster = 0;
+  if (const auto at = name.find(", swizzle "); at != std::string::npos) {
+    const std::string settings = name.substr(at + 10);
+    name.resize(at);
+    char along = 0;
+    WEFT_REQUIRE(std::sscanf(settings.c_str(), "%d along %c", &forced_swizzle, &along) == 2 &&
+                     (forced_swizzle == 1 || forced_swizzle == 2 || forced_swizzle == 4 || forced_swizzle == 8) &&
+                     (along == 'M' || along == 'N'),
+                 "Gemm: config '", o.config, "': expected 'NAME, swizzle S along M' or '... along N', S in 1, 2, 4, 8");
+    forced_raster = along == 'M' ? 1 : 2;
+  }
   std::vector<const gemm_detail::Config*> pool = gemm_detail::all_configs();
   if (o.allow_cublas && o.hook == GemmHook::none)
     for (const auto* c : gemm_detail::cublas_configs()) pool.push_back(c);
   for (const auto* c : pool)
     if (c->input == o.input && c->output == o.output && c->b_layout == o.b_layout && hook_matches(*c, o.hook) &&
-        (o.config.empty() || o.config == c->name))
+        (name.empty() || name == c->name))
       candidates_.push_back(c);
   if (candidates_.empty()) {
     std::string have;
@@ -103,6 +118,12 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   int device = 0;
   WEFT_CUDA(cudaGetDevice(&device));
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  if (forced_raster && !candidates_.empty()) {
+    chosen_ = candidates_.front();
+    swizzle_ = forced_swizzle;
+    raster_ = forced_raster;
+    return;
+  }
   if (candidates_.size() == 1 || !o.autotune) {
     // Heuristic: a narrow tile when M alone cannot fill the GPU with wide ones.
     const gemm_detail::Config* best = candidates_.front();
@@ -151,6 +172,7 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.ready_begin = sig.ready_begin;
     w.ready_end = sig.ready_end;
     w.rotate_rows = x.first_row;
+    w.shard_rows = raster == 1 ? x.shard_rows : 0;  // column-major only shard by shard
     w.flags_per_rank = sig.flags_per_rank;
     w.from_rank = sig.from_rank;
     // The mainloop producer loads A; the epilogue producer loads the source.
@@ -196,8 +218,11 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // wait_source_rows also keeps swizzle bands narrow, since a band of 2^s
   // cluster rows is walked across all of N before the next and its source
   // arrives while the GEMM runs. (AllGather's remote rows arrive long before
-  // the GEMM reaches them, so wait_a_rows keeps every swizzle.)
-  const std::vector<int> rasters = options_.hook == GemmHook::none ? std::vector<int>{1, 2} : std::vector<int>{2};
+  // the GEMM reaches them, so wait_a_rows keeps every swizzle, and with shards
+  // may walk column-major shard by shard; configurations whose tiles do not
+  // divide the shards decline it in their check.)
+  const bool any_raster = options_.hook == GemmHook::none || (options_.hook == GemmHook::wait_a_rows && args.shard_rows > 0);
+  const std::vector<int> rasters = any_raster ? std::vector<int>{1, 2} : std::vector<int>{2};
   const std::vector<int> swizzles =
       options_.hook == GemmHook::wait_source_rows ? std::vector<int>{1, 2, 4} : std::vector<int>{1, 2, 4, 8};
   // Round 1: every configuration with every setting (cuBLAS has none), timed briefly.

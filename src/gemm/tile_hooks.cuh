@@ -14,14 +14,21 @@
 // The other warps never wait: they are fed through shared memory by the one
 // that did. The rotation starts the order at a chosen row tile (the rank's own
 // shard first); it is a multiple of the cluster's M extent, so the CTAs of a
-// cluster keep sharing their B tile.
+// cluster keep sharing their B tile. With shards (TileWaitParams::shard_rows)
+// the order goes shard by shard instead, any raster order and swizzle within a
+// shard: the base scheduler walks a batch of W problems of one shard each (its
+// batch index is the slowest), and the hook maps batch b to shard b + rotation.
+// So a column-major (raster along M) walk, which the plain GEMM often prefers,
+// still reaches remote rows only after every local tile.
 //
 // Reporting (RowsDone): the consumers ask for their next tile right after the
 // epilogue has issued the TMA stores of this one. The warp that issued them
 // (consumer warp 0, CTA warp 4 in the cooperative kernel) then waits for the
 // *previous* tile's stores to complete - long done by now, so it costs
 // nothing - and adds that tile's rows x columns to the counter of each row
-// band it covers (release, system scope). The last tile waits for its own.
+// band it covers (release, system scope). A tile whose successor on this CTA
+// lies in other bands (or which is the CTA's last) waits for its own stores
+// and reports at once, so no band waits a whole tile for its last report.
 // A copy engine can then wait on a band's counter (cuStreamWaitValue64) and
 // send the band while the GEMM goes on.
 #pragma once
@@ -63,6 +70,9 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     int rows = 0;     ///< M: rows past it belong to no flag
     int tile_n = 0;
     int cols = 0;     ///< N
+    int shard_tiles = 0;  ///< > 0: shard-major order, row tiles per shard
+    int shards = 1;
+    int rotate_shards = 0;
   };
 
   template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
@@ -73,8 +83,20 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     Params p;
     const BaseArguments& base_args = args;
     BaseParams& base_params = p;
-    base_params = Base::to_underlying_arguments(problem, tile, cluster, hw, base_args, workspace, epilogue_subtile,
-                                                ktile_start_alignment_count);
+    const std::int64_t shard_rows = args.wait.shard_rows;
+    if (shard_rows > 0) {  // W problems of one shard each, batched: shard-major order
+      const int shards = static_cast<int>(cute::get<0>(problem) / shard_rows);
+      auto per_shard = cute::make_shape(static_cast<int>(shard_rows), cute::get<1>(problem), cute::get<2>(problem),
+                                        shards * cute::get<3>(problem));
+      base_params = Base::to_underlying_arguments(per_shard, tile, cluster, hw, base_args, workspace,
+                                                  epilogue_subtile, ktile_start_alignment_count);
+      p.shard_tiles = static_cast<int>(shard_rows / cute::size<0>(tile));
+      p.shards = shards;
+      p.rotate_shards = static_cast<int>(args.wait.rotate_rows / shard_rows) % shards;
+    } else {
+      base_params = Base::to_underlying_arguments(problem, tile, cluster, hw, base_args, workspace, epilogue_subtile,
+                                                  ktile_start_alignment_count);
+    }
     p.wait = args.wait;
     p.tile_m = cute::size<0>(tile);
     p.rows = static_cast<int>(cute::get<0>(problem));
@@ -90,7 +112,8 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   CUTLASS_HOST_DEVICE HookedScheduler() {}
   CUTLASS_DEVICE explicit HookedScheduler(Params const& params)
       : Base(params), wait_(params.wait), tile_m_(params.tile_m), rotate_tiles_(params.rotate_tiles),
-        tiles_m_(params.tiles_m), rows_(params.rows), tile_n_(params.tile_n), cols_(params.cols) {}
+        tiles_m_(params.tiles_m), rows_(params.rows), tile_n_(params.tile_n), cols_(params.cols),
+        shard_tiles_(params.shard_tiles), shards_(params.shards), rotate_shards_(params.rotate_shards) {}
 
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
@@ -101,7 +124,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
     Base::advance_to_next_work();
     WorkTileInfo next = hooked(Base::get_current_work());
-    if (wait_.done && static_cast<int>(threadIdx.x / 32) == kStoreWarp) report_stored(work, next.is_valid());
+    if (wait_.done && static_cast<int>(threadIdx.x / 32) == kStoreWarp) report_stored(work, next);
     return cute::make_tuple(next, true);
   }
   template <class Pipeline, class PipelineState>
@@ -114,20 +137,42 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   /// the consumers, after the one producer warpgroup (cooperative kernel).
   static constexpr int kStoreWarp = 4;
 
-  CUTLASS_DEVICE void report_stored(WorkTileInfo work, bool more) {
-    if (pending_m_ >= 0) {
-      dev::bulk_stores_wait<kStoreGroupsPerTile>();  // at most this tile's stores still in flight
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) add_rows(pending_m_, pending_n_);
+  /// Reports `work` one tile late (free: its stores are long complete by
+  /// then) while this CTA's next tile lies in the same bands, since the bands
+  /// cannot be complete before that next tile is anyway. Where the next tile
+  /// leaves them (or there is none), it waits for this tile's own stores and
+  /// reports now: a band's last tile would otherwise be reported a whole tile
+  /// later, and its copy would wait for it.
+  CUTLASS_DEVICE void report_stored(WorkTileInfo work, WorkTileInfo next) {
+    const bool defer = next.is_valid() && same_bands(work.M_idx, next.M_idx);
+    if (defer) {
+      if (pending_m_ >= 0) {
+        dev::bulk_stores_wait<kStoreGroupsPerTile>();  // at most this tile's stores still in flight
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) add_rows(pending_m_, pending_n_);
+      }
+      pending_m_ = work.M_idx;
+      pending_n_ = work.N_idx;
+      return;
     }
-    pending_m_ = work.M_idx;
-    pending_n_ = work.N_idx;
-    if (!more) {
-      dev::bulk_stores_wait<0>();
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) add_rows(pending_m_, pending_n_);
-      pending_m_ = -1;
+    dev::bulk_stores_wait<0>();
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+      if (pending_m_ >= 0) add_rows(pending_m_, pending_n_);
+      add_rows(work.M_idx, work.N_idx);
     }
+    pending_m_ = -1;
+  }
+
+  /// True if row tiles m1 and m2 cover the same first and last band.
+  CUTLASS_DEVICE bool same_bands(int m1, int m2) const {
+    const std::int64_t per = wait_.rows_per_done;
+    auto first = [&](int m) { return static_cast<std::int64_t>(m) * tile_m_ / per; };
+    auto last = [&](int m) {
+      const std::int64_t row1 = std::min<std::int64_t>((static_cast<std::int64_t>(m) + 1) * tile_m_, rows_);
+      return (row1 - 1) / per;
+    };
+    return first(m1) == first(m2) && last(m1) == last(m2);
   }
 
   /// done[band] += (rows of tile (m, n) in the band) x (its columns), per band it covers.
@@ -145,7 +190,12 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   CUTLASS_DEVICE WorkTileInfo hooked(WorkTileInfo work) const {
     if (!work.is_valid()) return work;
-    if (rotate_tiles_) work.M_idx = (work.M_idx + rotate_tiles_) % tiles_m_;
+    if (shard_tiles_) {  // batch b of the base scheduler is shard b + rotation
+      work.M_idx += ((work.L_idx + rotate_shards_) % shards_) * shard_tiles_;
+      work.L_idx = 0;
+    } else if (rotate_tiles_) {
+      work.M_idx = (work.M_idx + rotate_tiles_) % tiles_m_;
+    }
     const TileWaitParams& w = wait_;
     if (w.flags && static_cast<int>(threadIdx.x / 32) == w.wait_warp) {
       const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * tile_m_;
@@ -169,6 +219,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   TileWaitParams wait_;
   int tile_m_, rotate_tiles_, tiles_m_, rows_, tile_n_, cols_;
+  int shard_tiles_, shards_, rotate_shards_;
   int pending_m_ = -1, pending_n_ = 0;  // the last tile this thread's stores were issued for, unreported
 };
 

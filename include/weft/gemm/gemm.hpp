@@ -76,6 +76,11 @@ struct GemmArgs {
   RowSignals signals{};          ///< hooked plans: what tiles wait for
   RowsDone done{};               ///< hooked plans: where tiles report their stored rows (optional)
   std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
+  /// wait_a_rows plans: > 0 says A's rows arrive in shards of this many (an
+  /// AllGather's), so the tuner may also walk the tiles shard by shard (from
+  /// first_row's shard), column-major within a shard, where the shard rows
+  /// allow it (a multiple of the tile rows x cluster rows x swizzle).
+  std::int64_t shard_rows = 0;
 };
 
 /// What a Gemm plan is built for.
@@ -88,6 +93,8 @@ struct GemmOptions {
   /// size heuristic only (false). Graph capture always uses the heuristic.
   bool autotune = true;
   /// Force a configuration by name (see Gemm::configurations); empty = choose.
+  /// "NAME, swizzle S along M" (or N), as config() prints it, also forces the
+  /// tile scheduler's swizzle and raster order: nothing is tuned.
   std::string config;
   /// The communication hook (bf16, with the configurations compiled for it).
   GemmHook hook = GemmHook::none;
