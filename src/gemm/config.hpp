@@ -23,11 +23,6 @@ struct TileWaitParams {
   std::int64_t ready_begin = 0;          ///< rows [ready_begin, ready_end) are present already: no wait
   std::int64_t ready_end = 0;
   std::int64_t rotate_rows = 0;          ///< start the tile order at the tile holding this row
-  /// > 0: the rows are shards of this many (AllGather's), and tiles go shard
-  /// by shard, from the one holding rotate_rows, in the scheduler's raster
-  /// order and swizzle within each shard (tile_hooks.cuh). Needs shard_rows a
-  /// multiple of the tile's rows x the cluster's M extent x the swizzle.
-  std::int64_t shard_rows = 0;
   int flags_per_rank = 0;                ///< > 0: flag i is signalled by rank i / flags_per_rank
   int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
   int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue, -1 none

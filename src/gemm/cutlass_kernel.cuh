@@ -79,12 +79,7 @@ struct Kernel {
   static std::size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
   static const char* check(const Problem& p) {
     if (kWithSource && !p.source) return "this configuration adds a source matrix, and none was given";
-    if (kHooked && p.wait.shard_rows > 0 &&
-        (p.m % p.wait.shard_rows != 0 || p.wait.shard_rows % (TM * CM * std::max(p.swizzle, 1)) != 0))
-      return "shard-major tile order needs M a multiple of the shard rows, and the shard rows a multiple of tile rows "
-             "x cluster rows x swizzle";
-    if (kHooked && p.raster == 1 && p.wait.shard_rows == 0)
-      return "hooked configurations keep the row-major tile order (raster along N) unless they walk shards";
+    if (kHooked && p.raster == 1) return "hooked configurations keep the row-major tile order (raster along N)";
     return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";
   }
   static const char* run(const Problem& p, cudaStream_t stream) {

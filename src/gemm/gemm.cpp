@@ -172,7 +172,6 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.ready_begin = sig.ready_begin;
     w.ready_end = sig.ready_end;
     w.rotate_rows = x.first_row;
-    w.shard_rows = raster == 1 ? x.shard_rows : 0;  // column-major only shard by shard
     w.flags_per_rank = sig.flags_per_rank;
     w.from_rank = sig.from_rank;
     // The mainloop producer loads A; the epilogue producer loads the source.
@@ -218,11 +217,9 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // wait_source_rows also keeps swizzle bands narrow, since a band of 2^s
   // cluster rows is walked across all of N before the next and its source
   // arrives while the GEMM runs. (AllGather's remote rows arrive long before
-  // the GEMM reaches them, so wait_a_rows keeps every swizzle, and with shards
-  // may walk column-major shard by shard; configurations whose tiles do not
-  // divide the shards decline it in their check.)
-  const bool any_raster = options_.hook == GemmHook::none || (options_.hook == GemmHook::wait_a_rows && args.shard_rows > 0);
-  const std::vector<int> rasters = any_raster ? std::vector<int>{1, 2} : std::vector<int>{2};
+  // the GEMM reaches them, so wait_a_rows keeps every swizzle. A shard-major
+  // walk, column-major within each shard, was tried for it and never chosen.)
+  const std::vector<int> rasters = options_.hook == GemmHook::none ? std::vector<int>{1, 2} : std::vector<int>{2};
   const std::vector<int> swizzles =
       options_.hook == GemmHook::wait_source_rows ? std::vector<int>{1, 2, 4} : std::vector<int>{1, 2, 4, 8};
   // Round 1: every configuration with every setting (cuBLAS has none), timed briefly.

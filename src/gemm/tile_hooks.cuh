@@ -14,12 +14,7 @@
 // The other warps never wait: they are fed through shared memory by the one
 // that did. The rotation starts the order at a chosen row tile (the rank's own
 // shard first); it is a multiple of the cluster's M extent, so the CTAs of a
-// cluster keep sharing their B tile. With shards (TileWaitParams::shard_rows)
-// the order goes shard by shard instead, any raster order and swizzle within a
-// shard: the base scheduler walks a batch of W problems of one shard each (its
-// batch index is the slowest), and the hook maps batch b to shard b + rotation.
-// So a column-major (raster along M) walk, which the plain GEMM often prefers,
-// still reaches remote rows only after every local tile.
+// cluster keep sharing their B tile.
 //
 // Reporting (RowsDone): the consumers ask for their next tile right after the
 // epilogue has issued the TMA stores of this one. The warp that issued them
@@ -70,9 +65,6 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     int rows = 0;     ///< M: rows past it belong to no flag
     int tile_n = 0;
     int cols = 0;     ///< N
-    int shard_tiles = 0;  ///< > 0: shard-major order, row tiles per shard
-    int shards = 1;
-    int rotate_shards = 0;
   };
 
   template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
@@ -83,20 +75,8 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     Params p;
     const BaseArguments& base_args = args;
     BaseParams& base_params = p;
-    const std::int64_t shard_rows = args.wait.shard_rows;
-    if (shard_rows > 0) {  // W problems of one shard each, batched: shard-major order
-      const int shards = static_cast<int>(cute::get<0>(problem) / shard_rows);
-      auto per_shard = cute::make_shape(static_cast<int>(shard_rows), cute::get<1>(problem), cute::get<2>(problem),
-                                        shards * cute::get<3>(problem));
-      base_params = Base::to_underlying_arguments(per_shard, tile, cluster, hw, base_args, workspace,
-                                                  epilogue_subtile, ktile_start_alignment_count);
-      p.shard_tiles = static_cast<int>(shard_rows / cute::size<0>(tile));
-      p.shards = shards;
-      p.rotate_shards = static_cast<int>(args.wait.rotate_rows / shard_rows) % shards;
-    } else {
-      base_params = Base::to_underlying_arguments(problem, tile, cluster, hw, base_args, workspace, epilogue_subtile,
-                                                  ktile_start_alignment_count);
-    }
+    base_params = Base::to_underlying_arguments(problem, tile, cluster, hw, base_args, workspace, epilogue_subtile,
+                                                ktile_start_alignment_count);
     p.wait = args.wait;
     p.tile_m = cute::size<0>(tile);
     p.rows = static_cast<int>(cute::get<0>(problem));
@@ -112,8 +92,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   CUTLASS_HOST_DEVICE HookedScheduler() {}
   CUTLASS_DEVICE explicit HookedScheduler(Params const& params)
       : Base(params), wait_(params.wait), tile_m_(params.tile_m), rotate_tiles_(params.rotate_tiles),
-        tiles_m_(params.tiles_m), rows_(params.rows), tile_n_(params.tile_n), cols_(params.cols),
-        shard_tiles_(params.shard_tiles), shards_(params.shards), rotate_shards_(params.rotate_shards) {}
+        tiles_m_(params.tiles_m), rows_(params.rows), tile_n_(params.tile_n), cols_(params.cols) {}
 
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
@@ -190,12 +169,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   CUTLASS_DEVICE WorkTileInfo hooked(WorkTileInfo work) const {
     if (!work.is_valid()) return work;
-    if (shard_tiles_) {  // batch b of the base scheduler is shard b + rotation
-      work.M_idx += ((work.L_idx + rotate_shards_) % shards_) * shard_tiles_;
-      work.L_idx = 0;
-    } else if (rotate_tiles_) {
-      work.M_idx = (work.M_idx + rotate_tiles_) % tiles_m_;
-    }
+    if (rotate_tiles_) work.M_idx = (work.M_idx + rotate_tiles_) % tiles_m_;
     const TileWaitParams& w = wait_;
     if (w.flags && static_cast<int>(threadIdx.x / 32) == w.wait_warp) {
       const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * tile_m_;
@@ -219,7 +193,6 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   TileWaitParams wait_;
   int tile_m_, rotate_tiles_, tiles_m_, rows_, tile_n_, cols_;
-  int shard_tiles_, shards_, rotate_shards_;
   int pending_m_ = -1, pending_n_ = 0;  // the last tile this thread's stores were issued for, unreported
 };
 

@@ -82,8 +82,7 @@ void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nc
 void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   auto* arrived = arrived_.as<std::uint64_t>();
-  // Shard-major tile orders are open to the tuner: A arrives shard by shard.
-  GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_, .shard_rows = shard_rows_};
+  GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_};
   if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));

@@ -123,12 +123,22 @@ void Overlap::join(cudaStream_t stream) {
   WEFT_CUDA(cudaStreamWaitEvent(stream, join_, 0));
 }
 
+void Overlap::copy_engine_copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream) {
+  void* dsts[1] = {dst};
+  const void* srcs[1] = {src};
+  std::size_t sizes[1] = {static_cast<std::size_t>(bytes)};
+  cudaMemcpyAttributes attrs{};
+  attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  std::size_t first_copy = 0;
+  WEFT_CUDA(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attrs, &first_copy, 1, stream));
+}
+
 void Overlap::push_chunks(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
                           std::int64_t count, std::uint64_t* flags, cudaStream_t side) {
   for (std::int64_t c = first; c < first + count; ++c) {
     const std::uint64_t off = static_cast<std::uint64_t>(c) * chunk_bytes;
-    WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes,
-                              cudaMemcpyDeviceToDevice, side));
+    copy_engine_copy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes, side);
     WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
   }
 }

@@ -76,11 +76,6 @@ struct GemmArgs {
   RowSignals signals{};          ///< hooked plans: what tiles wait for
   RowsDone done{};               ///< hooked plans: where tiles report their stored rows (optional)
   std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
-  /// wait_a_rows plans: > 0 says A's rows arrive in shards of this many (an
-  /// AllGather's), so the tuner may also walk the tiles shard by shard (from
-  /// first_row's shard), column-major within a shard, where the shard rows
-  /// allow it (a multiple of the tile rows x cluster rows x swizzle).
-  std::int64_t shard_rows = 0;
 };
 
 /// What a Gemm plan is built for.
