@@ -88,7 +88,8 @@ void require_operands(const char* who, std::initializer_list<const void*> operan
 Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode, std::string what)
     : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready"), mode_(mode),
       what_(std::move(what)) {
-  use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0;
+  // Batched copies cannot be captured: with them, fused calls are enqueued directly.
+  use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0 && !batch_copies();
   trace_left_ = static_cast<int>(env_int(process_env(), "WEFT_TRACE_OVERLAP", 0));
   WEFT_REQUIRE(ctx_->world_size() <= 1024, "overlapped operators support up to 1024 ranks, got ",
                ctx_->world_size());
@@ -123,7 +124,16 @@ void Overlap::join(cudaStream_t stream) {
   WEFT_CUDA(cudaStreamWaitEvent(stream, join_, 0));
 }
 
+bool Overlap::batch_copies() {
+  static const bool on = env_int(process_env(), "WEFT_OVERLAP_BATCH_COPIES", 0) != 0;
+  return on;
+}
+
 void Overlap::copy_engine_copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream) {
+  if (!batch_copies() || capturing(stream)) {  // the batch API cannot be captured (cudaErrorStreamCaptureUnsupported)
+    WEFT_CUDA(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
   void* dsts[1] = {dst};
   const void* srcs[1] = {src};
   std::size_t sizes[1] = {static_cast<std::size_t>(bytes)};

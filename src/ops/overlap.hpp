@@ -96,12 +96,16 @@ class Overlap {
   cudaStream_t fork(cudaStream_t stream);
   /// `stream` continues after everything enqueued on the side stream so far.
   void join(cudaStream_t stream);
-  /// Copies `bytes` on `stream` with a copy engine, asked for explicitly
-  /// (cudaMemcpyBatchAsync, cudaMemcpyFlagPreferOverlapWithCompute): a plain
-  /// cudaMemcpyAsync between two addresses of this context - and a peer's
-  /// mapping is one - may run as a copy kernel on the SMs, where it queues
-  /// behind the persistent GEMM that holds them all.
+  /// Copies `bytes` on `stream`: cudaMemcpyAsync, or with
+  /// WEFT_OVERLAP_BATCH_COPIES=1 (an experiment) cudaMemcpyBatchAsync with
+  /// cudaMemcpyFlagPreferOverlapWithCompute, which asks for a copy engine: a
+  /// plain copy between two addresses of this context (a peer's mapping is
+  /// one) may run as a copy kernel, queued behind the persistent GEMM that
+  /// holds every SM. The batch API cannot be captured, so with it the plans
+  /// launch no graphs, and a call under the caller's capture copies plainly.
   static void copy_engine_copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream);
+  /// WEFT_OVERLAP_BATCH_COPIES is set.
+  static bool batch_copies();
   /// On `side`: copies chunks [first, first + count) of `chunk_bytes` each
   /// from `src` to `dst` (same offsets), and after each chunk sets
   /// flags[chunk] to 1 from the stream's front end (cuStreamWriteValue64,
