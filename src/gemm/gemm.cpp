@@ -220,8 +220,12 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // the GEMM reaches them, so wait_a_rows keeps every swizzle. A shard-major
   // walk, column-major within each shard, was tried for it and never chosen.)
   const std::vector<int> rasters = options_.hook == GemmHook::none ? std::vector<int>{1, 2} : std::vector<int>{2};
-  const std::vector<int> swizzles =
-      options_.hook == GemmHook::wait_source_rows ? std::vector<int>{1, 2, 4} : std::vector<int>{1, 2, 4, 8};
+  // GEMMs whose rows are sent on as they are stored (report_rows, and the
+  // ring steps that wait for a source) keep the swizzle narrow, 1 or 2
+  // cluster rows, so a chunk's rows are all stored early rather than only
+  // with the GEMM's last wave.
+  const bool rows_leave_early = options_.hook == GemmHook::wait_source_rows || options_.hook == GemmHook::report_rows;
+  const std::vector<int> swizzles = rows_leave_early ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4, 8};
   // Round 1: every configuration with every setting (cuBLAS has none), timed briefly.
   std::vector<Candidate> all;
   for (const auto* cfg : candidates_)

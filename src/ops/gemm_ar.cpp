@@ -13,7 +13,7 @@ using ops_detail::Overlap;
 GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std::move(ctx)), options_(o) {
   const int world = ctx_->world_size();
   const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
-                                                              o.n * 2);
+                                                              o.n * 2, schedule::kMinStoredChunkBytes);
   block_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;

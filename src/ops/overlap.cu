@@ -54,7 +54,7 @@ struct Trace {
 }  // namespace
 
 RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
-                    int world, std::int64_t row_bytes) {
+                    int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes) {
   WEFT_REQUIRE(m > 0 && n > 0 && k > 0, who, ": M, N, K must be positive, got ", m, " x ", n, " x ", k);
   WEFT_REQUIRE(m % world == 0, who, ": M = ", m, " must be a multiple of the world size ", world,
                " (each rank owns M / W rows)");
@@ -63,9 +63,9 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
   WEFT_REQUIRE(chunks_wanted >= 1, who, ": chunks per rank must be >= 1, got ", chunks_wanted);
   RowChunks r;
   r.rows_per_rank = m / world;
-  // WEFT_OVERLAP_MIN_CHUNK overrides the 16 MB floor, for measuring chunk sizes.
-  static const std::int64_t min_chunk = static_cast<std::int64_t>(
-      env_bytes(process_env(), "WEFT_OVERLAP_MIN_CHUNK", static_cast<std::uint64_t>(schedule::kMinChunkBytes)));
+  // WEFT_OVERLAP_MIN_CHUNK overrides the plan's floor, for measuring chunk sizes.
+  const std::int64_t min_chunk = static_cast<std::int64_t>(
+      env_bytes(process_env(), "WEFT_OVERLAP_MIN_CHUNK", static_cast<std::uint64_t>(min_chunk_bytes)));
   r.chunks = schedule::copy_chunks(r.rows_per_rank, row_bytes, chunks_wanted, min_chunk);
   r.chunk_rows = r.rows_per_rank / r.chunks;
   return r;

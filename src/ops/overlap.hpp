@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "schedule.hpp"
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/collective.hpp"
 #include "weft/runtime/context.hpp"
@@ -29,9 +30,9 @@ struct RowChunks {
 /// M a multiple of the world size; bf16 (the hooked kernels' type);
 /// chunks_wanted >= 1. Throws naming `who`. Returns the row split: rows of
 /// `row_bytes` bytes in schedule::copy_chunks chunks (at most chunks_wanted,
-/// none under 16 MB, equal rows).
+/// none under min_chunk_bytes or WEFT_OVERLAP_MIN_CHUNK where set, equal rows).
 RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
-                    int world, std::int64_t row_bytes);
+                    int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
 
 /// "AgGemm plan: 8192 x 14336 x 8192 bf16, B [N,K], auto": what the ranks compare (verify_same_call).
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,

@@ -79,6 +79,11 @@ inline std::int64_t even_chunks(std::int64_t rows, std::int64_t want) {
 /// docs/PERF.md), so a 16 MB chunk spends under a tenth of its transfer on them.
 constexpr std::int64_t kMinChunkBytes = std::int64_t{16} << 20;
 
+/// GEMM+ReduceScatter's and GEMM+AllReduce's chunks are sent as the GEMM
+/// stores them, so the last chunk of a step is its tail: half the floor, so a
+/// 16 MB block (2048 x 8192 bf16 on two ranks) travels in two chunks.
+constexpr std::int64_t kMinStoredChunkBytes = std::int64_t{8} << 20;
+
 /// How many chunks a rank's `rows` rows of `row_bytes` bytes travel in: at
 /// most `want`, no chunk under min_chunk_bytes (but at least one), and equal
 /// rows in each (even_chunks).
