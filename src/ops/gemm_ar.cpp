@@ -43,7 +43,7 @@ float GemmAr::measured_sequential_ms() const { return overlap_->sequential_ms();
 
 std::string GemmAr::gemm_config() const {
   if (overlap_->path().empty()) return "";
-  return overlap_->fused() ? reduce_->gemm_config() : plain_gemm_->config();
+  return overlap_->fused() ? reduce_->fused_gemm_config() : plain_gemm_->config();
 }
 
 void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {

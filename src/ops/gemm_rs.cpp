@@ -59,7 +59,11 @@ float GemmRs::measured_sequential_ms() const { return overlap_->sequential_ms();
 
 std::string GemmRs::gemm_config() const {
   if (overlap_->path().empty()) return "";
-  if (!overlap_->fused()) return plain_gemm_->config();
+  return overlap_->fused() ? fused_gemm_config() : plain_gemm_->config();
+}
+
+std::string GemmRs::fused_gemm_config() const {
+  if (!first_gemm_) return "";
   if (!step_gemm_) return first_gemm_->config();
   return str(first_gemm_->config(), "; then ", step_gemm_->config());
 }

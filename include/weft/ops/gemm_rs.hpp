@@ -74,7 +74,11 @@ class GemmRs {
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
   float measured_sequential_ms() const;
+  /// The chosen path's GEMM configurations, or "" before the first run.
   std::string gemm_config() const;
+  /// The fused path's GEMM configurations (first step; then the steps that
+  /// add a source), whichever path runs; "" before they are chosen.
+  std::string fused_gemm_config() const;
   const GemmRsOptions& options() const { return options_; }
 
   /// For a caller that ships `out` on (GemmAr): called once per fused run,
