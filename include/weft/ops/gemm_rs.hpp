@@ -48,7 +48,7 @@ struct GemmRsOptions {
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
   /// Copy and signal granularity: at most this many chunks per block of M / W
-  /// rows, fewer where a chunk would be under 16 MB (each costs a copy launch
+  /// rows, fewer where a chunk would be under 8 MB (each costs a copy launch
   /// and a stream wait), rounded down to divide M / W.
   int chunks_per_block = 8;
 };
