@@ -191,7 +191,12 @@ void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, c
     trace.recording = true;
     trace.marks.clear();
     mark(stream, "start");
-    fused(stream);
+    try {
+      fused(stream);
+    } catch (...) {
+      trace.recording = false;
+      throw;
+    }
     mark(stream, "end");
     trace.recording = false;
     print_trace(stream);
