@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap chunks trace bench pdl tune
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap chunks trace probe bench pdl tune
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS narrow the overlap and chunks stages)
 #                                               (default: build cpu gpu examples bench)
 #
@@ -157,6 +157,11 @@ for line in open(sys.argv[1]):
     r = json.loads(js)
     print(f"  {r['op']:8s} {r['m']}x{r['n']}x{r['k']} {c:15s} {g}: {r['weft_ms']:.3f} ({r['gemm_hooked_ms']:.3f})")
 PY
+fi
+
+if has probe && [ "$GPUS" -ge 2 ]; then  # does a copy into a peer's mapping need SMs? (tools/copy_probe.cu)
+  run_logged "copy probe" copy_probe.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/weft-copy-probe"
+  grep -E "^rank|probe:" "$OUT/copy_probe.log"
 fi
 
 if has trace; then  # the fused paths' timelines (WEFT_TRACE_OVERLAP): where each call's time goes
