@@ -178,7 +178,9 @@ TEST(Schedule, CopyChunksDivideTheRowsAndStayAboveTheMinimum) {
         EXPECT_GE(c, 1);
         EXPECT_LE(c, want);
         EXPECT_EQ(rows % c, 0);
-        if (c > 1) EXPECT_GE(rows / c * row_bytes, kMinChunkBytes) << rows << " rows of " << row_bytes << " B";
+        if (c > 1) {
+          EXPECT_GE(rows / c * row_bytes, kMinChunkBytes) << rows << " rows of " << row_bytes << " B";
+        }
       }
   EXPECT_EQ(copy_chunks(4096, 16384, 8), 4);  // a 64 MB block: four 16 MB chunks
   EXPECT_EQ(copy_chunks(1024, 16384, 8), 1);  // 16 MB: one
