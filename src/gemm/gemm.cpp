@@ -98,6 +98,8 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
                      (along == 'M' || along == 'N'),
                  "Gemm: config '", o.config, "': expected 'NAME, swizzle S along M' or '... along N', S in 1, 2, 4, 8");
     forced_raster = along == 'M' ? 1 : 2;
+    WEFT_REQUIRE(o.hook == GemmHook::none || forced_raster == 2, "Gemm: config '", o.config,
+                 "': hooked plans keep the row-major tile order, so only '... along N'");
   }
   std::vector<const gemm_detail::Config*> pool = gemm_detail::all_configs();
   if (o.allow_cublas && o.hook == GemmHook::none)
@@ -118,7 +120,10 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   int device = 0;
   WEFT_CUDA(cudaGetDevice(&device));
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-  if (forced_raster && !candidates_.empty()) {
+  // Hooked kernels consume rows in the order they arrive: raster along N
+  // (tile_hooks.cuh), whoever chooses the configuration.
+  if (o.hook != GemmHook::none) raster_ = 2;
+  if (forced_raster) {
     chosen_ = candidates_.front();
     swizzle_ = forced_swizzle;
     raster_ = forced_raster;
@@ -132,7 +137,6 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
       if (tiles(best) < sm_count_ && tiles(c) > tiles(best)) best = c;
     }
     chosen_ = best;
-    if (o.hook != GemmHook::none) raster_ = 2;
   }
 }
 
@@ -262,10 +266,7 @@ void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
   if (capturing == cudaStreamCaptureStatusNone) tune(args, stream);
-  else {
-    chosen_ = candidates_.front();
-    if (options_.hook != GemmHook::none) raster_ = 2;
-  }
+  else chosen_ = candidates_.front();
 }
 
 void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {

@@ -84,9 +84,7 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   auto* arrived = arrived_.as<std::uint64_t>();
   GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_};
   if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing == cudaStreamCaptureStatusNone)  // ... on the A it will read, not on stale peer slots
+    if (!ops_detail::capturing(stream))  // ... on the A it will read, not on stale peer slots
       WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
                               ncclBfloat16, ctx_->nccl(), stream));
   }
@@ -102,9 +100,8 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
     const int peer = schedule::shard_push_peer(me, turn, world);
     auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
     for (std::int64_t c = 0; c < chunks_; ++c) {
-      Overlap::push_chunks(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
-                           static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), c, 1,
-                           peer_arrived + me * chunks_, side);
+      Overlap::push_chunk(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
+                          static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), c, peer_arrived + me * chunks_, side);
       if (Overlap::recording()) Overlap::mark(side, str("side: chunk ", c, " sent to ", peer));
     }
   }

@@ -84,8 +84,8 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       for (int turn = 1; turn < world; ++turn) {
         const int peer = schedule::shard_push_peer(me, turn, world);
         auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
-        Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(mine, peer), mine, chunk_bytes, c, 1, done, done_value,
-                                         peer_arrived + me * chunks_, side);
+        Overlap::push_chunk_when_stored(ctx_->heap().peer_ptr(mine, peer), mine, chunk_bytes, c, done, done_value,
+                                        peer_arrived + me * chunks_, side);
         if (Overlap::recording()) Overlap::mark(side, str("side: own chunk ", c, " sent to ", peer));
       }
   });

@@ -123,8 +123,8 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
   for (int s = 0; s < steps; ++s)
     for (std::int64_t c = 0; c < chunks_; ++c) {
-      Overlap::push_chunks_when_stored(ctx_->heap().peer_ptr(staging(s), next), send(s), chunk_bytes, c, 1,
-                                       stored_of(s), chunk_stored, next_arrived + s * chunks_, side);
+      Overlap::push_chunk_when_stored(ctx_->heap().peer_ptr(staging(s), next), send(s), chunk_bytes, c, stored_of(s),
+                                      chunk_stored, next_arrived + s * chunks_, side);
       if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " chunk ", c, " sent"));
     }
   if (own_block_stored) own_block_stored(side, stored_of(steps), chunk_stored);

@@ -37,12 +37,6 @@ __global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int co
   }
 }
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  WEFT_CUDA(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // WEFT_TRACE_OVERLAP's recorder: one traced call at a time per process (the
 // call synchronises before it returns), nested plans included.
 struct Trace {
@@ -52,6 +46,12 @@ struct Trace {
 } trace;
 
 }  // namespace
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
 
 RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
                     int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes) {
@@ -88,8 +88,7 @@ void require_operands(const char* who, std::initializer_list<const void*> operan
 Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode, std::string what)
     : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready"), mode_(mode),
       what_(std::move(what)) {
-  // Batched copies cannot be captured: with them, fused calls are enqueued directly.
-  use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0 && !batch_copies();
+  use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0;
   trace_left_ = static_cast<int>(env_int(process_env(), "WEFT_TRACE_OVERLAP", 0));
   WEFT_REQUIRE(ctx_->world_size() <= 1024, "overlapped operators support up to 1024 ranks, got ",
                ctx_->world_size());
@@ -124,43 +123,20 @@ void Overlap::join(cudaStream_t stream) {
   WEFT_CUDA(cudaStreamWaitEvent(stream, join_, 0));
 }
 
-bool Overlap::batch_copies() {
-  static const bool on = env_int(process_env(), "WEFT_OVERLAP_BATCH_COPIES", 0) != 0;
-  return on;
+void Overlap::push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c, std::uint64_t* flags,
+                         cudaStream_t side) {
+  const std::uint64_t off = static_cast<std::uint64_t>(c) * chunk_bytes;
+  WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes,
+                            cudaMemcpyDeviceToDevice, side));
+  WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
 }
 
-void Overlap::copy_engine_copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream) {
-  if (!batch_copies() || capturing(stream)) {  // the batch API cannot be captured (cudaErrorStreamCaptureUnsupported)
-    WEFT_CUDA(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
-    return;
-  }
-  void* dsts[1] = {dst};
-  const void* srcs[1] = {src};
-  std::size_t sizes[1] = {static_cast<std::size_t>(bytes)};
-  cudaMemcpyAttributes attrs{};
-  attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-  std::size_t first_copy = 0;
-  WEFT_CUDA(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attrs, &first_copy, 1, stream));
-}
-
-void Overlap::push_chunks(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
-                          std::int64_t count, std::uint64_t* flags, cudaStream_t side) {
-  for (std::int64_t c = first; c < first + count; ++c) {
-    const std::uint64_t off = static_cast<std::uint64_t>(c) * chunk_bytes;
-    copy_engine_copy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes, side);
-    WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
-  }
-}
-
-void Overlap::push_chunks_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
-                                      std::int64_t count, const std::uint64_t* done, std::uint64_t done_value,
-                                      std::uint64_t* flags, cudaStream_t side) {
-  for (std::int64_t c = first; c < first + count; ++c) {
-    WEFT_CU(driver().cuStreamWaitValue64(side, reinterpret_cast<CUdeviceptr>(done + c), done_value,
-                                         CU_STREAM_WAIT_VALUE_GEQ));
-    push_chunks(dst, src, chunk_bytes, c, 1, flags, side);
-  }
+void Overlap::push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,
+                                     const std::uint64_t* done, std::uint64_t done_value, std::uint64_t* flags,
+                                     cudaStream_t side) {
+  WEFT_CU(driver().cuStreamWaitValue64(side, reinterpret_cast<CUdeviceptr>(done + c), done_value,
+                                       CU_STREAM_WAIT_VALUE_GEQ));
+  push_chunk(dst, src, chunk_bytes, c, flags, side);
 }
 
 void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
@@ -172,9 +148,7 @@ void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, c
     std::vector<int> candidates;
     for (int i = 0; i < static_cast<int>(paths.size()); ++i)
       if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i == 0)) candidates.push_back(i);
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-    if (candidates.size() == 1 || capturing != cudaStreamCaptureStatusNone) {
+    if (candidates.size() == 1 || capturing(stream)) {
       path_ = candidates.front();  // nothing to time, or no timing under capture: the first candidate
     } else {
       if (candidates.front() == 0) first();  // it may tune the fused path's GEMMs: not built for sequential plans
@@ -239,9 +213,7 @@ void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key
                      const std::function<void(cudaStream_t)>& enqueue) {
   constexpr std::size_t kMaxGraphs = 8;
   constexpr int kMaxCaptures = 16;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-  if (!use_graphs_ || !enqueued_once_ || capturing != cudaStreamCaptureStatusNone) {
+  if (!use_graphs_ || !enqueued_once_ || capturing(stream)) {
     enqueue(stream);  // the first call tunes its GEMMs: that cannot happen under capture
     enqueued_once_ = true;
     return;

@@ -38,6 +38,9 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                              BLayout layout, OverlapMode mode);
 
+/// True while `stream` is being captured into a CUDA graph.
+bool capturing(cudaStream_t stream);
+
 /// Every operand non-null and 16-byte aligned (TMA's requirement), checked
 /// before a run starts any collective work; throws naming `who` and the pointer.
 void require_operands(const char* who, std::initializer_list<const void*> operands);
@@ -97,31 +100,20 @@ class Overlap {
   cudaStream_t fork(cudaStream_t stream);
   /// `stream` continues after everything enqueued on the side stream so far.
   void join(cudaStream_t stream);
-  /// Copies `bytes` on `stream`: cudaMemcpyAsync, or with
-  /// WEFT_OVERLAP_BATCH_COPIES=1 (an experiment) cudaMemcpyBatchAsync with
-  /// cudaMemcpyFlagPreferOverlapWithCompute, which asks for a copy engine: a
-  /// plain copy between two addresses of this context (a peer's mapping is
-  /// one) may run as a copy kernel, queued behind the persistent GEMM that
-  /// holds every SM. The batch API cannot be captured, so with it the plans
-  /// launch no graphs, and a call under the caller's capture copies plainly.
-  static void copy_engine_copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream);
-  /// WEFT_OVERLAP_BATCH_COPIES is set.
-  static bool batch_copies();
-  /// On `side`: copies chunks [first, first + count) of `chunk_bytes` each
-  /// from `src` to `dst` (same offsets), and after each chunk sets
-  /// flags[chunk] to 1 from the stream's front end (cuStreamWriteValue64,
-  /// behind a memory barrier): no SM is needed, so nothing queues behind a
-  /// persistent kernel that waits for the flag. `dst` and `flags` may be a
-  /// peer's, as mapped here.
-  static void push_chunks(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
-                          std::int64_t count, std::uint64_t* flags, cudaStream_t side);
-  /// push_chunks, but chunk c is copied only once done[c] >= done_value: the
-  /// side stream's front end waits for the GEMM's tiles to have stored it
-  /// (weft::RowsDone), so the chunk goes while the GEMM goes on. Fork the side
-  /// stream before the GEMM is enqueued, or it waits for the whole GEMM.
-  static void push_chunks_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t first,
-                                      std::int64_t count, const std::uint64_t* done, std::uint64_t done_value,
-                                      std::uint64_t* flags, cudaStream_t side);
+  /// On `side`: copies chunk c of `chunk_bytes` from `src` to `dst` (same
+  /// offset, cudaMemcpyAsync), then sets flags[c] to 1 from the stream's front
+  /// end (cuStreamWriteValue64, behind a memory barrier): no SM is needed, so
+  /// nothing queues behind a persistent kernel that waits for the flag. `dst`
+  /// and `flags` may be a peer's, as mapped here.
+  static void push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c, std::uint64_t* flags,
+                         cudaStream_t side);
+  /// push_chunk, but only once done[c] >= done_value: the side stream's front
+  /// end waits for the GEMM's tiles to have stored the chunk (weft::RowsDone),
+  /// so it goes while the GEMM goes on. Fork the side stream before the GEMM
+  /// is enqueued, or it waits for the whole GEMM.
+  static void push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,
+                                     const std::uint64_t* done, std::uint64_t done_value, std::uint64_t* flags,
+                                     cudaStream_t side);
   /// Waits on `stream` until flags[i] >= 1 for every i in [0, count) whose
   /// rank (i / per_rank) is not this one. One small kernel, bounded by the timeout.
   void wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);
