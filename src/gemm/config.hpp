@@ -50,6 +50,7 @@ struct Config {
   BLayout b_layout;
   const char* name;
   int tile_m, tile_n;  ///< for the size heuristic
+  int cluster_m;       ///< CTAs per cluster along M: a swizzle band is swizzle x cluster_m x tile_m rows
   bool hooked;         ///< its tile scheduler rotates and waits (TileWaitParams)
   bool with_source;    ///< D = A x B + source
   /// Bytes of global workspace the kernel needs for this problem.

@@ -217,25 +217,37 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   };
   // The scheduler settings to try (the same kernel with other arguments, so
   // trying them costs only run time). Hooked kernels keep the row-major tile
-  // order (raster along N), so rows are consumed in the order they arrive;
-  // wait_source_rows also keeps swizzle bands narrow, since a band of 2^s
-  // cluster rows is walked across all of N before the next and its source
-  // arrives while the GEMM runs. (AllGather's remote rows arrive long before
-  // the GEMM reaches them, so wait_a_rows keeps every swizzle. A shard-major
-  // walk, column-major within each shard, was tried for it and never chosen.)
+  // order (raster along N), so rows are consumed in the order they arrive.
   const std::vector<int> rasters = options_.hook == GemmHook::none ? std::vector<int>{1, 2} : std::vector<int>{2};
-  // GEMMs whose rows are sent on as they are stored (report_rows, and the
-  // ring steps that wait for a source) keep the swizzle narrow, 1 or 2
-  // cluster rows, so a chunk's rows are all stored early rather than only
-  // with the GEMM's last wave.
+  // A swizzle band (swizzle x cluster_m x tile_m rows) is walked across all
+  // of N before the next, so hooked GEMMs keep bands no taller than the rows
+  // that move together (swizzle 1 always fits):
+  // - wait_a_rows: the rows already present (this rank's shard). A taller
+  //   band puts remote rows into the first wave, whose tiles idle until their
+  //   copy lands (4096 x 8192 x 8192 at swizzle 8, 256-row tiles in 2-CTA
+  //   clusters, ran 1.35x its GEMM alone). A shard-major walk, column-major
+  //   within each shard, was tried for it and never chosen.
+  // - report_rows and wait_source_rows (rows sent on as they are stored): one
+  //   chunk (RowsDone::rows_per_counter, RowSignals::rows_per_flag), and a
+  //   swizzle of 1 or 2, so each chunk is stored, and sent, while the GEMM
+  //   goes on rather than with its last wave.
   const bool rows_leave_early = options_.hook == GemmHook::wait_source_rows || options_.hook == GemmHook::report_rows;
   const std::vector<int> swizzles = rows_leave_early ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4, 8};
+  std::int64_t band_rows = std::numeric_limits<std::int64_t>::max();
+  if (options_.hook == GemmHook::wait_a_rows && args.signals.flags)
+    band_rows = args.signals.ready_end - args.signals.ready_begin;
+  if (rows_leave_early && args.done.counters) band_rows = std::min(band_rows, args.done.rows_per_counter);
+  if (rows_leave_early && args.signals.flags) band_rows = std::min(band_rows, args.signals.rows_per_flag);
+  auto band_fits = [&](const gemm_detail::Config* cfg, int swizzle) {
+    return swizzle == 1 || static_cast<std::int64_t>(swizzle) * cfg->cluster_m * cfg->tile_m <= band_rows;
+  };
   // Round 1: every configuration with every setting (cuBLAS has none), timed briefly.
   std::vector<Candidate> all;
   for (const auto* cfg : candidates_)
     for (int swizzle : swizzles)
       for (int raster : rasters) {
         if (cfg->cublas && (swizzle != swizzles.front() || raster != rasters.front())) continue;
+        if (!band_fits(cfg, swizzle)) continue;
         Candidate c{cfg, swizzle, raster};
         if (*launch(c)) continue;  // warm-up, and a check that it can run
         c.ms = time_runs(c, kTuneRuns);

@@ -63,9 +63,8 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
       stream, {b, c},
       [&] {  // a sequential run gathers real data for the GEMMs to tune on
         run_sequential(b, c, stream, false);
-        GemmArgs tune{.a = gathered_.get(), .b = b, .c = c};
-        fused_gemm_->prepare(tune, stream);
-        plain_gemm_->prepare(tune, stream);
+        fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
+        plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
       },
       [&](cudaStream_t s) { run_fused(b, c, s); }, [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
@@ -79,10 +78,23 @@ void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nc
   plain_gemm_->run(gathered_.get(), b, c, stream);
 }
 
+GemmArgs AgGemm::fused_args(const void* b, void* c) const {
+  const int me = ctx_->rank();
+  GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_};
+  args.signals = RowSignals{.world = &ctx_->world(),
+                            .flags = arrived_.as<std::uint64_t>(),
+                            .rows_per_flag = chunk_rows_,
+                            .value = 1,
+                            .ready_begin = me * shard_rows_,
+                            .ready_end = (me + 1) * shard_rows_,
+                            .flags_per_rank = static_cast<int>(chunks_)};
+  return args;
+}
+
 void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   auto* arrived = arrived_.as<std::uint64_t>();
-  GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_};
+  const GemmArgs args = fused_args(b, c);
   if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
     if (!ops_detail::capturing(stream))  // ... on the A it will read, not on stale peer slots
       WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
@@ -105,13 +117,6 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
       if (Overlap::recording()) Overlap::mark(side, str("side: chunk ", c, " sent to ", peer));
     }
   }
-  args.signals = RowSignals{.world = &ctx_->world(),
-                            .flags = arrived,
-                            .rows_per_flag = chunk_rows_,
-                            .value = 1,
-                            .ready_begin = me * shard_rows_,
-                            .ready_end = (me + 1) * shard_rows_,
-                            .flags_per_rank = static_cast<int>(chunks_)};
   fused_gemm_->run(args, stream);
   Overlap::mark(stream, "GEMM");
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard

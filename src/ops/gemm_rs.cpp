@@ -102,16 +102,30 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   auto send = [&](int step) { return static_cast<char*>(send_) + step * block_bytes; };
   auto staging = [&](int step) { return staging_.as<char>() + step * block_bytes; };
   const int steps = world - 1;
-  // Tune (first run only) before the handshake, so no peer waits on a tuning rank.
-  first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = steps ? send(0) : out}, stream);
+  auto* arrived = arrived_.as<std::uint64_t>();
+  auto* stored = arrived + steps * chunks_;  // [step][chunk]: elements of the chunk stored by that step's GEMM
+  auto stored_of = [&](int step) { return stored + step * chunks_; };
+  const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
+  // Tune (first run only) before the handshake, so no peer waits on a tuning
+  // rank. The counters and flags tell the tuner how many rows move together.
+  const RowsDone chunk_done{.counters = stored_of(0), .rows_per_counter = chunk_rows_};
+  first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = steps ? send(0) : out, .done = steps ? chunk_done : RowsDone{}},
+                       stream);
   if (steps == 0) {
     first_gemm_->run(a, b, out, stream);
     return;
   }
-  step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging(0)}, stream);
-  auto* arrived = arrived_.as<std::uint64_t>();
-  auto* stored = arrived + steps * chunks_;  // [step][chunk]: elements of the chunk stored by that step's GEMM
-  auto stored_of = [&](int step) { return stored + step * chunks_; };
+  step_gemm_->prepare(GemmArgs{.a = a,
+                               .b = b,
+                               .c = out,
+                               .source = staging(0),
+                               .signals = RowSignals{.world = &ctx_->world(),
+                                                     .flags = arrived,
+                                                     .rows_per_flag = chunk_rows_,
+                                                     .value = 1,
+                                                     .from_rank = prev},
+                               .done = chunk_done},
+                      stream);
 
   // Every rank's staging and flags are free for this run; our flags and counters of the last run are zeroed.
   overlap_->handshake(stream, arrived, static_cast<int>((steps + world) * chunks_));
@@ -119,7 +133,6 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   // The side stream starts now, before the GEMMs: each step's block goes to
   // rank + 1 chunk by chunk, each chunk as soon as that step's GEMM stored it.
   cudaStream_t side = overlap_->fork(stream);
-  const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
   for (int s = 0; s < steps; ++s)
     for (std::int64_t c = 0; c < chunks_; ++c) {

@@ -104,9 +104,6 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         AgGemmOptions plan_options{.m = M, .n = n, .k = K, .mode = mode};
         if (args.chunks) plan_options.chunks_per_shard = args.chunks;
         AgGemm plan(ctx_ptr, plan_options);
-        GemmOptions hooked_options = gemm_options(gm, gn, gk);
-        hooked_options.hook = GemmHook::wait_a_rows;
-        Gemm hooked(hooked_options);
         void* a_shard = plan.local_shard();
         void* a_nccl = device_alloc(rows_per_rank * K * 2);
         void* gathered_nccl = device_alloc(M * K * 2);
@@ -122,6 +119,11 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         nccl_ag();
         poison(c, M * n * 2, 0xFF, stream);
         plan.run(a_shard, b, c, stream);  // first run: chooses the path (automatic)
+        // The fused GEMM alone, in the configuration the plan runs it in.
+        GemmOptions hooked_options = gemm_options(gm, gn, gk);
+        hooked_options.hook = GemmHook::wait_a_rows;
+        if (plan.path() == "fused") hooked_options.config = plan.gemm_config();
+        Gemm hooked(hooked_options);
         poison(c, M * n * 2, 0xFF, stream);
         {  // the peers' slots of the gathered A, so the check sees this run's copies
           char* g = static_cast<char*>(const_cast<void*>(plan.gathered()));
@@ -181,11 +183,23 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           weft_rs = std::make_unique<ReduceScatter>(
               ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N)});
         }
-        // The ring's GEMMs alone: W blocks of M/W rows, each after the first adding the previous one's output.
+        auto run_weft = [&] {
+          if (ar) arp->run(a, b, out.get(), stream);
+          else rs->run(a, b, out.get(), stream);
+        };
+        poison(out.get(), out_elems * 2, 0xFF, stream);
+        run_weft();  // first run: chooses the path (automatic)
+        // The ring's GEMMs alone, in the configurations the plan runs them in:
+        // W blocks of M/W rows, each after the first adding the previous one's output.
+        const std::string plan_path = ar ? arp->path() : rs->path();
+        const std::string plan_configs = ar ? arp->gemm_config() : rs->gemm_config();
+        const std::size_t then = plan_configs.find("; then ");
         GemmOptions ring_options = gemm_options(rows_per_rank, N, k);
         ring_options.hook = GemmHook::report_rows;
+        if (plan_path == "fused" && then != std::string::npos) ring_options.config = plan_configs.substr(0, then);
         Gemm ring_first(ring_options);
         ring_options.hook = GemmHook::wait_source_rows;
+        if (plan_path == "fused" && then != std::string::npos) ring_options.config = plan_configs.substr(then + 7);
         Gemm ring_step(ring_options);
         auto ring_gemms = [&] {
           auto a_block = [&](int s) { return static_cast<const char*>(a) + s * rows_per_rank * k * 2; };
@@ -194,16 +208,10 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           for (int s = 1; s < world; ++s)
             ring_step.run(GemmArgs{.a = a_block(s), .b = b, .c = c_block(s), .source = c_block(s - 1)}, stream);
         };
-        auto run_weft = [&] {
-          if (ar) arp->run(a, b, out.get(), stream);
-          else rs->run(a, b, out.get(), stream);
-        };
         auto nccl_coll = [&](const void* in, void* o, ncclDataType_t t) {
           if (ar) WEFT_NCCL(ncclAllReduce(in, o, M * N, t, ncclSum, nccl, stream));
           else WEFT_NCCL(ncclReduceScatter(in, o, rows_per_rank * N, t, ncclSum, nccl, stream));
         };
-        poison(out.get(), out_elems * 2, 0xFF, stream);
-        run_weft();  // first run: chooses the path (automatic)
         poison(out.get(), out_elems * 2, 0xFF, stream);
         run_weft();
         if (args.check) {

@@ -132,7 +132,11 @@ class Gemm {
   /// Chooses the configuration now (timing them, outside graph capture) on
   /// these operands, as the first run would; hooked plans time their kernels
   /// with every row marked present. Hooked plans call it before their first
-  /// collective run, so no peer waits on a rank that is still tuning.
+  /// collective run, so no peer waits on a rank that is still tuning. Pass
+  /// the run's signals and done counters: nothing waits on them or is
+  /// reported while tuning, but they say how many rows move together, and
+  /// the tuner keeps swizzle bands no taller than that (or than the rows
+  /// already present, for wait_a_rows).
   void prepare(const GemmArgs& args, cudaStream_t stream);
   /// True once the configuration is chosen (tuned, forced, or by the size heuristic).
   bool prepared() const { return chosen_ != nullptr; }

@@ -82,6 +82,8 @@ class AgGemm {
 
  private:
   void run_fused(const void* b, void* c, cudaStream_t stream);
+  /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
+  GemmArgs fused_args(const void* b, void* c) const;
   void run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl);
 
   std::shared_ptr<Context> ctx_;
