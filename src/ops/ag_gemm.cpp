@@ -66,7 +66,8 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
         fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
         plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
       },
-      [&](cudaStream_t s) { run_fused(b, c, s); }, [&](bool nccl) { run_sequential(b, c, stream, nccl); });
+      {{"fused", [&](cudaStream_t s) { run_fused(b, c, s); }}},
+      [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
 
 void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl) {

@@ -22,7 +22,8 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std:
   if (o.mode != OverlapMode::sequential) {
     reduce_ = std::make_unique<GemmRs>(ctx_, GemmRsOptions{.m = o.m, .n = o.n, .k = o.k, .dtype = o.dtype,
                                                            .b_layout = o.b_layout, .mode = OverlapMode::fused,
-                                                           .chunks_per_block = o.chunks_per_block});
+                                                           .chunks_per_block = o.chunks_per_block,
+                                                           .way = o.way});
     arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64",
                                "gemm_ar.arrived");
   }
@@ -43,7 +44,8 @@ float GemmAr::measured_sequential_ms() const { return overlap_->sequential_ms();
 
 std::string GemmAr::gemm_config() const {
   if (overlap_->path().empty()) return "";
-  return overlap_->fused() ? reduce_->fused_gemm_config() : plain_gemm_->config();
+  return overlap_->fused() ? reduce_->fused_gemm_config(ops_detail::fused_way_of(overlap_->path()))
+                            : plain_gemm_->config();
 }
 
 void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
@@ -56,10 +58,14 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
   overlap_->run(
       stream, {a, b, out},
       [&] {
-        run_sequential(a, b, out, stream, false);
-        run_fused(a, b, out, stream);  // tunes its GEMMs (before its handshake), then runs
+        if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
+        // Each fused way tunes its GEMMs (before its handshake), then runs.
+        for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+          if (reduce_->builds(way)) run_fused(a, b, out, stream, way);
       },
-      [&](cudaStream_t s) { run_fused(a, b, out, s); }, [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
+      reduce_ ? ops_detail::fused_ways(*reduce_, [&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); })
+              : std::vector<Overlap::Fused>{},  // a sequential plan builds no ring
+      [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
 }
 
 void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {
@@ -71,7 +77,8 @@ void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_
     all_reduce_->run(out, out, stream);
 }
 
-void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t stream) {
+void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t stream, FusedWay way) {
+  const bool one_launch = way == FusedWay::ring_one_launch;
   const int world = ctx_->world_size(), me = ctx_->rank();
   const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * options_.n * 2);
   char* mine = static_cast<char*>(out) + me * chunks_ * chunk_bytes;
@@ -79,7 +86,9 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   // GemmRs's handshake also tells us every peer's out is free for this run.
   // Each chunk of our block goes to every peer as soon as the ring's last step
   // has stored it, while the rest of the block computes.
-  reduce_->run_fused(a, b, mine, stream, [&](cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value) {
+  // With one launch the ring's GEMM stores every block's partial sum in out
+  // (each leaves before its owner's final block arrives there).
+  reduce_->run_fused(a, b, mine, stream, way, [&](cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value) {
     for (std::int64_t c = 0; c < chunks_; ++c)
       for (int turn = 1; turn < world; ++turn) {
         const int peer = schedule::shard_push_peer(me, turn, world);
@@ -88,7 +97,7 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                                         peer_arrived + me * chunks_, side);
         if (Overlap::recording()) Overlap::mark(side, str("side: own chunk ", c, " sent to ", peer));
       }
-  });
+  }, one_launch ? out : nullptr);
   if (world == 1) return;
   overlap_->wait_all(arrived, static_cast<int>(world * chunks_), static_cast<int>(chunks_), stream);
   Overlap::mark(stream, "every block arrived");

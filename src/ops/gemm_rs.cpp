@@ -12,6 +12,33 @@ namespace weft {
 
 using ops_detail::Overlap;
 
+namespace {
+constexpr std::int64_t kOneLaunchBlockRows = 512;  // tile rows x cluster rows, at most
+}  // namespace
+
+std::vector<Overlap::Fused> ops_detail::fused_ways(const GemmRs& plan,
+                                                   const std::function<void(cudaStream_t, FusedWay)>& enqueue) {
+  std::vector<Overlap::Fused> paths;
+  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+    if (plan.builds(way)) paths.push_back({fused_way_name(way), [=](cudaStream_t s) { enqueue(s, way); }});
+  return paths;
+}
+
+const char* ops_detail::fused_way_name(FusedWay way) {
+  switch (way) {
+    case FusedWay::ring_per_step: return "fused";
+    case FusedWay::ring_one_launch: return "fused, one launch";
+    case FusedWay::automatic: break;
+  }
+  return "fused, automatic";
+}
+
+FusedWay ops_detail::fused_way_of(const std::string& path) {
+  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+    if (path == fused_way_name(way)) return way;
+  return FusedWay::automatic;
+}
+
 GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std::move(ctx)), options_(o) {
   const int world = ctx_->world_size();
   const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
@@ -20,30 +47,50 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("GemmRs", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
+  // One launch walks the blocks in ring order within one tile order: a tile
+  // must not straddle two blocks (its wait would hold back the block before
+  // it, which the ring needs first), whatever the tile (at most 256 rows, in
+  // clusters of at most 2 along M).
+  one_launch_possible_ = world > 1 && block_rows_ % kOneLaunchBlockRows == 0;
+  WEFT_REQUIRE(o.way != FusedWay::ring_one_launch || one_launch_possible_,
+               "GemmRs: FusedWay::ring_one_launch needs 2 or more ranks and M / W a multiple of ", kOneLaunchBlockRows,
+               ", got M / W = ", block_rows_, " on ", world, " rank(s)");
   overlap_ = std::make_unique<Overlap>(ctx_, "gemm_rs", o.mode, str("GemmRs ", o.m, " x ", o.n, " x ", o.k));
-  const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * o.n * 2);
+  const std::uint64_t all_bytes = static_cast<std::uint64_t>(o.m * o.n * 2);
   const int steps = world - 1;
   GemmOptions g = gemm_options(block_rows_, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   if (o.mode != OverlapMode::sequential) {
-    GemmOptions first = g;
-    if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
-    first_gemm_ = std::make_unique<Gemm>(first);
+    const bool any = o.way == FusedWay::automatic;
+    const bool per_step = any || o.way == FusedWay::ring_per_step || steps == 0;
+    const bool one = (any || o.way == FusedWay::ring_one_launch) && one_launch_possible_;
+    if (per_step) {
+      GemmOptions first = g;
+      if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
+      first_gemm_ = std::make_unique<Gemm>(first);
+    }
     if (steps > 0) {
-      staging_ = SymmetricBuffer(ctx_->heap(), steps * block_bytes, "bf16", "gemm_rs.staging");
-      arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>((steps + world) * chunks_ * 8), "u64",
+      staging_ = SymmetricBuffer(ctx_->heap(), all_bytes, "bf16", "gemm_rs.staging");
+      // Nobody sends us our first block: with one launch its source rows are
+      // read, and must add nothing.
+      WEFT_CUDA(cudaMemset(staging_.get(), 0, all_bytes));
+      arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(2 * world * chunks_ * 8), "u64",
                                  "gemm_rs.arrived");
-      WEFT_CUDA(cudaMalloc(&send_, steps * block_bytes));
+      WEFT_CUDA(cudaMalloc(&send_, all_bytes));
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_source_rows;
-      step_gemm_ = std::make_unique<Gemm>(hooked);
+      if (per_step) step_gemm_ = std::make_unique<Gemm>(hooked);
+      if (one) {
+        hooked.m = o.m;
+        whole_gemm_ = std::make_unique<Gemm>(hooked);
+      }
     }
   }
   if (o.mode != OverlapMode::fused) {
     GemmOptions whole = g;
     whole.m = o.m;
     plain_gemm_ = std::make_unique<Gemm>(whole);
-    partial_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.n * 2), "bf16", "gemm_rs.partial");
+    partial_ = SymmetricBuffer(ctx_->heap(), all_bytes, "bf16", "gemm_rs.partial");
     reduce_scatter_ = std::make_unique<ReduceScatter>(
         ctx_, ReduceScatterOptions{.count = static_cast<std::uint64_t>(block_rows_ * o.n), .dtype = o.dtype});
   }
@@ -59,11 +106,21 @@ float GemmRs::measured_sequential_ms() const { return overlap_->sequential_ms();
 
 std::string GemmRs::gemm_config() const {
   if (overlap_->path().empty()) return "";
-  return overlap_->fused() ? fused_gemm_config() : plain_gemm_->config();
+  return overlap_->fused() ? fused_gemm_config(ops_detail::fused_way_of(overlap_->path())) : plain_gemm_->config();
 }
 
-std::string GemmRs::fused_gemm_config() const {
-  if (!first_gemm_) return "";
+bool GemmRs::builds(FusedWay way) const {
+  switch (way) {
+    case FusedWay::ring_per_step: return first_gemm_ != nullptr;
+    case FusedWay::ring_one_launch: return whole_gemm_ != nullptr;
+    case FusedWay::automatic: break;
+  }
+  return false;
+}
+
+std::string GemmRs::fused_gemm_config(FusedWay way) const {
+  if (!builds(way)) return "";
+  if (way == FusedWay::ring_one_launch) return whole_gemm_->config();
   if (!step_gemm_) return first_gemm_->config();
   return str(first_gemm_->config(), "; then ", step_gemm_->config());
 }
@@ -75,10 +132,13 @@ void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
   overlap_->run(
       stream, {a, b, out},
       [&] {
-        run_sequential(a, b, out, stream, false);
-        run_fused(a, b, out, stream);  // tunes its GEMMs (before its handshake), then runs
+        if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
+        // Each fused way tunes its GEMMs (before its handshake), then runs.
+        for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+          if (builds(way)) run_fused(a, b, out, stream, way);
       },
-      [&](cudaStream_t s) { run_fused(a, b, out, s); }, [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
+      ops_detail::fused_ways(*this, [&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); }),
+      [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
 }
 
 void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {
@@ -90,76 +150,109 @@ void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_
     reduce_scatter_->run(partial_.get(), out, stream);
 }
 
-void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t stream,
-                       const OwnBlockStored& own_block_stored) {
+void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t stream, FusedWay way,
+                       const OwnBlockStored& own_block_stored, void* all_rows) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   const std::int64_t n = options_.n, k = options_.k;
+  WEFT_REQUIRE(builds(way), "GemmRs::run_fused: this plan did not build the fused way '", ops_detail::fused_way_name(way),
+               "' (GemmRsOptions::way, one_launch_possible())");
+  const bool one_launch = way == FusedWay::ring_one_launch;
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
   const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);
   // A chunk's stored-row counter once final (every chunk has chunk_rows_ rows).
   const std::uint64_t chunk_stored = gemm_detail::band_stored_value(0, chunk_rows_, block_rows_, n);
-  auto block_of_a = [&](int blk) { return static_cast<const char*>(a) + blk * block_rows_ * k * 2; };
-  auto send = [&](int step) { return static_cast<char*>(send_) + step * block_bytes; };
-  auto staging = [&](int step) { return staging_.as<char>() + step * block_bytes; };
   const int steps = world - 1;
-  auto* arrived = arrived_.as<std::uint64_t>();
-  auto* stored = arrived + steps * chunks_;  // [step][chunk]: elements of the chunk stored by that step's GEMM
-  auto stored_of = [&](int step) { return stored + step * chunks_; };
-  const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
-  // Tune (first run only) before the handshake, so no peer waits on a tuning
-  // rank. The counters and flags tell the tuner how many rows move together.
-  const RowsDone chunk_done{.counters = stored_of(0), .rows_per_counter = chunk_rows_};
-  first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = steps ? send(0) : out, .done = steps ? chunk_done : RowsDone{}},
-                       stream);
   if (steps == 0) {
     first_gemm_->run(a, b, out, stream);
     return;
   }
-  step_gemm_->prepare(GemmArgs{.a = a,
-                               .b = b,
-                               .c = out,
-                               .source = staging(0),
-                               .signals = RowSignals{.world = &ctx_->world(),
-                                                     .flags = arrived,
-                                                     .rows_per_flag = chunk_rows_,
-                                                     .value = 1,
-                                                     .from_rank = prev},
-                               .done = chunk_done},
-                      stream);
+  // Every buffer, flag and counter is indexed by block.
+  char* d = one_launch && all_rows ? static_cast<char*>(all_rows) : static_cast<char*>(send_);
+  auto rows_of = [&](auto* base, int blk) { return reinterpret_cast<char*>(base) + blk * block_bytes; };
+  auto* arrived = arrived_.as<std::uint64_t>();  // [block][chunk]: the chunk's partial sum has landed here
+  auto* stored = arrived + world * chunks_;      // [block][chunk]: elements of the chunk our GEMM stored
+  const int next = schedule::wrap(me + 1, world), prev = schedule::wrap(me - 1, world);
+  const int first_block = schedule::ring_gemm_block(me, 0, world);
+  const RowSignals from_prev{.world = &ctx_->world(),
+                             .flags = arrived,
+                             .rows_per_flag = chunk_rows_,
+                             .value = 1,
+                             .ready_begin = first_block * block_rows_,  // zeros, with one launch
+                             .ready_end = (first_block + 1) * block_rows_,
+                             .from_rank = prev};
+  const RowsDone stored_rows{.counters = stored, .rows_per_counter = chunk_rows_};
+  auto block_signals = [&](int blk) {
+    RowSignals s = from_prev;
+    s.flags = arrived + blk * chunks_;
+    s.ready_begin = s.ready_end = 0;
+    return s;
+  };
+  auto block_done = [&](int blk) { return RowsDone{.counters = stored + blk * chunks_, .rows_per_counter = chunk_rows_}; };
+  const GemmArgs whole{.a = a,
+                       .b = b,
+                       .c = d,
+                       .source = staging_.get(),
+                       .signals = from_prev,
+                       .done = stored_rows,
+                       .first_row = first_block * block_rows_};
+  // Tune (first run only) before the handshake, so no peer waits on a tuning
+  // rank. The counters and flags tell the tuner how many rows move together.
+  if (one_launch) {
+    whole_gemm_->prepare(whole, stream);
+  } else {
+    first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = d, .done = block_done(0)}, stream);
+    step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging_.get(), .signals = block_signals(0),
+                                 .done = block_done(0)},
+                        stream);
+  }
 
   // Every rank's staging and flags are free for this run; our flags and counters of the last run are zeroed.
-  overlap_->handshake(stream, arrived, static_cast<int>((steps + world) * chunks_));
+  overlap_->handshake(stream, arrived, static_cast<int>(2 * world * chunks_));
   Overlap::mark(stream, "handshake");
   // The side stream starts now, before the GEMMs: each step's block goes to
-  // rank + 1 chunk by chunk, each chunk as soon as that step's GEMM stored it.
+  // rank + 1 chunk by chunk, each chunk as soon as our GEMM stored it.
   cudaStream_t side = overlap_->fork(stream);
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
-  for (int s = 0; s < steps; ++s)
+  for (int s = 0; s < steps; ++s) {
+    const int blk = schedule::ring_gemm_block(me, s, world);
     for (std::int64_t c = 0; c < chunks_; ++c) {
-      Overlap::push_chunk_when_stored(ctx_->heap().peer_ptr(staging(s), next), send(s), chunk_bytes, c, stored_of(s),
-                                      chunk_stored, next_arrived + s * chunks_, side);
+      Overlap::push_chunk_when_stored(ctx_->heap().peer_ptr(rows_of(staging_.get(), blk), next), rows_of(d, blk),
+                                      chunk_bytes, c, stored + blk * chunks_, chunk_stored,
+                                      next_arrived + blk * chunks_, side);
       if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " chunk ", c, " sent"));
     }
-  if (own_block_stored) own_block_stored(side, stored_of(steps), chunk_stored);
+  }
+  // Our own block (the ring's last step) is final once stored.
+  char* own = one_launch ? rows_of(d, me) : static_cast<char*>(out);
+  if (own_block_stored) {
+    WEFT_REQUIRE(own == out, "GemmRs::run_fused: a caller that ships out on must pass all_rows with one launch");
+    own_block_stored(side, stored + me * chunks_, chunk_stored);
+  } else if (own != out) {
+    for (std::int64_t c = 0; c < chunks_; ++c)
+      Overlap::push_chunk_when_stored(out, own, chunk_bytes, c, stored + me * chunks_, chunk_stored, nullptr, side);
+  }
 
-  for (int s = 0; s < world; ++s) {
-    const int blk = schedule::ring_gemm_block(me, s, world);
-    GemmArgs args{.a = block_of_a(blk), .b = b, .c = s == steps ? out : send(s)};
-    if (s < steps || own_block_stored) args.done = RowsDone{.counters = stored_of(s), .rows_per_counter = chunk_rows_};
-    if (s == 0) {
-      first_gemm_->run(args, stream);
-      Overlap::mark(stream, "step 0 GEMM");
-      continue;
+  if (one_launch) {
+    whole_gemm_->run(whole, stream);
+    Overlap::mark(stream, "GEMM");
+  } else {
+    for (int s = 0; s < world; ++s) {
+      const int blk = schedule::ring_gemm_block(me, s, world);
+      GemmArgs args{.a = static_cast<const char*>(a) + blk * block_rows_ * k * 2,
+                    .b = b,
+                    .c = s == steps ? out : rows_of(d, blk)};
+      if (s < steps || own_block_stored) args.done = block_done(blk);
+      if (s == 0) {
+        first_gemm_->run(args, stream);
+        Overlap::mark(stream, "step 0 GEMM");
+        continue;
+      }
+      // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
+      args.source = rows_of(staging_.get(), blk);
+      args.signals = block_signals(blk);
+      step_gemm_->run(args, stream);
+      if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
     }
-    // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
-    args.source = staging(s - 1);
-    args.signals = RowSignals{.world = &ctx_->world(),
-                              .flags = arrived + (s - 1) * chunks_,
-                              .rows_per_flag = chunk_rows_,
-                              .value = 1,
-                              .from_rank = prev};
-    step_gemm_->run(args, stream);
-    if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
   }
   overlap_->join(stream);  // our sends are done: the next run may overwrite them
 }

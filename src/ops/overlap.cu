@@ -1,5 +1,6 @@
 #include "overlap.hpp"
 
+
 #include <algorithm>
 #include <vector>
 
@@ -128,7 +129,7 @@ void Overlap::push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, 
   const std::uint64_t off = static_cast<std::uint64_t>(c) * chunk_bytes;
   WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes,
                             cudaMemcpyDeviceToDevice, side));
-  WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
+  if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
 }
 
 void Overlap::push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,
@@ -140,33 +141,37 @@ void Overlap::push_chunk_when_stored(void* dst, const void* src, std::uint64_t c
 }
 
 void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
-                  const std::function<void(cudaStream_t)>& fused, const std::function<void(bool nccl)>& sequential) {
+                  const std::vector<Fused>& fused, const std::function<void(bool nccl)>& sequential) {
+  const int nf = static_cast<int>(fused.size());
   if (path_ < 0) {
-    const std::vector<Path> paths = {{"fused", [&] { launch(stream, key, fused); }},
-                                     {"sequential", [&] { sequential(false); }},
-                                     {"sequential, NCCL", [&] { sequential(true); }}};
+    WEFT_REQUIRE(nf >= 1 || mode_ == OverlapMode::sequential,
+                 "Overlap::run: a plan that may fuse must name at least one fused path");
+    fused_paths_ = nf;
+    enqueued_once_.assign(nf, false);
+    std::vector<Path> paths;
+    for (int f = 0; f < nf; ++f) paths.push_back({fused[f].name, [&, f] { launch(stream, f, key, fused[f].enqueue); }});
+    paths.push_back({"sequential", [&] { sequential(false); }});
+    paths.push_back({"sequential, NCCL", [&] { sequential(true); }});
     std::vector<int> candidates;
     for (int i = 0; i < static_cast<int>(paths.size()); ++i)
-      if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i == 0)) candidates.push_back(i);
+      if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i < nf)) candidates.push_back(i);
     if (candidates.size() == 1 || capturing(stream)) {
       path_ = candidates.front();  // nothing to time, or no timing under capture: the first candidate
     } else {
-      if (candidates.front() == 0) first();  // it may tune the fused path's GEMMs: not built for sequential plans
+      if (candidates.front() < nf) first();  // it may tune the fused paths' GEMMs: not built for sequential plans
       choose(paths, candidates, stream);
-      WEFT_LOG(info, what_, ": ", candidates.front() == 0 ? str("fused ", fused_ms_, " ms, ") : std::string(),
-               "fastest sequential ", sequential_ms_, " ms: runs ", paths[path_].name);
     }
     path_name_ = paths[path_].name;
   }
-  if (path_ != 0) {
-    sequential(path_ == 2);
+  if (path_ >= nf) {
+    sequential(path_ == nf + 1);
   } else if (trace_left_ > 0 && !capturing(stream)) {
     ctx_->barrier(stream);  // the ranks start together, as a layer's calls do after a collective
     trace.recording = true;
     trace.marks.clear();
     mark(stream, "start");
     try {
-      fused(stream);
+      fused[path_].enqueue(stream);
     } catch (...) {
       trace.recording = false;
       throw;
@@ -176,7 +181,7 @@ void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, c
     print_trace(stream);
     --trace_left_;
   } else {
-    launch(stream, key, fused);
+    launch(stream, path_, key, fused[path_].enqueue);
   }
 }
 
@@ -209,17 +214,17 @@ void Overlap::print_trace(cudaStream_t stream) {
   WEFT_LOG(info, what_, " trace, rank ", ctx_->rank(), ", us:", line);
 }
 
-void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key,
+void Overlap::launch(cudaStream_t stream, int path, std::initializer_list<const void*> key,
                      const std::function<void(cudaStream_t)>& enqueue) {
   constexpr std::size_t kMaxGraphs = 8;
   constexpr int kMaxCaptures = 16;
-  if (!use_graphs_ || !enqueued_once_ || capturing(stream)) {
+  if (!use_graphs_ || !enqueued_once_[path] || capturing(stream)) {
     enqueue(stream);  // the first call tunes its GEMMs: that cannot happen under capture
-    enqueued_once_ = true;
+    enqueued_once_[path] = true;
     return;
   }
   auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const CachedGraph& g) {
-    return std::equal(g.key.begin(), g.key.end(), key.begin(), key.end());
+    return g.path == path && std::equal(g.key.begin(), g.key.end(), key.begin(), key.end());
   });
   if (hit == graphs_.end()) {
     if (++captures_ > kMaxCaptures) {
@@ -242,7 +247,7 @@ void Overlap::launch(cudaStream_t stream, std::initializer_list<const void*> key
       throw;
     }
     WEFT_CUDA(cudaStreamEndCapture(capture_, &graph));
-    CachedGraph g{std::vector<const void*>(key), nullptr};
+    CachedGraph g{path, std::vector<const void*>(key), nullptr};
     WEFT_CUDA(cudaGraphInstantiate(&g.exec, graph, 0));
     WEFT_CUDA(cudaGraphDestroy(graph));
     if (graphs_.size() == kMaxGraphs) {
@@ -299,11 +304,14 @@ void Overlap::choose(const std::vector<Path>& paths, const std::vector<int>& can
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   std::size_t best = 0;
+  std::string timings;
   for (std::size_t c = 0; c < n; ++c) {
     if (medians[c] < medians[best]) best = c;
-    if (candidates[c] == 0) fused_ms_ = medians[c];
-    else if (sequential_ms_ == 0 || medians[c] < sequential_ms_) sequential_ms_ = medians[c];
+    float& kept = candidates[c] < fused_paths_ ? fused_ms_ : sequential_ms_;
+    if (kept == 0 || medians[c] < kept) kept = medians[c];
+    timings += str(c ? ", " : "", paths[candidates[c]].name, " ", medians[c], " ms");
   }
+  WEFT_LOG(info, what_, ": ", timings, ": runs ", paths[candidates[best]].name);
   path_ = candidates[best];
 }
 

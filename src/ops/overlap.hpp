@@ -16,6 +16,7 @@
 #include "schedule.hpp"
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/collective.hpp"
+#include "weft/ops/gemm_rs.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft::ops_detail {
@@ -56,25 +57,34 @@ class Overlap {
   Overlap(const Overlap&) = delete;
   Overlap& operator=(const Overlap&) = delete;
 
-  /// Runs one call the chosen way, of three paths: "fused" (`fused(s)`
-  /// enqueues the overlapped call on stream s; it goes through launch() with
-  /// `key`), "sequential" (`sequential(false)`: a plain GEMM, then weft's
-  /// collective) and "sequential, NCCL" (`sequential(true)`). On the first call
-  /// outside graph capture with more than one candidate (automatic: all three;
-  /// sequential: the two sequential ones), `first` runs before anything else
-  /// where the fused path is a candidate (a sequential run that fills the
-  /// buffers, and tuning), then each candidate is warmed up once and timed: 7
-  /// interleaved samples of 3 back-to-back calls, each candidate's slowest
-  /// rank (so all ranks agree), the fastest kept and logged. Under
-  /// capture the first automatic call takes the fused path untimed.
+  /// One way to run the call fused: its path name ("fused", "fused, one
+  /// launch") and `enqueue(s)`, which puts the overlapped call on stream s.
+  struct Fused {
+    std::string name;
+    std::function<void(cudaStream_t)> enqueue;
+  };
+  /// Runs one call the chosen way, of these paths: each of `fused` (in order;
+  /// each goes through launch() with `key`), "sequential" (`sequential(false)`:
+  /// a plain GEMM, then weft's collective) and "sequential, NCCL"
+  /// (`sequential(true)`). The candidates: automatic, all of them; fused, the
+  /// fused ones; sequential, the two sequential ones. On the first call
+  /// outside graph capture with more than one candidate, `first` runs before
+  /// anything else where a fused path is a candidate (a sequential run that
+  /// fills the buffers, and tuning), then each candidate is warmed up once and
+  /// timed: 7 interleaved samples of 3 back-to-back calls, each candidate's
+  /// slowest rank (so all ranks agree), the fastest kept and logged. Under
+  /// capture the first call takes the first candidate untimed.
   void run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
-           const std::function<void(cudaStream_t)>& fused, const std::function<void(bool nccl)>& sequential);
-  /// True once the path is the fused one.
-  bool fused() const { return path_ == 0; }
-  /// The chosen path's name ("fused", "sequential", "sequential, NCCL"), or "" before the first run.
+           const std::vector<Fused>& fused, const std::function<void(bool nccl)>& sequential);
+  /// True once the path is a fused one.
+  bool fused() const { return path_ >= 0 && path_ < fused_paths_; }
+  /// The chosen fused path's index in run()'s `fused`, or -1.
+  int fused_index() const { return fused() ? path_ : -1; }
+  /// The chosen path's name ("fused", "sequential", "sequential, NCCL", ...), or "" before the first run.
   std::string path() const { return path_name_; }
   /// The first automatic run's medians (ms, slowest rank): the fused path, and
-  /// the fastest sequential one; 0 where not timed.
+  /// the fastest sequential one; 0 where not timed. (The fused path's: the
+  /// fastest fused one.)
   float fused_ms() const { return fused_ms_; }
   float sequential_ms() const { return sequential_ms_; }
 
@@ -87,7 +97,8 @@ class Overlap {
   /// one API call. Up to 8 graphs are kept; a plan whose pointers keep
   /// changing (16 captures) goes back to enqueueing directly, as does a call
   /// made under the caller's own capture, or WEFT_PLAN_GRAPHS=0.
-  void launch(cudaStream_t stream, std::initializer_list<const void*> key,
+  /// `path` names the fused path (its index in run()'s `fused`): each has its own graphs.
+  void launch(cudaStream_t stream, int path, std::initializer_list<const void*> key,
               const std::function<void(cudaStream_t)>& enqueue);
 
   /// Starts a fused run on `stream`: one small kernel zeroes reset[0,
@@ -104,7 +115,8 @@ class Overlap {
   /// offset, cudaMemcpyAsync), then sets flags[c] to 1 from the stream's front
   /// end (cuStreamWriteValue64, behind a memory barrier): no SM is needed, so
   /// nothing queues behind a persistent kernel that waits for the flag. `dst`
-  /// and `flags` may be a peer's, as mapped here.
+  /// and `flags` may be a peer's, as mapped here; null `flags`: no flag (a
+  /// local move).
   static void push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c, std::uint64_t* flags,
                          cudaStream_t side);
   /// push_chunk, but only once done[c] >= done_value: the side stream's front
@@ -130,13 +142,14 @@ class Overlap {
 
  private:
   struct Path {
-    const char* name;
+    std::string name;
     std::function<void()> call;
   };
   void choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream);
   void print_trace(cudaStream_t stream);
 
   struct CachedGraph {
+    int path;  // the fused path it was captured for
     std::vector<const void*> key;
     cudaGraphExec_t exec = nullptr;
   };
@@ -148,14 +161,26 @@ class Overlap {
   OverlapMode mode_;
   std::string what_;
   bool use_graphs_ = true;
-  bool enqueued_once_ = false;
   int captures_ = 0;
   cudaStream_t capture_ = nullptr;
   std::vector<CachedGraph> graphs_;
-  int path_ = -1;  // 0 fused, 1 sequential, 2 sequential with NCCL; -1: undecided
+  int path_ = -1;  // [0, fused_paths_): fused; then sequential, sequential with NCCL; -1: undecided
+  int fused_paths_ = 0;
+  int launching_ = 0;  // the fused path launch() enqueues (keys the graph cache)
+  std::vector<bool> enqueued_once_;  // per fused path: its first call runs directly (it may tune)
   std::string path_name_;
   float fused_ms_ = 0, sequential_ms_ = 0;
   int trace_left_ = 0;  // WEFT_TRACE_OVERLAP: fused calls still to trace
 };
+
+/// A fused way's path name: "fused" (the ring, a GEMM per step), "fused, one launch".
+const char* fused_way_name(FusedWay way);
+/// The way whose path name is `path`; FusedWay::automatic for any other.
+FusedWay fused_way_of(const std::string& path);
+
+/// The fused paths of a plan built on GemmRs (GemmRs, GemmAr): one per way
+/// the plan built, the per-step ring first (the pick under capture);
+/// `enqueue(s, way)` enqueues one fused call.
+std::vector<Overlap::Fused> fused_ways(const GemmRs& plan, const std::function<void(cudaStream_t, FusedWay)>& enqueue);
 
 }  // namespace weft::ops_detail

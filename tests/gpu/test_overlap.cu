@@ -80,14 +80,14 @@ AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMo
 
 // GemmRs (all_reduce = false) or GemmAr: A [m, k], B [n, k] per rank.
 double check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode,
-                         Cublas& cb) {
+                         Cublas& cb, FusedWay way = FusedWay::automatic) {
   cudaStream_t s = test::stream();
   const int w = ctx().world_size(), me = ctx().rank();
   const std::int64_t out_elems = all_reduce ? m * n : m / w * n;
   std::unique_ptr<GemmRs> rs;
   std::unique_ptr<GemmAr> ar;
-  if (all_reduce) ar = std::make_unique<GemmAr>(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .mode = mode});
-  else rs = std::make_unique<GemmRs>(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = mode});
+  if (all_reduce) ar = std::make_unique<GemmAr>(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .mode = mode, .way = way});
+  else rs = std::make_unique<GemmRs>(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = mode, .way = way});
   void* a = dalloc(m * k * 2);
   void* b = dalloc(n * k * 2);
   SymmetricBuffer out(ctx().heap(), out_elems * 2, "bf16", "test.out");
@@ -105,6 +105,10 @@ double check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::i
     else WEFT_NCCL(ncclReduceScatter(partial, ref, m / w * n, ncclFloat32, ncclSum, ctx().nccl(), s));
     err = std::max(err, bench::relative_error_vs_fp32(out.get(), "bf16", ref, out_elems, s));
   }
+  // A forced fused way runs as asked.
+  const std::string path = all_reduce ? ar->path() : rs->path();
+  if (mode == OverlapMode::fused && way == FusedWay::ring_per_step) EXPECT_EQ(path, "fused");
+  if (mode == OverlapMode::fused && way == FusedWay::ring_one_launch) EXPECT_EQ(path, "fused, one launch");
   ctx().synchronize(s);
   for (void* p : {a, b, static_cast<void*>(partial), static_cast<void*>(ref)}) cudaFree(p);
   return err;
@@ -144,6 +148,15 @@ static void expect_every_reduce_path_matches(bool all_reduce) {
     }
   for (OverlapMode mode : kModes)
     EXPECT_LT(check_gemm_reduce(all_reduce, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
+  // Each fused way, where it can run: the ring per step, and in one launch
+  // (two ranks or more, M / W a multiple of 512); blocks of 2048 rows travel
+  // in 4 chunks.
+  for (std::int64_t rows : {std::int64_t{512}, std::int64_t{2048}})
+    for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch}) {
+      if (way == FusedWay::ring_one_launch && w == 1) continue;
+      EXPECT_LT(check_gemm_reduce(all_reduce, rows * w, 8192, 1024, OverlapMode::fused, cb, way), 1e-2)
+          << "M / W = " << rows << ", " << static_cast<int>(way);
+    }
 }
 
 TEST(GemmRs, EveryPathMatchesNcclPlusCublas) { expect_every_reduce_path_matches(false); }
@@ -162,9 +175,12 @@ TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
   bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(me, ++salt), s);
   bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
   unsigned long long* mismatches = static_cast<unsigned long long*>(dalloc(8));
-  for (int op = 0; op < 3; ++op) {
-    const char* name = op == 0 ? "AgGemm" : op == 1 ? "GemmRs" : "GemmAr";
-    const std::int64_t out_elems = op == 0 ? m * n : op == 1 ? m / w * n : m * n;
+  // Ops 1 and 2 run their ring a GEMM per step; with two ranks or more, 3 and 4 in one launch.
+  for (int op = 0; op < (w > 1 ? 5 : 3); ++op) {
+    const char* names[] = {"AgGemm", "GemmRs", "GemmAr", "GemmRs, one launch", "GemmAr, one launch"};
+    const char* name = names[op];
+    const FusedWay way = op >= 3 ? FusedWay::ring_one_launch : FusedWay::ring_per_step;
+    const std::int64_t out_elems = op == 0 ? m * n : op % 2 == 1 ? m / w * n : m * n;
     std::unique_ptr<AgGemm> ag;
     std::unique_ptr<GemmRs> rs;
     std::unique_ptr<GemmAr> ar;
@@ -175,11 +191,13 @@ TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
       ag = std::make_unique<AgGemm>(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
       WEFT_CUDA(cudaMemcpyAsync(ag->local_shard(), a, m / w * k * 2, cudaMemcpyDeviceToDevice, s));
       run = [&] { ag->run(ag->local_shard(), b, out.get(), s); };
-    } else if (op == 1) {
-      rs = std::make_unique<GemmRs>(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+    } else if (op % 2 == 1) {
+      rs = std::make_unique<GemmRs>(ctx_ptr(),
+                                    GemmRsOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused, .way = way});
       run = [&] { rs->run(a, b, out.get(), s); };
     } else {
-      ar = std::make_unique<GemmAr>(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+      ar = std::make_unique<GemmAr>(ctx_ptr(),
+                                    GemmArOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused, .way = way});
       run = [&] { ar->run(a, b, out.get(), s); };
     }
     bench::poison(out.get(), out_elems * 2, 0xFF, s);
@@ -283,6 +301,10 @@ TEST(Overlap, BadInputIsRejectedNamingWhatWasExpected) {
     EXPECT_NE(message([&] { GemmRs(ctx_ptr(), GemmRsOptions{.m = 1024 * w + 1, .n = 256, .k = 256}); })
                   .find("multiple of the world size"),
               std::string::npos);
+  EXPECT_NE(message([&] {
+              GemmRs(ctx_ptr(), GemmRsOptions{.m = 256 * w, .n = 256, .k = 256, .way = FusedWay::ring_one_launch});
+            }).find("a multiple of 512"),
+            std::string::npos);
   GemmAr ar(ctx_ptr(), GemmArOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused});
   void* a = dalloc(256 * w * 256 * 2);
   void* b = dalloc(256 * 256 * 2);

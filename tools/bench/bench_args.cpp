@@ -124,6 +124,8 @@ std::string bench_usage() {
          "  --warmup N         untimed samples first (default 3)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
+         "  --way W            gemm_rs, gemm_ar: the fused way, per_step or one_launch\n"
+         "                     (default: the plan times every way it can run)\n"
          "gemm (each rank times its own GPU against cuBLAS):\n"
          "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"
          "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
@@ -158,6 +160,11 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
+    else if (a == "--way") {
+      args.way = value();
+      WEFT_REQUIRE(args.way == "per_step" || args.way == "one_launch", "unknown --way '", args.way,
+                   "': expected per_step or one_launch");
+    }
     else if (a == "--shapes") args.shapes = parse_shapes(value());
     else if (a == "--b-layout") args.b_layout = value();
     else if (a == "--out") args.out_dtype = value();

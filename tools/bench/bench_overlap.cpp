@@ -51,6 +51,13 @@ struct Row {
   long long gathered_mismatch = -1;
 };
 
+// --way's value as a FusedWay ("" = automatic: the plan times every way).
+FusedWay fused_way(const std::string& way) {
+  if (way == "per_step") return FusedWay::ring_per_step;
+  if (way == "one_launch") return FusedWay::ring_one_launch;
+  return FusedWay::automatic;
+}
+
 void* device_alloc(std::uint64_t bytes) {
   void* p = nullptr;
   WEFT_CUDA(cudaMalloc(&p, bytes));
@@ -174,11 +181,13 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         if (ar) {
           GemmArOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
           if (args.chunks) plan_options.chunks_per_block = args.chunks;
+          plan_options.way = fused_way(args.way);
           arp = std::make_unique<GemmAr>(ctx_ptr, plan_options);
           weft_ar = std::make_unique<AllReduce>(ctx_ptr, AllReduceOptions{.count = static_cast<std::uint64_t>(M * N)});
         } else {
           GemmRsOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
           if (args.chunks) plan_options.chunks_per_block = args.chunks;
+          plan_options.way = fused_way(args.way);
           rs = std::make_unique<GemmRs>(ctx_ptr, plan_options);
           weft_rs = std::make_unique<ReduceScatter>(
               ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N)});
@@ -193,7 +202,9 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         // W blocks of M/W rows, each after the first adding the previous one's output.
         const std::string plan_path = ar ? arp->path() : rs->path();
         const std::string plan_configs = ar ? arp->gemm_config() : rs->gemm_config();
+        // With one launch: one GEMM over all M rows adding a source.
         const std::size_t then = plan_configs.find("; then ");
+        const bool one_launch = plan_path == "fused, one launch";
         GemmOptions ring_options = gemm_options(rows_per_rank, N, k);
         ring_options.hook = GemmHook::report_rows;
         if (plan_path == "fused" && then != std::string::npos) ring_options.config = plan_configs.substr(0, then);
@@ -201,7 +212,21 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         ring_options.hook = GemmHook::wait_source_rows;
         if (plan_path == "fused" && then != std::string::npos) ring_options.config = plan_configs.substr(then + 7);
         Gemm ring_step(ring_options);
+        GemmOptions whole_options = ring_options;
+        whole_options.m = M;
+        whole_options.config = plan_configs;
+        std::unique_ptr<Gemm> whole;
+        void* whole_source = nullptr;
+        if (one_launch) whole = std::make_unique<Gemm>(whole_options);
+        if (one_launch) {
+          whole_source = device_alloc(M * N * 2);
+          fill_uniform(whole_source, M * N, "bf16", fresh_seed(me, ++salt), stream);
+        }
         auto ring_gemms = [&] {
+          if (one_launch) {
+            whole->run(GemmArgs{.a = a, .b = b, .c = c_ref, .source = whole_source}, stream);
+            return;
+          }
           auto a_block = [&](int s) { return static_cast<const char*>(a) + s * rows_per_rank * k * 2; };
           auto c_block = [&](int s) { return static_cast<char*>(c_ref) + s * rows_per_rank * N * 2; };
           ring_first.run(GemmArgs{.a = a_block(0), .b = b, .c = c_block(0)}, stream);
@@ -241,7 +266,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         row.config = ar ? arp->gemm_config() : rs->gemm_config();
         row.plan_fused = ar ? arp->measured_fused_ms() : rs->measured_fused_ms();
         row.plan_seq = ar ? arp->measured_sequential_ms() : rs->measured_sequential_ms();
-        for (void* p : {a, ref32, out_ref, comm_out}) cudaFree(p);
+        for (void* p : {a, ref32, out_ref, comm_out, whole_source}) cudaFree(p);
       }
       row.ideal = std::max(std::min(row.gemm_weft, row.gemm_cublas), std::min(row.comm_nccl, row.comm_weft));
       for (void* p : {b, c32, c_ref}) cudaFree(p);

@@ -2,8 +2,8 @@
 //
 // The same operands as GemmRs (A_q [M, K_q], B_q [N, K_q] or [K_q, N]); every
 // rank ends with the whole sum [M, N].
-// Fused path (two-shot): GemmRs's ring leaves rank r's block of rows of the
-// sum directly in its rows of `out`; the copy engines then push that block to
+// Fused path (two-shot): GemmRs's ring (one launch or one per step) leaves
+// rank r's block of rows of the sum directly in its rows of `out`; the copy engines then push that block to
 // every peer's `out`, chunk by chunk, each chunk followed by a flag raised on
 // the peer from the stream's front end. Same fixed summation order as GemmRs:
 // repeated runs are bitwise identical, and every rank holds the same bits.
@@ -30,6 +30,7 @@ struct GemmArOptions {
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
   int chunks_per_block = 8;
+  FusedWay way = FusedWay::automatic;
 };
 
 /// A planned GEMM + AllReduce. Collective construction; runs many times.
@@ -45,8 +46,9 @@ class GemmAr {
   /// it, in the same order. Throws weft::Error naming what was expected.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
-  /// "fused", "sequential" (the GEMM, then weft's all-reduce), "sequential,
-  /// NCCL" (NCCL's), or "" before the first run.
+  /// "fused" (the ring a GEMM per step), "fused, one launch", "sequential"
+  /// (the GEMM, then weft's all-reduce), "sequential, NCCL" (NCCL's), or ""
+  /// before the first run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
@@ -56,7 +58,7 @@ class GemmAr {
   const GemmArOptions& options() const { return options_; }
 
  private:
-  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream);
+  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream, FusedWay way);
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
 
   std::shared_ptr<Context> ctx_;

@@ -13,8 +13,12 @@
 // front end. A chunk leaves as soon as the tiles covering it have stored it
 // (the GEMM reports stored rows, weft::RowsDone), while the step goes on. At
 // the last step the block is rank r's own and D is the output.
-// So block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
-// are bitwise identical. Sequential path: a plain GEMM (weft's, or cuBLAS where
+// The ring runs as one GEMM launch per step ("fused"), or as one persistent
+// GEMM over all M rows whose tiles walk the blocks in ring order ("fused, one
+// launch": the same waits and reports, without a kernel boundary and a
+// half-size GEMM per step; the first block's source rows are zeros). Either
+// way block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
+// are bitwise identical (each way with its own bits). Sequential path: a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster), then weft's ReduceScatter. `automatic` times
 // both on the first run (outside graph capture) and keeps the faster, the same
 // on every rank.
@@ -39,6 +43,13 @@ namespace ops_detail {
 class Overlap;
 }
 
+/// Which fused way a plan runs.
+enum class FusedWay {
+  automatic,        ///< every way the plan can run, timed on the first run with the sequential paths
+  ring_per_step,    ///< the ring, one GEMM per step over M / W rows
+  ring_one_launch   ///< the ring as one persistent GEMM over all M rows; needs M / W a multiple of 512
+};
+
 /// What a GemmRs plan is built for.
 struct GemmRsOptions {
   std::int64_t m = 0;  ///< rows of A and of the full sum; a multiple of the world size
@@ -51,6 +62,7 @@ struct GemmRsOptions {
   /// rows, fewer where a chunk would be under 8 MB (each costs a copy launch
   /// and a stream wait), rounded down to divide M / W.
   int chunks_per_block = 8;
+  FusedWay way = FusedWay::automatic;  ///< the fused path's way (or ways, timed)
 };
 
 /// A planned GEMM + ReduceScatter. Collective construction; runs many times
@@ -68,17 +80,23 @@ class GemmRs {
   /// expected on bad input.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
-  /// "fused", "sequential" (the GEMM, then weft's reduce-scatter), "sequential,
-  /// NCCL" (NCCL's), or "" before the first run.
+  /// "fused" (the ring, a GEMM per step), "fused, one launch", "sequential"
+  /// (the GEMM, then weft's reduce-scatter), "sequential, NCCL" (NCCL's), or
+  /// "" before the first run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
   float measured_sequential_ms() const;
   /// The chosen path's GEMM configurations, or "" before the first run.
   std::string gemm_config() const;
-  /// The fused path's GEMM configurations (first step; then the steps that
-  /// add a source), whichever path runs; "" before they are chosen.
-  std::string fused_gemm_config() const;
+  /// A fused way's GEMM configurations, whichever path runs: per step, the
+  /// first step's, then the steps' that add a source; in one launch, its one
+  /// GEMM's. "" before they are chosen.
+  std::string fused_gemm_config(FusedWay way) const;
+  /// True where the fused ring can run as one launch (M / W a multiple of 512, 2 ranks or more).
+  bool one_launch_possible() const { return one_launch_possible_; }
+  /// True if the plan built this fused way (GemmRsOptions::way, and what the shape allows).
+  bool builds(FusedWay way) const;
   const GemmRsOptions& options() const { return options_; }
 
   /// For a caller that ships `out` on (GemmAr): called once per fused run,
@@ -87,9 +105,14 @@ class GemmRs {
   /// stored-row counters: chunk c of `out` (chunk_rows() rows) is final once
   /// done[c] >= done_value. Work enqueued on `side` overlaps the GEMMs.
   using OwnBlockStored = std::function<void(cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value)>;
-  /// The fused path alone (GemmAr builds on it); `own_block_stored` as above.
-  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream,
-                 const OwnBlockStored& own_block_stored = {});
+  /// A fused way alone (GemmAr builds on it); `own_block_stored` as above.
+  /// `all_rows`: where the caller has room for all
+  /// M rows, `out` being its block (GemmAr's out); the one-launch GEMM then
+  /// stores there (the other blocks' partial sums pass through it before they
+  /// leave), else into a private buffer from which the copy engine moves this
+  /// rank's block to `out` chunk by chunk.
+  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream, FusedWay way,
+                 const OwnBlockStored& own_block_stored = {}, void* all_rows = nullptr);
   /// Rows per chunk, the copy and signal unit.
   std::int64_t chunk_rows() const { return chunk_rows_; }
 
@@ -100,11 +123,13 @@ class GemmRs {
   GemmRsOptions options_;
   std::int64_t block_rows_, chunk_rows_, chunks_;
   std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
-  SymmetricBuffer staging_;  // [W-1 steps][M/W, N]: partial sums from rank - 1
-  SymmetricBuffer arrived_;  // u64 [W-1 steps][chunks] flags, then [W steps][chunks] stored-row counters
+  bool one_launch_possible_ = false;
+  // Fused buffers are indexed by block (rows block b of the [M, N] sum):
+  SymmetricBuffer staging_;  // [M, N]: block b's partial sum from rank - 1; our first block's rows stay zero
+  SymmetricBuffer arrived_;  // u64 [W blocks][chunks] flags, then [W blocks][chunks] stored-row counters
   SymmetricBuffer partial_;  // sequential: [M, N]
-  void* send_ = nullptr;     // [W-1 steps][M/W, N], local: what goes to rank + 1
-  std::unique_ptr<Gemm> first_gemm_, step_gemm_, plain_gemm_;
+  void* send_ = nullptr;     // [M, N], local: the partial sums that leave (one launch: every block)
+  std::unique_ptr<Gemm> first_gemm_, step_gemm_, whole_gemm_, plain_gemm_;
   std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
 
