@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm cublas overlap chunks trace probe bench pdl tune
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace probe bench pdl tune
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS narrow the overlap and chunks stages)
 #                                               (default: build cpu gpu examples bench)
 #
@@ -103,6 +103,20 @@ fi
 if has gemm; then  # the GEMM engine alone against cuBLAS, every rank on its own GPU
   run_logged "gemm vs cuBLAS" gemm.txt "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --samples 10
   cat "$OUT/gemm.txt"
+fi
+
+if has hooks; then  # the hooked GEMM kernels alone (nothing waited on) against the plain ones, free and at equal configurations
+  shapes='2048,4096,8192;4096,4096,8192;8192,4096,8192;2048,14336,8192;4096,14336,8192;8192,14336,8192'
+  for spec in "none|" "wait_a_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
+    "wait_a_rows|128x256x64 c2x1 cooperative hooked, swizzle 2 along N" "none|256x128x64 c2x1 cooperative, swizzle 2 along N" \
+    "wait_a_rows|256x128x64 c2x1 cooperative hooked, swizzle 2 along N"; do
+    hook=${spec%%|*} cfg=${spec#*|}
+    echo "### hook $hook, config '${cfg:-tuned}'" >>"$OUT/hooks.txt"
+    "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --shapes "$shapes" --samples 10 \
+      --hook "$hook" ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
+  done
+  note "hooked GEMMs alone" "-> hooks.txt"
+  grep -E "^###|^ +[0-9]" "$OUT/hooks.txt"
 fi
 
 if has cublas; then  # which kernel cuBLAS runs at each GEMM shape (tile, cluster, schedule in its name)

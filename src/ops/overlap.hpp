@@ -78,8 +78,6 @@ class Overlap {
            const std::vector<Fused>& fused, const std::function<void(bool nccl)>& sequential);
   /// True once the path is a fused one.
   bool fused() const { return path_ >= 0 && path_ < fused_paths_; }
-  /// The chosen fused path's index in run()'s `fused`, or -1.
-  int fused_index() const { return fused() ? path_ : -1; }
   /// The chosen path's name ("fused", "sequential", "sequential, NCCL", ...), or "" before the first run.
   std::string path() const { return path_name_; }
   /// The first automatic run's medians (ms, slowest rank): the fused path, and

@@ -131,6 +131,8 @@ std::string bench_usage() {
          "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
          "  --out T            output type: the input type (default) or fp32\n"
          "  --config NAME      force one GEMM configuration\n"
+         "  --hook H           none (default), wait_a_rows or report_rows: time the hooked kernels alone\n"
+         "                     (no flag waited on, nothing reported), to compare with the plain ones\n"
          "ag_gemm, gemm_rs, gemm_ar (tensor-parallel operators against NCCL + cuBLAS, PyTorch-style shapes:\n"
          "N is the full output width, each rank computing N/W columns for ag_gemm; K the full depth, K/W per rank,\n"
          "for gemm_rs and gemm_ar):\n"
@@ -169,6 +171,11 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--b-layout") args.b_layout = value();
     else if (a == "--out") args.out_dtype = value();
     else if (a == "--config") args.config = value();
+    else if (a == "--hook") {
+      args.hook = value();
+      WEFT_REQUIRE(args.hook == "none" || args.hook == "wait_a_rows" || args.hook == "report_rows", "unknown --hook '",
+                   args.hook, "': expected none, wait_a_rows or report_rows");
+    }
     else if (a == "--m") m_list = value();
     else if (a == "--n") n_value = value();
     else if (a == "--k") k_value = value();

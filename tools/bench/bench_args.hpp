@@ -26,6 +26,7 @@ struct BenchArgs {
   std::string b_layout = "nk";                      ///< "nk" (B is [N,K]) or "kn"
   std::string out_dtype;                            ///< output type ("" = the input type)
   std::string config;                               ///< force a GEMM configuration by name
+  std::string hook = "none";                        ///< "none", "wait_a_rows", "report_rows": a hooked kernel, nothing waited on
 };
 
 /// Parses "M,N,K;M,N,K" (also "MxNxK"); throws naming the bad shape.

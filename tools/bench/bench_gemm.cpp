@@ -42,6 +42,9 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     o.output = out;
     o.b_layout = args.b_layout == "kn" ? BLayout::kn : BLayout::nk;
     o.config = args.config;
+    o.hook = args.hook == "wait_a_rows" ? GemmHook::wait_a_rows
+             : args.hook == "report_rows" ? GemmHook::report_rows
+                                          : GemmHook::none;
     if (ctx.rank() == 0)
       std::fprintf(stderr, "[weft-bench] gemm %lldx%lldx%lld ...\n", static_cast<long long>(o.m),
                    static_cast<long long>(o.n), static_cast<long long>(o.k));
