@@ -60,7 +60,7 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
       [&] {
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
         // Each fused way tunes its GEMMs (before its handshake), then runs.
-        for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+        for (FusedWay way : ops_detail::kFusedWays)
           if (reduce_->builds(way)) run_fused(a, b, out, stream, way);
       },
       reduce_ ? ops_detail::fused_ways(*reduce_, [&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); })

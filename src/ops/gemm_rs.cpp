@@ -19,7 +19,7 @@ constexpr std::int64_t kOneLaunchBlockRows = 512;  // tile rows x cluster rows, 
 std::vector<Overlap::Fused> ops_detail::fused_ways(const GemmRs& plan,
                                                    const std::function<void(cudaStream_t, FusedWay)>& enqueue) {
   std::vector<Overlap::Fused> paths;
-  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+  for (FusedWay way : ops_detail::kFusedWays)
     if (plan.builds(way)) paths.push_back({fused_way_name(way), [=](cudaStream_t s) { enqueue(s, way); }});
   return paths;
 }
@@ -34,7 +34,7 @@ const char* ops_detail::fused_way_name(FusedWay way) {
 }
 
 FusedWay ops_detail::fused_way_of(const std::string& path) {
-  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+  for (FusedWay way : ops_detail::kFusedWays)
     if (path == fused_way_name(way)) return way;
   return FusedWay::automatic;
 }
@@ -51,8 +51,8 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   // must not straddle two blocks (its wait would hold back the block before
   // it, which the ring needs first), whatever the tile (at most 256 rows, in
   // clusters of at most 2 along M).
-  one_launch_possible_ = world > 1 && block_rows_ % kOneLaunchBlockRows == 0;
-  WEFT_REQUIRE(o.way != FusedWay::ring_one_launch || one_launch_possible_,
+  const bool one_launch_possible = world > 1 && block_rows_ % kOneLaunchBlockRows == 0;
+  WEFT_REQUIRE(o.way != FusedWay::ring_one_launch || one_launch_possible,
                "GemmRs: FusedWay::ring_one_launch needs 2 or more ranks and M / W a multiple of ", kOneLaunchBlockRows,
                ", got M / W = ", block_rows_, " on ", world, " rank(s)");
   overlap_ = std::make_unique<Overlap>(ctx_, "gemm_rs", o.mode, str("GemmRs ", o.m, " x ", o.n, " x ", o.k));
@@ -63,7 +63,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   if (o.mode != OverlapMode::sequential) {
     const bool any = o.way == FusedWay::automatic;
     const bool per_step = any || o.way == FusedWay::ring_per_step || steps == 0;
-    const bool one = (any || o.way == FusedWay::ring_one_launch) && one_launch_possible_;
+    const bool one = (any || o.way == FusedWay::ring_one_launch) && one_launch_possible;
     if (per_step) {
       GemmOptions first = g;
       if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
@@ -134,7 +134,7 @@ void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
       [&] {
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
         // Each fused way tunes its GEMMs (before its handshake), then runs.
-        for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch})
+        for (FusedWay way : ops_detail::kFusedWays)
           if (builds(way)) run_fused(a, b, out, stream, way);
       },
       ops_detail::fused_ways(*this, [&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); }),
@@ -155,7 +155,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   const int world = ctx_->world_size(), me = ctx_->rank();
   const std::int64_t n = options_.n, k = options_.k;
   WEFT_REQUIRE(builds(way), "GemmRs::run_fused: this plan did not build the fused way '", ops_detail::fused_way_name(way),
-               "' (GemmRsOptions::way, one_launch_possible())");
+               "' (GemmRsOptions::way; builds())");
   const bool one_launch = way == FusedWay::ring_one_launch;
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
   const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);

@@ -1,6 +1,5 @@
 #include "overlap.hpp"
 
-
 #include <algorithm>
 #include <vector>
 

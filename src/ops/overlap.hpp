@@ -164,12 +164,14 @@ class Overlap {
   std::vector<CachedGraph> graphs_;
   int path_ = -1;  // [0, fused_paths_): fused; then sequential, sequential with NCCL; -1: undecided
   int fused_paths_ = 0;
-  int launching_ = 0;  // the fused path launch() enqueues (keys the graph cache)
   std::vector<bool> enqueued_once_;  // per fused path: its first call runs directly (it may tune)
   std::string path_name_;
   float fused_ms_ = 0, sequential_ms_ = 0;
   int trace_left_ = 0;  // WEFT_TRACE_OVERLAP: fused calls still to trace
 };
+
+/// GemmRs's fused ways, in the order plans list (and, on their first run, tune) them.
+inline constexpr FusedWay kFusedWays[] = {FusedWay::ring_per_step, FusedWay::ring_one_launch};
 
 /// A fused way's path name: "fused" (the ring, a GEMM per step), "fused, one launch".
 const char* fused_way_name(FusedWay way);

@@ -212,13 +212,13 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         ring_options.hook = GemmHook::wait_source_rows;
         if (plan_path == "fused" && then != std::string::npos) ring_options.config = plan_configs.substr(then + 7);
         Gemm ring_step(ring_options);
-        GemmOptions whole_options = ring_options;
-        whole_options.m = M;
-        whole_options.config = plan_configs;
         std::unique_ptr<Gemm> whole;
         void* whole_source = nullptr;
-        if (one_launch) whole = std::make_unique<Gemm>(whole_options);
         if (one_launch) {
+          GemmOptions whole_options = ring_options;
+          whole_options.m = M;
+          whole_options.config = plan_configs;
+          whole = std::make_unique<Gemm>(whole_options);
           whole_source = device_alloc(M * N * 2);
           fill_uniform(whole_source, M * N, "bf16", fresh_seed(me, ++salt), stream);
         }

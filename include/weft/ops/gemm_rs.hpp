@@ -93,9 +93,8 @@ class GemmRs {
   /// first step's, then the steps' that add a source; in one launch, its one
   /// GEMM's. "" before they are chosen.
   std::string fused_gemm_config(FusedWay way) const;
-  /// True where the fused ring can run as one launch (M / W a multiple of 512, 2 ranks or more).
-  bool one_launch_possible() const { return one_launch_possible_; }
-  /// True if the plan built this fused way (GemmRsOptions::way, and what the shape allows).
+  /// True if the plan built this fused way (GemmRsOptions::way, and what the
+  /// shape allows: one launch needs 2 ranks or more and M / W a multiple of 512).
   bool builds(FusedWay way) const;
   const GemmRsOptions& options() const { return options_; }
 
@@ -123,7 +122,6 @@ class GemmRs {
   GemmRsOptions options_;
   std::int64_t block_rows_, chunk_rows_, chunks_;
   std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
-  bool one_launch_possible_ = false;
   // Fused buffers are indexed by block (rows block b of the [M, N] sum):
   SymmetricBuffer staging_;  // [M, N]: block b's partial sum from rank - 1; our first block's rows stay zero
   SymmetricBuffer arrived_;  // u64 [W blocks][chunks] flags, then [W blocks][chunks] stored-row counters
