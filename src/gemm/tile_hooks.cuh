@@ -91,8 +91,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   CUTLASS_HOST_DEVICE HookedScheduler() {}
   CUTLASS_DEVICE explicit HookedScheduler(Params const& params)
-      : Base(params), wait_(params.wait), tile_m_(params.tile_m), rotate_tiles_(params.rotate_tiles),
-        tiles_m_(params.tiles_m), rows_(params.rows), tile_n_(params.tile_n), cols_(params.cols) {}
+      : Base(params), p_(&params) {}
 
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
@@ -103,7 +102,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
     Base::advance_to_next_work();
     WorkTileInfo next = hooked(Base::get_current_work());
-    if (wait_.done && static_cast<int>(threadIdx.x / 32) == kStoreWarp) report_stored(work, next);
+    if (p_->wait.done && static_cast<int>(threadIdx.x / 32) == kStoreWarp) report_stored(work, next);
     return cute::make_tuple(next, true);
   }
   template <class Pipeline, class PipelineState>
@@ -145,10 +144,10 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   /// True if row tiles m1 and m2 cover the same first and last band.
   CUTLASS_DEVICE bool same_bands(int m1, int m2) const {
-    const std::int64_t per = wait_.rows_per_done;
-    auto first = [&](int m) { return static_cast<std::int64_t>(m) * tile_m_ / per; };
+    const std::int64_t per = p_->wait.rows_per_done;
+    auto first = [&](int m) { return static_cast<std::int64_t>(m) * p_->tile_m / per; };
     auto last = [&](int m) {
-      const std::int64_t row1 = std::min<std::int64_t>((static_cast<std::int64_t>(m) + 1) * tile_m_, rows_);
+      const std::int64_t row1 = std::min<std::int64_t>((static_cast<std::int64_t>(m) + 1) * p_->tile_m, p_->rows);
       return (row1 - 1) / per;
     };
     return first(m1) == first(m2) && last(m1) == last(m2);
@@ -156,24 +155,24 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   /// done[band] += (rows of tile (m, n) in the band) x (its columns), per band it covers.
   CUTLASS_DEVICE void add_rows(int m, int n) const {
-    const std::int64_t row0 = static_cast<std::int64_t>(m) * tile_m_;
-    const std::int64_t row1 = std::min<std::int64_t>(row0 + tile_m_, rows_);
-    const std::int64_t cols = std::min<std::int64_t>(tile_n_, cols_ - static_cast<std::int64_t>(n) * tile_n_);
+    const std::int64_t row0 = static_cast<std::int64_t>(m) * p_->tile_m;
+    const std::int64_t row1 = std::min<std::int64_t>(row0 + p_->tile_m, p_->rows);
+    const std::int64_t cols = std::min<std::int64_t>(p_->tile_n, p_->cols - static_cast<std::int64_t>(n) * p_->tile_n);
     if (row0 >= row1 || cols <= 0) return;  // a tile past M (cluster padding) stores nothing
     dev::fence_proxy_async_global();  // the rows were written by the async proxy (TMA)
-    const std::int64_t per = wait_.rows_per_done;
+    const std::int64_t per = p_->wait.rows_per_done;
     for (std::int64_t band = row0 / per; band * per < row1; ++band)
-      dev::red_release(wait_.done + band, static_cast<std::uint64_t>(rows_in_band(row0, row1, band, per) * cols),
+      dev::red_release(p_->wait.done + band, static_cast<std::uint64_t>(rows_in_band(row0, row1, band, per) * cols),
                        dev::Scope::sys);
   }
 
   CUTLASS_DEVICE WorkTileInfo hooked(WorkTileInfo work) const {
     if (!work.is_valid()) return work;
-    if (rotate_tiles_) work.M_idx = (work.M_idx + rotate_tiles_) % tiles_m_;
-    const TileWaitParams& w = wait_;
+    if (p_->rotate_tiles) work.M_idx = (work.M_idx + p_->rotate_tiles) % p_->tiles_m;
+    const TileWaitParams& w = p_->wait;
     if (w.flags && static_cast<int>(threadIdx.x / 32) == w.wait_warp) {
-      const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * tile_m_;
-      const std::int64_t row1 = std::min<std::int64_t>(row0 + tile_m_, rows_);  // the last tile may run past M
+      const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * p_->tile_m;
+      const std::int64_t row1 = std::min<std::int64_t>(row0 + p_->tile_m, p_->rows);  // the last tile may run past M
       if (row0 < row1 && (row0 < w.ready_begin || row1 > w.ready_end)) {
         bool waited = false;
         for (std::int64_t f = row0 / w.rows_per_flag; f * w.rows_per_flag < row1; ++f) {
@@ -191,8 +190,11 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     return work;
   }
 
-  TileWaitParams wait_;
-  int tile_m_, rotate_tiles_, tiles_m_, rows_, tile_n_, cols_;
+  // The kernel's own (grid-constant) parameters, read in place: a copy in
+  // every thread kept ~30 registers live across the mainloop, and passing the
+  // World to the timeout report by reference put that copy on the stack (the
+  // hooked kernels spilled where the plain ones did not, and ran 1-4 % slower).
+  const Params* p_ = nullptr;
   int pending_m_ = -1, pending_n_ = 0;  // the last tile this thread's stores were issued for, unreported
 };
 
