@@ -103,10 +103,10 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   }
   fused_gemm_->prepare(args, stream);
 
-  // Every rank's gathered A and flags are free for this run; our flags of the last run are zeroed.
-  overlap_->handshake(stream, arrived, static_cast<int>(world * chunks_));
-  Overlap::mark(stream, "handshake");
-  cudaStream_t side = overlap_->fork(stream);
+  // Our flags of the last run are zeroed and every peer hears that our
+  // gathered A is free; the side stream pushes once every peer said the same.
+  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
+  Overlap::mark(stream, "start");
   // Our shard goes to every peer, the one that needs it soonest first, into
   // its slot `me` of their gathered A; its chunks' flags are [me][chunk] there.
   for (int turn = 1; turn < world; ++turn) {

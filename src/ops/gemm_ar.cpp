@@ -59,7 +59,7 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
       stream, {a, b, out},
       [&] {
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
-        // Each fused way tunes its GEMMs (before its handshake), then runs.
+        // Each fused way tunes its GEMMs (before its run starts), then runs.
         for (FusedWay way : ops_detail::kFusedWays)
           if (reduce_->builds(way)) run_fused(a, b, out, stream, way);
       },
@@ -83,7 +83,8 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * options_.n * 2);
   char* mine = static_cast<char*>(out) + me * chunks_ * chunk_bytes;
   auto* arrived = arrived_.as<std::uint64_t>();
-  // GemmRs's handshake also tells us every peer's out is free for this run.
+  // GemmRs's start also tells us every peer's out is free for this run (its
+  // side stream, where our sends go, waits for every peer's "free").
   // Each chunk of our block goes to every peer as soon as the ring's last step
   // has stored it, while the rest of the block computes.
   // With one launch the ring's GEMM stores every block's partial sum in out

@@ -133,7 +133,7 @@ void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
       stream, {a, b, out},
       [&] {
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
-        // Each fused way tunes its GEMMs (before its handshake), then runs.
+        // Each fused way tunes its GEMMs (before its run starts), then runs.
         for (FusedWay way : ops_detail::kFusedWays)
           if (builds(way)) run_fused(a, b, out, stream, way);
       },
@@ -195,7 +195,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                        .signals = from_prev,
                        .done = stored_rows,
                        .first_row = first_block * block_rows_};
-  // Tune (first run only) before the handshake, so no peer waits on a tuning
+  // Tune (first run only) before the run starts, so no peer waits on a tuning
   // rank. The counters and flags tell the tuner how many rows move together.
   if (one_launch) {
     whole_gemm_->prepare(whole, stream);
@@ -206,12 +206,12 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                         stream);
   }
 
-  // Every rank's staging and flags are free for this run; our flags and counters of the last run are zeroed.
-  overlap_->handshake(stream, arrived, static_cast<int>(2 * world * chunks_));
-  Overlap::mark(stream, "handshake");
-  // The side stream starts now, before the GEMMs: each step's block goes to
-  // rank + 1 chunk by chunk, each chunk as soon as our GEMM stored it.
-  cudaStream_t side = overlap_->fork(stream);
+  // Our flags and counters of the last run are zeroed and every peer hears
+  // that our staging is free. The side stream starts now, before the GEMMs,
+  // and once every peer said the same, each step's block goes to rank + 1
+  // chunk by chunk, each chunk as soon as our GEMM stored it.
+  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(2 * world * chunks_));
+  Overlap::mark(stream, "start");
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
   for (int s = 0; s < steps; ++s) {
     const int blk = schedule::ring_gemm_block(me, s, world);

@@ -13,23 +13,6 @@
 namespace weft::ops_detail {
 namespace {
 
-__global__ void handshake_kernel(dev::World w, std::uint64_t* flags, dev::LaunchEpoch e, std::uint64_t* reset,
-                                 int reset_count) {
-  __shared__ std::uint64_t epoch;
-  for (int i = static_cast<int>(threadIdx.x); i < reset_count; i += blockDim.x) reset[i] = 0;
-  if (threadIdx.x == 0) {
-    epoch = *e.value + 1;
-    *e.value = epoch;
-  }
-  __syncthreads();
-  dev::fence_sc(dev::Scope::sys);  // this stream's earlier work is done and visible before peers hear of it
-  const int p = static_cast<int>(threadIdx.x);
-  if (p < w.size && p != w.rank) {
-    dev::notify(w, flags + w.rank, p, epoch, dev::SignalOp::set, dev::Scope::sys);
-    dev::wait_until(w, flags + p, dev::Cmp::ge, epoch, dev::Scope::sys, p);
-  }
-}
-
 __global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int count, int per_rank) {
   for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) {
     const int from = i / per_rank;
@@ -105,11 +88,26 @@ Overlap::~Overlap() {
   if (side_) cudaStreamDestroy(side_);
 }
 
-void Overlap::handshake(cudaStream_t stream, std::uint64_t* reset, int reset_count) {
-  const int threads = std::max(128, ((ctx_->world_size() + 31) / 32) * 32);
-  handshake_kernel<<<1, threads, 0, stream>>>(ctx_->world(), ready_.flags(), ready_.launch_epoch(), reset,
-                                              reset_count);
-  WEFT_CUDA(cudaGetLastError());
+cudaStream_t Overlap::begin(cudaStream_t stream, std::uint64_t* reset, int reset_count) {
+  const int world = ctx_->world_size(), me = ctx_->rank();
+  if (reset_count > 0)
+    WEFT_CUDA(cudaMemsetAsync(reset, 0, static_cast<std::size_t>(reset_count) * sizeof(std::uint64_t), stream));
+  std::uint64_t* ready = ready_.flags();
+  // Flags 0: the write waits until this stream's earlier writes (the reset,
+  // the caller's last use of its buffers) are visible to the peer.
+  for (int p = 0; p < world; ++p)
+    if (p != me)
+      WEFT_CU(driver().cuStreamWriteValue64(
+          stream, reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(ready + me, p))), 1,
+          0));
+  cudaStream_t side = fork(stream);
+  for (int p = 0; p < world; ++p) {
+    if (p == me) continue;
+    const auto flag = reinterpret_cast<CUdeviceptr>(ready + p);
+    WEFT_CU(driver().cuStreamWaitValue64(side, flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    WEFT_CU(driver().cuStreamWriteValue64(side, flag, 0, 0));
+  }
+  return side;
 }
 
 cudaStream_t Overlap::fork(cudaStream_t stream) {

@@ -1,6 +1,6 @@
 // overlap.hpp (private) - what the overlapped operators (AgGemm, GemmRs, GemmAr) share:
 // their construction checks, a side stream for the copy engines, the
-// start-of-run handshake, chunked pushes whose flags the stream front end
+// start-of-run "free" exchange, chunked pushes whose flags the stream front end
 // raises, and the measured choice between fused and sequential paths.
 #pragma once
 
@@ -87,7 +87,7 @@ class Overlap {
   float sequential_ms() const { return sequential_ms_; }
 
   /// Enqueues one fused call through a CUDA graph: `enqueue(s)` puts the call
-  /// on stream `s`. A fused call is dozens of API calls (a handshake, GEMM
+  /// on stream `s`. A fused call is dozens of API calls (the "free" exchange, GEMM
   /// launches, copies, stream waits and writes per chunk); at small shapes
   /// enqueueing them takes as long as running them. So the first call runs
   /// `enqueue` directly (it may tune), later calls capture it once per `key`
@@ -99,14 +99,18 @@ class Overlap {
   void launch(cudaStream_t stream, int path, std::initializer_list<const void*> key,
               const std::function<void(cudaStream_t)>& enqueue);
 
-  /// Starts a fused run on `stream`: one small kernel zeroes reset[0,
-  /// reset_count) (this rank's arrival flags of the previous run, which no
-  /// peer writes again before it hears "free" from us), advances the epoch,
-  /// tells every peer "my buffers are free for this run" and waits until every
-  /// peer said the same. It runs before the GEMM takes the SMs.
-  void handshake(cudaStream_t stream, std::uint64_t* reset = nullptr, int reset_count = 0);
-  /// The side stream starts after everything enqueued on `stream` so far.
-  cudaStream_t fork(cudaStream_t stream);
+  /// Starts a fused run and returns the side stream, forked from `stream`.
+  /// On `stream`: zeroes reset[0, reset_count) (this rank's flags of the last
+  /// run, which no peer writes again before it hears "free" from us), then
+  /// tells every peer "my buffers are free for this run" with a write from
+  /// the stream's front end, behind a memory barrier. On the side stream:
+  /// waits for every peer's "free" and takes it back (sets it to 0), so what
+  /// is enqueued there next only writes into free buffers. No SM is taken and
+  /// `stream` waits for no peer: the GEMM enqueued next starts on its local
+  /// rows at once. Why taking "free" back cannot erase the peer's next one:
+  /// the peer says "free" again only at the start of its next run, after its
+  /// GEMM of this run, which needed the pushes we enqueue after taking it back.
+  cudaStream_t begin(cudaStream_t stream, std::uint64_t* reset = nullptr, int reset_count = 0);
   /// `stream` continues after everything enqueued on the side stream so far.
   void join(cudaStream_t stream);
   /// On `side`: copies chunk c of `chunk_bytes` from `src` to `dst` (same
@@ -143,6 +147,8 @@ class Overlap {
     std::string name;
     std::function<void()> call;
   };
+  /// The side stream starts after everything enqueued on `stream` so far.
+  cudaStream_t fork(cudaStream_t stream);
   void choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream);
   void print_trace(cudaStream_t stream);
 
@@ -153,7 +159,7 @@ class Overlap {
   };
 
   std::shared_ptr<Context> ctx_;
-  SignalArray ready_;  // [W]: flag q = rank q's "free for run e"
+  SignalArray ready_;  // [W]: flag q = 1 once rank q said "free" for our next pushes
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   OverlapMode mode_;

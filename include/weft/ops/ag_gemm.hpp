@@ -6,7 +6,9 @@
 // C_r = [A_0; A_1; ...; A_{W-1}] x B_r^T, [M, N_r], and ends with the gathered A.
 //
 // Fused path (one persistent GEMM, docs/design.md):
-//   - a start-of-run handshake (one small kernel) says every rank's buffers are free;
+//   - at the start, each rank tells every peer "my gathered A is free" from the
+//     stream's front end; its pushes wait (on a side stream) for every peer's
+//     word, the GEMM waits for nobody and starts on the local rows;
 //   - the copy engines push this rank's shard into every peer's gathered A, in
 //     chunks, each followed by a flag raised on the peer from the stream's
 //     front end (no SM involved);

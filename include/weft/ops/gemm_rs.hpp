@@ -100,7 +100,7 @@ class GemmRs {
 
   /// For a caller that ships `out` on (GemmAr): called once per fused run,
   /// before the GEMMs are enqueued, with the side stream (forked from the run's
-  /// stream after the handshake, joined back at the end) and the last step's
+  /// stream, past every peer's "free" for this run, joined back at the end) and the last step's
   /// stored-row counters: chunk c of `out` (chunk_rows() rows) is final once
   /// done[c] >= done_value. Work enqueued on `side` overlaps the GEMMs.
   using OwnBlockStored = std::function<void(cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value)>;
