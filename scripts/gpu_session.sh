@@ -33,6 +33,11 @@ run_logged() {  # name, log, command...
 
 { nvidia-smi; nvidia-smi topo -m; } >"$OUT/machine.txt" 2>&1
 note "machine" "$GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)"
+# Each GPU's clocks, power and clock-event reasons every 200 ms, for the whole
+# call: a rank that runs slower shows here (read only; clocks are never set).
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+  --format=csv,noheader,nounits -lms 200 >"$OUT/clocks.log" 2>&1 &
+CLOCKS_PID=$!
 
 if has build; then
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then
@@ -110,6 +115,16 @@ if has hooks; then  # the hooked GEMM kernels alone (nothing waited on) against 
   for spec in "none|" "wait_a_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
     "wait_a_rows|128x256x64 c2x1 cooperative hooked, swizzle 2 along N" "none|256x128x64 c2x1 cooperative, swizzle 2 along N" \
     "wait_a_rows|256x128x64 c2x1 cooperative hooked, swizzle 2 along N"; do
+    hook=${spec%%|*} cfg=${spec#*|}
+    echo "### hook $hook, config '${cfg:-tuned}'" >>"$OUT/hooks.txt"
+    "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --shapes "$shapes" --samples 10 \
+      --hook "$hook" ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
+  done
+  # The ring's GEMMs: a step's block (M/W rows, K/W deep) with and without the source it adds.
+  shapes='1024,8192,4096;2048,8192,4096;4096,8192,4096;1024,8192,14336;4096,8192,14336'
+  for spec in "none|" "wait_source_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
+    "report_rows|128x256x64 c2x1 cooperative hooked, swizzle 2 along N" \
+    "wait_source_rows|128x256x64 c2x1 cooperative hooked+source, swizzle 2 along N"; do
     hook=${spec%%|*} cfg=${spec#*|}
     echo "### hook $hook, config '${cfg:-tuned}'" >>"$OUT/hooks.txt"
     "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --shapes "$shapes" --samples 10 \
@@ -206,6 +221,27 @@ if has bench; then
     ${BENCH_ARGS:+--extra="$BENCH_ARGS"}
   grep -v '^\[weft-bench\]' "$OUT/sweep.log" | tail -n 90
 fi
+
+kill "$CLOCKS_PID" 2>/dev/null
+clocks=$(python3 - "$OUT/clocks.log" <<'PY'
+import collections, statistics, sys
+busy = collections.defaultdict(list)  # per GPU: samples drawing over 200 W
+for line in open(sys.argv[1]):
+    f = [x.strip() for x in line.split(",")]
+    try:
+        gpu, sm, power, reasons = int(f[1]), int(f[2]), float(f[4]), f[6]
+    except (IndexError, ValueError):
+        continue
+    if power > 200: busy[gpu].append((sm, reasons))
+out = []
+for gpu in sorted(busy):
+    sms = [s for s, _ in busy[gpu]]
+    top = collections.Counter(r for _, r in busy[gpu]).most_common(2)
+    out.append(f"GPU {gpu}: {len(sms)} busy samples, SM MHz median {statistics.median(sms):.0f} min {min(sms)}, reasons {top}")
+print("; ".join(out) or "no busy samples")
+PY
+)
+note "clocks while busy" "$clocks"
 
 echo
 {

@@ -39,6 +39,10 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                              BLayout layout, OverlapMode mode);
 
+/// WEFT_PDL (default 1): launches use programmatic dependent launch
+/// (declared here for the plans' GEMMs; kernel_util.cuh's launch_pdl uses it too).
+bool pdl_enabled();
+
 /// True while `stream` is being captured into a CUDA graph.
 bool capturing(cudaStream_t stream);
 
@@ -105,8 +109,8 @@ class Overlap {
   /// tells every peer "my buffers are free for this run" with a write from
   /// the stream's front end, behind a memory barrier. On the side stream:
   /// waits for every peer's "free" and takes it back (sets it to 0), so what
-  /// is enqueued there next only writes into free buffers. No SM is taken and
-  /// `stream` waits for no peer: the GEMM enqueued next starts on its local
+  /// is enqueued there next only writes into free buffers. No wait holds an SM
+  /// and `stream` waits for no peer: the GEMM enqueued next starts on its local
   /// rows at once. Why taking "free" back cannot erase the peer's next one:
   /// the peer says "free" again only at the start of its next run, after its
   /// GEMM of this run, which needed the pushes we enqueue after taking it back.

@@ -131,7 +131,8 @@ std::string bench_usage() {
          "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
          "  --out T            output type: the input type (default) or fp32\n"
          "  --config NAME      force one GEMM configuration\n"
-         "  --hook H           none (default), wait_a_rows or report_rows: time the hooked kernels alone\n"
+         "  --hook H           none (default), wait_a_rows, report_rows or wait_source_rows (adds S = 0):\n"
+         "                     time the hooked kernels alone\n"
          "                     (no flag waited on, nothing reported), to compare with the plain ones\n"
          "ag_gemm, gemm_rs, gemm_ar (tensor-parallel operators against NCCL + cuBLAS, PyTorch-style shapes:\n"
          "N is the full output width, each rank computing N/W columns for ag_gemm; K the full depth, K/W per rank,\n"
@@ -173,8 +174,9 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--config") args.config = value();
     else if (a == "--hook") {
       args.hook = value();
-      WEFT_REQUIRE(args.hook == "none" || args.hook == "wait_a_rows" || args.hook == "report_rows", "unknown --hook '",
-                   args.hook, "': expected none, wait_a_rows or report_rows");
+      WEFT_REQUIRE(args.hook == "none" || args.hook == "wait_a_rows" || args.hook == "report_rows" ||
+                       args.hook == "wait_source_rows",
+                   "unknown --hook '", args.hook, "': expected none, wait_a_rows, report_rows or wait_source_rows");
     }
     else if (a == "--m") m_list = value();
     else if (a == "--n") n_value = value();

@@ -42,9 +42,10 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     o.output = out;
     o.b_layout = args.b_layout == "kn" ? BLayout::kn : BLayout::nk;
     o.config = args.config;
-    o.hook = args.hook == "wait_a_rows" ? GemmHook::wait_a_rows
-             : args.hook == "report_rows" ? GemmHook::report_rows
-                                          : GemmHook::none;
+    o.hook = args.hook == "wait_a_rows"        ? GemmHook::wait_a_rows
+             : args.hook == "report_rows"      ? GemmHook::report_rows
+             : args.hook == "wait_source_rows" ? GemmHook::wait_source_rows
+                                               : GemmHook::none;
     if (ctx.rank() == 0)
       std::fprintf(stderr, "[weft-bench] gemm %lldx%lldx%lld ...\n", static_cast<long long>(o.m),
                    static_cast<long long>(o.n), static_cast<long long>(o.k));
@@ -58,10 +59,19 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     WEFT_CUDA(cudaMalloc(&c32, c_n * 4));
     fill_uniform(a, a_n, to_string(in), fresh_seed(ctx.rank(), 1), stream);
     fill_uniform(b, b_n, to_string(in), fresh_seed(ctx.rank(), 2), stream);
+    // wait_source_rows: D = A x B + S with S = 0, so the reference stays A x B
+    // and the timing includes the source's load (its sum is checked by the
+    // GPU tests); nothing is waited for.
+    void* source = nullptr;
+    if (o.hook == GemmHook::wait_source_rows) {
+      WEFT_CUDA(cudaMalloc(&source, c_n * dtype_size(out)));
+      WEFT_CUDA(cudaMemsetAsync(source, 0, c_n * dtype_size(out), stream));
+    }
+    auto run_weft = [&] { gemm.run(GemmArgs{.a = a, .b = b, .c = c, .source = source}, stream); };
     poison(c, c_n * dtype_size(out), 0xFF, stream);  // NaN pattern: unwritten elements fail the check
-    gemm.run(a, b, c, stream);  // first run tunes
+    run_weft();  // first run tunes
     poison(c, c_n * dtype_size(out), 0xFF, stream);
-    gemm.run(a, b, c, stream);
+    run_weft();
     // fp32-output reference (fp32 accumulation)
     require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, DType::fp32, o.b_layout, a, b, c32), "cublasGemmEx");
     require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx");
@@ -71,7 +81,7 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     const int calls = 5;
     const std::vector<double> us = time_interleaved(
         ctx, stream,
-        {[&] { gemm.run(a, b, c, stream); },
+        {run_weft,
          [&] {
            require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx");
          }},
@@ -79,7 +89,7 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     const double weft_us = us[0], cublas_us = us[1];
     rows.push_back({o.m, o.n, o.k, gemm.config(), weft_us / 1000, cublas_us / 1000, err});
     ok &= err < 1e-2;
-    for (void* p : {a, b, c, c_ref, c32}) cudaFree(p);
+    for (void* p : {a, b, c, c_ref, c32, source}) cudaFree(p);
   }
   cublasDestroy(handle);
   WEFT_CUDA(cudaStreamDestroy(stream));

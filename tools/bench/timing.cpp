@@ -1,9 +1,11 @@
 #include "timing.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <string>
 
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 
 namespace weft::bench {
@@ -44,7 +46,12 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
   std::string mine;
   for (const auto& v : us) mine += std::to_string(median(v)) + " ";
   std::vector<double> slowest(contenders.size(), 0.0);
-  for (const std::string& line : ctx.store().all_gather(mine, "benchmark timing")) {
+  const std::vector<std::string> lines = ctx.store().all_gather(mine, "benchmark timing");
+  // WEFT_BENCH_RANKS=1: every rank's medians, to see which rank is the slow one.
+  if (ctx.rank() == 0 && env_int(process_env(), "WEFT_BENCH_RANKS", 0) != 0)
+    for (std::size_t r = 0; r < lines.size(); ++r)
+      std::fprintf(stderr, "[weft-bench] rank %zu medians, us, contenders in order: %s\n", r, lines[r].c_str());
+  for (const std::string& line : lines) {
     std::istringstream in(line);
     for (double& x : slowest) {
       double v = 0;

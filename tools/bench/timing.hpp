@@ -18,7 +18,8 @@ double median(std::vector<double> values);
 /// same moment), a start event, `calls_per_sample` calls back to back, an end
 /// event. Returns microseconds per call: the median over `samples` samples on
 /// this rank, then the maximum of those medians over all ranks (the job is as
-/// slow as its slowest rank). Collective.
+/// slow as its slowest rank). Collective. WEFT_BENCH_RANKS=1: rank 0 also
+/// prints every rank's medians.
 double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void()>& fn, int calls_per_sample,
                      int samples, int warmup);
 
