@@ -42,7 +42,6 @@ struct Problem {
   int raster = 0;   ///< 0: the scheduler decides, 1: along M, 2: along N
   const void* source = nullptr;  ///< configurations with a source: D = A x B + source ([M, N], output type)
   TileWaitParams wait{};         ///< hooked configurations only
-  bool pdl = false;              ///< launch with programmatic stream serialisation (GemmArgs::pdl)
 };
 
 /// One instantiated kernel: its types, its name, and how to run it.

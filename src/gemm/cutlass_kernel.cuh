@@ -87,7 +87,7 @@ struct Kernel {
     Gemm gemm;
     auto args = arguments(p);
     cutlass::Status s = gemm.initialize(args, p.workspace, stream);
-    if (s == cutlass::Status::kSuccess) s = gemm.run(stream, nullptr, p.pdl);
+    if (s == cutlass::Status::kSuccess) s = gemm.run(stream);
     return s == cutlass::Status::kSuccess ? "" : cutlass::cutlassGetStatusString(s);
   }
 };

@@ -314,7 +314,6 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
   }
   prepare(x, stream);
   gemm_detail::Problem p = problem(x, swizzle_, raster_);
-  p.pdl = x.pdl && chosen_->hooked;  // only the hooked kernels are built to wait (CMakeLists.txt)
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
   reserve_workspace(chosen_->workspace(p));

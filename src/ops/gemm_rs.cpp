@@ -250,7 +250,6 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
       args.source = rows_of(staging_.get(), blk);
       args.signals = block_signals(blk);
-      args.pdl = ops_detail::pdl_enabled();  // its CTAs set up while the last step's finish
       step_gemm_->run(args, stream);
       if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
     }

@@ -39,10 +39,6 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                              BLayout layout, OverlapMode mode);
 
-/// WEFT_PDL (default 1): launches use programmatic dependent launch
-/// (declared here for the plans' GEMMs; kernel_util.cuh's launch_pdl uses it too).
-bool pdl_enabled();
-
 /// True while `stream` is being captured into a CUDA graph.
 bool capturing(cudaStream_t stream);
 

@@ -22,7 +22,6 @@
 #include "bench.hpp"
 #include "gpu_check.hpp"
 #include "timing.hpp"
-#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/gemm/cublas.hpp"
 #include "weft/ops/ag_gemm.hpp"
@@ -223,7 +222,6 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           whole_source = device_alloc(M * N * 2);
           fill_uniform(whole_source, M * N, "bf16", fresh_seed(me, ++salt), stream);
         }
-        const bool pdl = env_int(process_env(), "WEFT_PDL", 1) != 0;  // as the plan launches its steps
         auto ring_gemms = [&] {
           if (one_launch) {
             whole->run(GemmArgs{.a = a, .b = b, .c = c_ref, .source = whole_source}, stream);
@@ -233,8 +231,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           auto c_block = [&](int s) { return static_cast<char*>(c_ref) + s * rows_per_rank * N * 2; };
           ring_first.run(GemmArgs{.a = a_block(0), .b = b, .c = c_block(0)}, stream);
           for (int s = 1; s < world; ++s)
-            ring_step.run(GemmArgs{.a = a_block(s), .b = b, .c = c_block(s), .source = c_block(s - 1), .pdl = pdl},
-                          stream);
+            ring_step.run(GemmArgs{.a = a_block(s), .b = b, .c = c_block(s), .source = c_block(s - 1)}, stream);
         };
         auto nccl_coll = [&](const void* in, void* o, ncclDataType_t t) {
           if (ar) WEFT_NCCL(ncclAllReduce(in, o, M * N, t, ncclSum, nccl, stream));

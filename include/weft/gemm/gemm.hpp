@@ -76,12 +76,6 @@ struct GemmArgs {
   RowSignals signals{};          ///< hooked plans: what tiles wait for
   RowsDone done{};               ///< hooked plans: where tiles report their stored rows (optional)
   std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
-  /// Programmatic dependent launch: the grid is launched while the kernel
-  /// before it on the stream finishes its last tiles, so its CTAs set up as
-  /// SMs free; they read and write memory only once that kernel is complete.
-  /// For a GEMM that directly follows another (the ring's steps). Hooked
-  /// plans only (their kernels are built to wait); others ignore it.
-  bool pdl = false;
 };
 
 /// What a Gemm plan is built for.
