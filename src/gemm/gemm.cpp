@@ -42,10 +42,10 @@ const std::vector<const Config*>& all_configs() {
 
 namespace {
 
-constexpr int kTuneRuns = 5;       // round 1: timed runs per candidate (3 left the choice to noise)
+constexpr int kTunePasses = 4;     // round 1: passes over every candidate, one timed run each
 constexpr std::size_t kFinalists = 4;  // round 2: the fastest few of round 1 ...
-constexpr int kFinalRounds = 3;    // ... timed in interleaved rounds ...
-constexpr int kFinalRuns = 10;     // ... of this many runs each
+constexpr int kFinalRounds = 4;    // ... timed in passes ...
+constexpr int kFinalRuns = 8;      // ... of this many runs each
 
 const char* layout_name(BLayout l) { return l == BLayout::nk ? "[N,K]" : "[K,N]"; }
 
@@ -187,9 +187,6 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
 }
 
 void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
-  cudaEvent_t start, stop;
-  WEFT_CUDA(cudaEventCreate(&start));
-  WEFT_CUDA(cudaEventCreate(&stop));
   GemmArgs local = args;
   local.signals.flags = nullptr;  // tuning never waits: every row counts as present ...
   local.done.counters = nullptr;  // ... and reports nothing
@@ -206,14 +203,42 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     p.workspace = workspace_;
     return c.cfg->run(p, stream);
   };
-  auto time_runs = [&](const Candidate& c, int runs) {
-    WEFT_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < runs; ++i) launch(c);
-    WEFT_CUDA(cudaEventRecord(stop, stream));
-    WEFT_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    return ms / runs;
+  // One pass: `runs` back-to-back launches of each candidate, in order or
+  // reversed, with an event between candidates and no host wait inside the
+  // pass, so the GPU never idles and launch latency stays out of the times.
+  // Passes alternate direction: under the power cap the clocks fall as the
+  // GPU heats (the H200s here spend most busy time capped, 1250-1600 MHz), so
+  // a candidate always timed early would look faster than one timed late; a
+  // linear drift cancels out of the sum over a forward and a backward pass.
+  std::vector<cudaEvent_t> marks;
+  auto time_pass = [&](std::vector<Candidate>& cs, int runs, bool reversed) {
+    while (marks.size() < cs.size() + 1) {
+      cudaEvent_t e = nullptr;
+      WEFT_CUDA(cudaEventCreate(&e));
+      marks.push_back(e);
+    }
+    const std::size_t n = cs.size();
+    WEFT_CUDA(cudaEventRecord(marks[0], stream));
+    for (std::size_t i = 0; i < n; ++i) {
+      const Candidate& c = cs[reversed ? n - 1 - i : i];
+      for (int r = 0; r < runs; ++r) launch(c);
+      WEFT_CUDA(cudaEventRecord(marks[i + 1], stream));
+    }
+    WEFT_CUDA(cudaEventSynchronize(marks[n]));
+    for (std::size_t i = 0; i < n; ++i) {
+      float ms = 0;
+      WEFT_CUDA(cudaEventElapsedTime(&ms, marks[i], marks[i + 1]));
+      cs[reversed ? n - 1 - i : i].ms += ms / runs;
+    }
+  };
+  // Ranks that tune together (GemmOptions::agree) rank candidates by the slowest rank's time.
+  auto agree = [&](std::vector<Candidate>& cs) {
+    if (!options_.agree) return;
+    std::vector<float> ms;
+    for (const Candidate& c : cs) ms.push_back(c.ms);
+    options_.agree(ms);
+    WEFT_REQUIRE(ms.size() == cs.size(), "Gemm: GemmOptions::agree changed the number of timings");
+    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].ms = ms[i];
   };
   // The scheduler settings to try (the same kernel with other arguments, so
   // trying them costs only run time). Hooked kernels keep the row-major tile
@@ -250,27 +275,28 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
         if (!band_fits(cfg, swizzle)) continue;
         Candidate c{cfg, swizzle, raster};
         if (*launch(c)) continue;  // warm-up, and a check that it can run
-        c.ms = time_runs(c, kTuneRuns);
-        WEFT_LOG(debug, "Gemm ", describe(options_), ": ", cfg->name, " swizzle ", swizzle, " raster ", raster, " ",
-                 c.ms, " ms");
         all.push_back(c);
       }
   WEFT_REQUIRE(!all.empty(), "Gemm: no configuration can run ", describe(options_));
-  // Round 2: the few fastest again, interleaved and longer, so that one noisy
-  // sample (clocks ramping, another process) does not pick the configuration.
-  std::sort(all.begin(), all.end(), [](const Candidate& x, const Candidate& y) { return x.ms < y.ms; });
+  for (int pass = 0; pass < kTunePasses; ++pass) time_pass(all, 1, pass % 2 == 1);
+  agree(all);
+  for (const Candidate& c : all)
+    WEFT_LOG(debug, "Gemm ", describe(options_), ": ", c.cfg->name, " swizzle ", c.swizzle, " raster ", c.raster, " ",
+             c.ms / kTunePasses, " ms");
+  // Round 2: the few fastest again, longer, so that one noisy sample does not
+  // pick the configuration.
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& x, const Candidate& y) { return x.ms < y.ms; });
   all.resize(std::min<std::size_t>(all.size(), kFinalists));
   for (auto& c : all) c.ms = 0;
-  for (int round = 0; round < kFinalRounds; ++round)
-    for (auto& c : all) c.ms += time_runs(c, kFinalRuns);
+  for (int round = 0; round < kFinalRounds; ++round) time_pass(all, kFinalRuns, round % 2 == 1);
+  agree(all);
   const Candidate& best = *std::min_element(all.begin(), all.end(),
                                             [](const Candidate& x, const Candidate& y) { return x.ms < y.ms; });
   chosen_ = best.cfg;
   swizzle_ = best.swizzle;
   raster_ = best.raster;
   WEFT_LOG(debug, "Gemm ", describe(options_), ": chose ", config(), " at ", best.ms / kFinalRounds, " ms");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  for (cudaEvent_t e : marks) cudaEventDestroy(e);
 }
 
 void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {

@@ -23,6 +23,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
+  g.agree = ops_detail::slowest_rank(ctx_);
   if (o.mode != OverlapMode::sequential) {
     GemmOptions hooked = g;
     hooked.hook = GemmHook::wait_a_rows;

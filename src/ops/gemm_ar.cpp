@@ -30,6 +30,7 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std:
   if (o.mode != OverlapMode::fused) {
     GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
     g.allow_cublas = true;  // unhooked: cuBLAS where it is faster
+    g.agree = ops_detail::slowest_rank(ctx_);
     plain_gemm_ = std::make_unique<Gemm>(g);
     all_reduce_ = std::make_unique<AllReduce>(
         ctx_, AllReduceOptions{.count = static_cast<std::uint64_t>(o.m * o.n), .dtype = o.dtype});
@@ -57,11 +58,8 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
     ctx_->verify_same_call(str("GemmAr run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(
       stream, {a, b, out},
-      [&] {
+      [&] {  // each fused way tunes its GEMMs on its first call (before its run starts)
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
-        // Each fused way tunes its GEMMs (before its run starts), then runs.
-        for (FusedWay way : ops_detail::kFusedWays)
-          if (reduce_->builds(way)) run_fused(a, b, out, stream, way);
       },
       reduce_ ? ops_detail::fused_ways(*reduce_, [&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); })
               : std::vector<Overlap::Fused>{},  // a sequential plan builds no ring

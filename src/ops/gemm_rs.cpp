@@ -60,6 +60,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   const int steps = world - 1;
   GemmOptions g = gemm_options(block_rows_, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
+  g.agree = ops_detail::slowest_rank(ctx_);
   if (o.mode != OverlapMode::sequential) {
     const bool any = o.way == FusedWay::automatic;
     const bool per_step = any || o.way == FusedWay::ring_per_step || steps == 0;
@@ -131,11 +132,8 @@ void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
     ctx_->verify_same_call(str("GemmRs run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(
       stream, {a, b, out},
-      [&] {
+      [&] {  // each fused way tunes its GEMMs on its first call (before its run starts)
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
-        // Each fused way tunes its GEMMs (before its run starts), then runs.
-        for (FusedWay way : ops_detail::kFusedWays)
-          if (builds(way)) run_fused(a, b, out, stream, way);
       },
       ops_detail::fused_ways(*this, [&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); }),
       [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });

@@ -1,6 +1,7 @@
 #include "overlap.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "schedule.hpp"
@@ -29,6 +30,21 @@ struct Trace {
 } trace;
 
 }  // namespace
+
+std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> ctx) {
+  return [ctx](std::vector<float>& ms) {
+    const std::string mine(reinterpret_cast<const char*>(ms.data()), ms.size() * sizeof(float));
+    for (const std::string& theirs : ctx->store().all_gather(mine, "GEMM tuning timings")) {
+      WEFT_REQUIRE(theirs.size() == mine.size(), "GEMM tuning: a rank timed ", theirs.size() / sizeof(float),
+                   " configurations where this one timed ", ms.size(), " (the ranks must build the same plan)");
+      for (std::size_t i = 0; i < ms.size(); ++i) {
+        float t = 0;
+        std::memcpy(&t, theirs.data() + i * sizeof(float), sizeof(float));
+        ms[i] = std::max(ms[i], t);
+      }
+    }
+  };
+}
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

@@ -39,6 +39,11 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                              BLayout layout, OverlapMode mode);
 
+/// GemmOptions::agree for a plan's GEMMs: each tuning timing replaced by its
+/// maximum over the ranks (through the store), so every rank runs the same
+/// configuration, picked by the slowest rank's time. Collective.
+std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> ctx);
+
 /// True while `stream` is being captured into a CUDA graph.
 bool capturing(cudaStream_t stream);
 

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,12 @@ struct GemmOptions {
   /// faster. Off by default, so a Gemm is weft's own kernels unless asked;
   /// the overlapped operators turn it on for their unhooked GEMMs.
   bool allow_cublas = false;
+  /// For ranks that tune the same GEMM together (the overlapped plans'
+  /// GEMMs): a collective that replaces each timing of a list (ms; the same
+  /// candidates in the same order on every rank) by its maximum over those
+  /// ranks, so that every rank runs the same configuration, picked by the
+  /// slowest rank's time. Empty: this rank's own timings decide.
+  std::function<void(std::vector<float>&)> agree;
 };
 
 /// Options of a plain GEMM: C [m, n] = A [m, k] x B, inputs and output of type `t`.
