@@ -1,9 +1,13 @@
 // The GEMM engine on one GPU: every configuration, both B layouts, bf16/fp16,
 // fp32 output, M not a multiple of the tile, against cuBLAS's fp32-accumulated
-// fp32 result; and the errors for shapes it cannot take.
+// fp32 result; the hooked configurations' waits and reports; and the errors
+// for shapes it cannot take.
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gpu_check.hpp"
@@ -174,4 +178,91 @@ TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {
     EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << name;
   }
   for (void* p : {a, b, c, static_cast<void*>(ref), static_cast<void*>(counters)}) cudaFree(p);
+}
+
+TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
+  // Every waiting configuration (cooperative and pingpong), with the tile
+  // order rotated: the rows of the first band start as NaNs with their flags
+  // at 0; the GEMM starts; 20 ms later a copy engine writes the real rows and
+  // then raises the flags. A tile that read before its flag would carry the
+  // NaNs into C. wait_a_rows waits for rows of A; wait_source_rows for rows of
+  // the source S, which it adds (C = A x B + S).
+  Cublas cb;
+  cudaStream_t s = test::stream(), late;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
+  const std::int64_t m = 1024, n = 1032, k = 512, rows_per_flag = 128, late_rows = 512, flags_n = m / rows_per_flag;
+  void *a, *b, *c, *src;
+  float* ref;
+  std::uint64_t* flags;
+  WEFT_CUDA(cudaMalloc(&a, m * k * 2));
+  WEFT_CUDA(cudaMalloc(&b, n * k * 2));
+  WEFT_CUDA(cudaMalloc(&c, m * n * 2));
+  WEFT_CUDA(cudaMalloc(&src, m * n * 2));
+  WEFT_CUDA(cudaMalloc(&ref, m * n * 4));
+  WEFT_CUDA(cudaMalloc(&flags, flags_n * 8));
+  char* real_rows = nullptr;  // pinned, so the late copy is a copy engine's
+  std::uint64_t* ones = nullptr;
+  WEFT_CUDA(cudaMallocHost(&real_rows, late_rows * std::max(k, n) * 2));
+  WEFT_CUDA(cudaMallocHost(&ones, flags_n * 8));
+  for (std::int64_t i = 0; i < flags_n; ++i) ones[i] = 1;
+  cublasSetStream(cb.h, s);
+  int tried = 0;
+  for (GemmHook hook : {GemmHook::wait_a_rows, GemmHook::wait_source_rows}) {
+    const bool source = hook == GemmHook::wait_source_rows;
+    GemmOptions o{m, n, k};
+    o.hook = hook;
+    for (const std::string& name : Gemm(o).configurations()) {
+      o.config = name;
+      Gemm gemm(o);
+      bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(ctx().rank(), 71 + tried), s);
+      bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(ctx().rank(), 91 + tried), s);
+      bench::fill_uniform(src, m * n, "bf16", bench::fresh_seed(ctx().rank(), 111 + tried), s);
+      // The reference, on the real operands: A x B (+ S, added on the host).
+      reference(cb.h, o, a, b, ref);
+      if (source) {
+        std::vector<float> r(m * n);
+        std::vector<std::uint16_t> sv(m * n);
+        WEFT_CUDA(cudaMemcpyAsync(r.data(), ref, m * n * 4, cudaMemcpyDeviceToHost, s));
+        WEFT_CUDA(cudaMemcpyAsync(sv.data(), src, m * n * 2, cudaMemcpyDeviceToHost, s));
+        WEFT_CUDA(cudaStreamSynchronize(s));
+        for (std::int64_t i = 0; i < m * n; ++i) {
+          const std::uint32_t bits = static_cast<std::uint32_t>(sv[i]) << 16;
+          float v;
+          std::memcpy(&v, &bits, 4);
+          r[i] += v;
+        }
+        WEFT_CUDA(cudaMemcpyAsync(ref, r.data(), m * n * 4, cudaMemcpyHostToDevice, s));
+      }
+      void* waited = source ? src : a;  // the matrix whose first rows arrive late
+      const std::int64_t row_bytes = (source ? n : k) * 2;
+      WEFT_CUDA(cudaMemcpyAsync(real_rows, waited, late_rows * row_bytes, cudaMemcpyDeviceToHost, s));
+      bench::poison(waited, late_rows * row_bytes, 0xFF, s);  // NaNs until the flags say otherwise
+      WEFT_CUDA(cudaMemsetAsync(flags, 0, flags_n * 8, s));
+      bench::poison(c, m * n * 2, 0xFF, s);
+      GemmArgs args{.a = a, .b = b, .c = c, .source = source ? src : nullptr};
+      args.signals = RowSignals{.world = &ctx().world(),
+                                .flags = flags,
+                                .rows_per_flag = rows_per_flag,
+                                .value = 1,
+                                .ready_begin = late_rows,  // the rest is present from the start
+                                .ready_end = m,
+                                .from_rank = ctx().rank()};
+      args.first_row = late_rows;  // the present rows first, as AllGather + GEMM starts on its own shard
+      gemm.prepare(args, s);        // tuning never waits
+      WEFT_CUDA(cudaStreamSynchronize(s));
+      gemm.run(args, s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      WEFT_CUDA(cudaMemcpyAsync(waited, real_rows, late_rows * row_bytes, cudaMemcpyHostToDevice, late));
+      WEFT_CUDA(cudaMemcpyAsync(flags, ones, late_rows / rows_per_flag * 8, cudaMemcpyHostToDevice, late));
+      WEFT_CUDA(cudaStreamSynchronize(late));
+      EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, m * n, s), 1e-2) << name;
+      ++tried;
+    }
+  }
+  EXPECT_GE(tried, 4) << "cooperative and pingpong, for both waits";
+  WEFT_CUDA(cudaStreamSynchronize(s));
+  cudaFreeHost(real_rows);
+  cudaFreeHost(ones);
+  cudaStreamDestroy(late);
+  for (void* p : {a, b, c, src, static_cast<void*>(ref), static_cast<void*>(flags)}) cudaFree(p);
 }
