@@ -34,10 +34,6 @@ const std::vector<const Config*>& all_configs() {
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked(),
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source(),
       config_bf16_bf16_nk_128x128x64_c1x2_pingpong(),
-      // Last, so that a hooked plan's first candidate (the pick under graph
-      // capture, untuned) is one that can report too.
-      config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked(),
-      config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source(),
   };
   return configs;
 }
@@ -69,8 +65,7 @@ std::string describe(const GemmOptions& o) {
 }
 
 bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
-  return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows) &&
-         (h != GemmHook::report_rows || c.reports);
+  return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows);
 }
 
 }  // namespace
@@ -278,7 +273,6 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
       for (int raster : rasters) {
         if (cfg->cublas && (swizzle != swizzles.front() || raster != rasters.front())) continue;
         if (!band_fits(cfg, swizzle)) continue;
-        if (args.done.counters && !cfg->reports) continue;  // the run will report its stored rows
         Candidate c{cfg, swizzle, raster};
         if (*launch(c)) continue;  // warm-up, and a check that it can run
         all.push_back(c);
@@ -334,10 +328,6 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
     WEFT_REQUIRE(!x.source, "Gemm::run: a source matrix was given to a plan built without one (GemmHook::wait_source_rows)");
   if (x.done.counters) {
     WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: stored-row counters were given to a plan built without a hook");
-    prepare(x, stream);
-    WEFT_REQUIRE(chosen_->reports, "Gemm::run: stored-row counters were given, but the configuration '", chosen_->name,
-                 "' does not report (pingpong kernels only wait); pass the counters to prepare() so the tuner keeps "
-                 "to configurations that report, or force a cooperative one");
     WEFT_REQUIRE(x.done.rows_per_counter > 0, "Gemm::run: rows_per_counter must be positive, got ",
                  x.done.rows_per_counter);
   }

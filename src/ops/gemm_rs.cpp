@@ -199,12 +199,8 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
     whole_gemm_->prepare(whole, stream);
   } else {
     first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = d, .done = block_done(0)}, stream);
-    // Steps report their stored rows where they are sent on (not the last
-    // step, unless a caller ships it): only then must the tuner keep to
-    // configurations that report.
-    const bool step_reports = steps > 1 || own_block_stored;
     step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging_.get(), .signals = block_signals(0),
-                                 .done = step_reports ? block_done(0) : RowsDone{}},
+                                 .done = block_done(0)},
                         stream);
   }
 
