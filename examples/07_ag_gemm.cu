@@ -7,10 +7,11 @@
 // Every rank computes C_r = allgather(A) x B_r^T, [M, N]: it needs every
 // rank's rows of A. The plain way gathers all of A, then multiplies, so the
 // GEMM waits for the slowest shard. weft::AgGemm (fused path) overlaps them:
-//   1. a small handshake kernel says "my gathered A is free for this run";
-//   2. the copy engines push this rank's shard into every peer's gathered A,
-//      in chunks; after each chunk the stream's front end raises a flag on the
-//      peer (cuStreamWriteValue64): no SM is spent on communication;
+//   1. the stream's front end tells every peer "my gathered A is free for this
+//      run" (cuStreamWriteValue64 into the peer's word);
+//   2. once every peer said the same, the copy engines push this rank's shard
+//      into every peer's gathered A, in chunks; after each chunk the stream's
+//      front end raises a flag on the peer: no SM is spent on communication;
 //   3. one persistent GEMM starts at this rank's own rows (already local),
 //      then walks the shards in the order they arrive (r+1, r+2, ...). Before
 //      loading a tile's rows of A, its producer warp waits on the flags of just
