@@ -18,7 +18,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 BUILD=${WEFT_BUILD_DIR:-build-gpu}
 STAGES=${*:-build cpu gpu examples bench}
-GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || echo 0)
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)  # grep -c prints 0 itself where none
 declare -a SUMMARY
 note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); echo "### $1: $2"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -111,25 +111,25 @@ if has gemm; then  # the GEMM engine alone against cuBLAS, every rank on its own
 fi
 
 if has hooks; then  # the hooked GEMM kernels alone (nothing waited on) against the plain ones, free and at equal configurations
-  shapes='2048,4096,8192;4096,4096,8192;8192,4096,8192;2048,14336,8192;4096,14336,8192;8192,14336,8192'
-  for spec in "none|" "wait_a_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
+  time_hooks() {  # shapes, then "hook|config" specs (an empty config: tuned)
+    local shapes=$1 spec hook cfg
+    shift
+    for spec in "$@"; do
+      hook=${spec%%|*} cfg=${spec#*|}
+      echo "### hook $hook, config '${cfg:-tuned}'" >>"$OUT/hooks.txt"
+      "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --shapes "$shapes" --samples 10 \
+        --hook "$hook" ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
+    done
+  }
+  time_hooks '2048,4096,8192;4096,4096,8192;8192,4096,8192;2048,14336,8192;4096,14336,8192;8192,14336,8192' \
+    "none|" "wait_a_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
     "wait_a_rows|128x256x64 c2x1 cooperative hooked, swizzle 2 along N" "none|256x128x64 c2x1 cooperative, swizzle 2 along N" \
-    "wait_a_rows|256x128x64 c2x1 cooperative hooked, swizzle 2 along N"; do
-    hook=${spec%%|*} cfg=${spec#*|}
-    echo "### hook $hook, config '${cfg:-tuned}'" >>"$OUT/hooks.txt"
-    "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --shapes "$shapes" --samples 10 \
-      --hook "$hook" ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
-  done
+    "wait_a_rows|256x128x64 c2x1 cooperative hooked, swizzle 2 along N"
   # The ring's GEMMs: a step's block (M/W rows, K/W deep) with and without the source it adds.
-  shapes='1024,8192,4096;2048,8192,4096;4096,8192,4096;1024,8192,14336;4096,8192,14336'
-  for spec in "none|" "wait_source_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
+  time_hooks '1024,8192,4096;2048,8192,4096;4096,8192,4096;1024,8192,14336;4096,8192,14336' \
+    "none|" "wait_source_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
     "report_rows|128x256x64 c2x1 cooperative hooked, swizzle 2 along N" \
-    "wait_source_rows|128x256x64 c2x1 cooperative hooked+source, swizzle 2 along N"; do
-    hook=${spec%%|*} cfg=${spec#*|}
-    echo "### hook $hook, config '${cfg:-tuned}'" >>"$OUT/hooks.txt"
-    "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --shapes "$shapes" --samples 10 \
-      --hook "$hook" ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
-  done
+    "wait_source_rows|128x256x64 c2x1 cooperative hooked+source, swizzle 2 along N"
   note "hooked GEMMs alone" "-> hooks.txt"
   grep -E "^###|^ +[0-9]" "$OUT/hooks.txt"
 fi
