@@ -31,19 +31,25 @@ struct Trace {
 
 }  // namespace
 
-std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> ctx) {
-  return [ctx](std::vector<float>& ms) {
-    const std::string mine(reinterpret_cast<const char*>(ms.data()), ms.size() * sizeof(float));
-    for (const std::string& theirs : ctx->store().all_gather(mine, "GEMM tuning timings")) {
-      WEFT_REQUIRE(theirs.size() == mine.size(), "GEMM tuning: a rank timed ", theirs.size() / sizeof(float),
-                   " configurations where this one timed ", ms.size(), " (the ranks must build the same plan)");
-      for (std::size_t i = 0; i < ms.size(); ++i) {
-        float t = 0;
-        std::memcpy(&t, theirs.data() + i * sizeof(float), sizeof(float));
-        ms[i] = std::max(ms[i], t);
-      }
+void max_over_ranks(Store& store, std::vector<float>& values, const char* what) {
+  const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  const std::vector<std::string> all = store.all_gather(mine, what);
+  if (std::any_of(all.begin(), all.end(), [&](const std::string& b) { return b.size() != mine.size(); })) {
+    std::string counts;  // the same text on every rank
+    for (std::size_t r = 0; r < all.size(); ++r)
+      counts += str(r ? ", " : "", "rank ", r, " ", all[r].size() / sizeof(float));
+    WEFT_FAIL(what, ": the ranks gave different numbers of values (", counts, "); they must make the same call");
+  }
+  for (const std::string& theirs : all)
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      float v = 0;
+      std::memcpy(&v, theirs.data() + i * sizeof(float), sizeof(float));
+      values[i] = std::max(values[i], v);
     }
-  };
+}
+
+std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> ctx) {
+  return [ctx](std::vector<float>& ms) { max_over_ranks(ctx->store(), ms, "GEMM tuning timings"); };
 }
 
 bool capturing(cudaStream_t stream) {

@@ -39,8 +39,13 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                              BLayout layout, OverlapMode mode);
 
-/// GemmOptions::agree for a plan's GEMMs: each tuning timing replaced by its
-/// maximum over the ranks (through the store), so every rank runs the same
+/// Replaces each of `values` by its maximum over the ranks of `store` (one
+/// all_gather). Collective; every rank passes as many values, else every
+/// rank throws naming each rank's count. `what` names the exchange in errors.
+void max_over_ranks(Store& store, std::vector<float>& values, const char* what);
+
+/// GemmOptions::agree for a plan's GEMMs: max_over_ranks of the tuning
+/// timings through the context's store, so every rank runs the same
 /// configuration, picked by the slowest rank's time. Collective.
 std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> ctx);
 

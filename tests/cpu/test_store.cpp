@@ -1,4 +1,5 @@
-// CPU tests of the TCP rendezvous store (weft/runtime/store.hpp).
+// CPU tests of the TCP rendezvous store (weft/runtime/store.hpp), and of
+// ops_detail::max_over_ranks, which the plans' GEMM tuners agree through.
 //
 // Every test forks one child process per rank. The gtest process itself never
 // opens a store (so it has no threads when it forks); children do their part,
@@ -28,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "ops/overlap.hpp"
 #include "weft/core/error.hpp"
 #include "weft/runtime/store.hpp"
 
@@ -620,5 +622,33 @@ TEST(StoreTest, InvalidOptionsAreRejected) {
     FAIL() << "port 0 was accepted";
   } catch (const weft::Error& e) {
     EXPECT_CONTAINS(std::string(e.what()), "port 0 is not a TCP port");
+  }
+}
+
+// ops_detail::max_over_ranks: how the overlapped plans' GEMM tuners agree on
+// a configuration (each timing becomes its slowest rank's).
+TEST(StoreTest, MaxOverRanksTakesEachValuesMaximumOnEveryRank) {
+  int port = free_port();
+  const int world = 3;
+  expect_all_ok(run_children(world, [&](int rank) -> std::string {
+    auto store = Store::connect(options(port, rank, world));
+    std::vector<float> v = {static_cast<float>(rank), 10.0f - rank, rank == 1 ? 100.0f : -1.0f};
+    weft::ops_detail::max_over_ranks(*store, v, "test timings");
+    const std::vector<float> want = {world - 1.0f, 10.0f, 100.0f};
+    return v == want ? "OK" : "got " + std::to_string(v[0]) + " " + std::to_string(v[1]) + " " + std::to_string(v[2]);
+  }));
+}
+
+TEST(StoreTest, MaxOverRanksNamesARankThatGaveAnotherCount) {
+  int port = free_port();
+  auto out = run_children(2, [&](int rank) -> std::string {
+    auto store = Store::connect(options(port, rank, 2));
+    std::vector<float> v(rank == 1 ? 2 : 3, 1.0f);
+    weft::ops_detail::max_over_ranks(*store, v, "test timings");
+    return "no error";
+  });
+  for (auto& o : out) {
+    EXPECT_EQ(o.code, 1) << o;
+    EXPECT_CONTAINS(o.text, "test timings: the ranks gave different numbers of values (rank 0 3, rank 1 2)");
   }
 }
