@@ -210,7 +210,13 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // GPU heats (the H200s here spend most busy time capped, 1250-1600 MHz), so
   // a candidate always timed early would look faster than one timed late; a
   // linear drift cancels out of the sum over a forward and a backward pass.
-  std::vector<cudaEvent_t> marks;
+  struct Marks {  // destroyed on every way out, a throwing launch included
+    std::vector<cudaEvent_t> events;
+    ~Marks() {
+      for (cudaEvent_t e : events) cudaEventDestroy(e);
+    }
+  } pass_marks;
+  std::vector<cudaEvent_t>& marks = pass_marks.events;
   auto time_pass = [&](std::vector<Candidate>& cs, int runs, bool reversed) {
     while (marks.size() < cs.size() + 1) {
       cudaEvent_t e = nullptr;
@@ -296,7 +302,6 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   swizzle_ = best.swizzle;
   raster_ = best.raster;
   WEFT_LOG(debug, "Gemm ", describe(options_), ": chose ", config(), " at ", best.ms / kFinalRounds, " ms");
-  for (cudaEvent_t e : marks) cudaEventDestroy(e);
 }
 
 void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {

@@ -91,7 +91,10 @@ void require_operands(const char* who, std::initializer_list<const void*> operan
 }
 
 Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapMode mode, std::string what)
-    : ctx_(std::move(ctx)), ready_(ctx_->heap(), ctx_->world_size(), name + ".ready"), mode_(mode),
+    : ctx_(std::move(ctx)),
+      ready_(ctx_->heap(), static_cast<std::uint64_t>(ctx_->world_size()) * sizeof(std::uint64_t), "u64",
+             name + ".ready"),
+      mode_(mode),
       what_(std::move(what)) {
   use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0;
   trace_left_ = static_cast<int>(env_int(process_env(), "WEFT_TRACE_OVERLAP", 0));
@@ -114,7 +117,7 @@ cudaStream_t Overlap::begin(cudaStream_t stream, std::uint64_t* reset, int reset
   const int world = ctx_->world_size(), me = ctx_->rank();
   if (reset_count > 0)
     WEFT_CUDA(cudaMemsetAsync(reset, 0, static_cast<std::size_t>(reset_count) * sizeof(std::uint64_t), stream));
-  std::uint64_t* ready = ready_.flags();
+  auto* ready = ready_.as<std::uint64_t>();
   // Flags 0: the write waits until this stream's earlier writes (the reset,
   // the caller's last use of its buffers) are visible to the peer.
   for (int p = 0; p < world; ++p)

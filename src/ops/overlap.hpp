@@ -169,7 +169,7 @@ class Overlap {
   };
 
   std::shared_ptr<Context> ctx_;
-  SignalArray ready_;  // [W]: flag q = 1 once rank q said "free" for our next pushes
+  SymmetricBuffer ready_;  // u64 [W], zeroed: word q = 1 once rank q said "free" for our next pushes
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   OverlapMode mode_;

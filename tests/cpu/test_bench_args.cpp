@@ -73,6 +73,19 @@ TEST(BenchArgs, ParsesListsRangesAndFlags) {
   EXPECT_EQ(a.max_sms, 8);
 }
 
+TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm"}).hook, GemmHook::none);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_source_rows"}).hook, GemmHook::wait_source_rows);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--hook", "report_rows"}).hook, GemmHook::report_rows);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).way, FusedWay::automatic);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_ar", "--way", "one_launch"}).way, FusedWay::ring_one_launch);
+  EXPECT_NE(error_of({"gemm", "--hook", "wait"}).find(
+                "unknown --hook 'wait': expected one of none, wait_a_rows, report_rows, wait_source_rows"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm_rs", "--way", "ring"}).find("unknown --way 'ring': expected one of per_step, one_launch"),
+            std::string::npos);
+}
+
 TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
   EXPECT_NE(error_of({}).find("no operation given: expected one of all_gather, all_reduce, reduce_scatter, gemm"),
             std::string::npos);

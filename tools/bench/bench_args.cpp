@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
@@ -54,6 +55,25 @@ std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (auto& s : v) out += (out.empty() ? "" : ", ") + s;
   return out;
+}
+
+// The names an option takes, and what each means: the one place that knows them.
+template <class T>
+using Names = std::vector<std::pair<std::string, T>>;
+const Names<GemmHook> kHooks = {{"none", GemmHook::none},
+                                {"wait_a_rows", GemmHook::wait_a_rows},
+                                {"report_rows", GemmHook::report_rows},
+                                {"wait_source_rows", GemmHook::wait_source_rows}};
+const Names<FusedWay> kWays = {{"per_step", FusedWay::ring_per_step}, {"one_launch", FusedWay::ring_one_launch}};
+
+template <class T>
+T parse_name(const std::string& flag, const std::string& value, const Names<T>& names) {
+  std::vector<std::string> known;
+  for (const auto& [name, meaning] : names) {
+    if (name == value) return meaning;
+    known.push_back(name);
+  }
+  WEFT_FAIL("unknown ", flag, " '", value, "': expected one of ", join(known));
 }
 
 }  // namespace
@@ -132,8 +152,8 @@ std::string bench_usage() {
          "  --out T            output type: the input type (default) or fp32\n"
          "  --config NAME      force one GEMM configuration\n"
          "  --hook H           none (default), wait_a_rows, report_rows or wait_source_rows (adds S = 0):\n"
-         "                     time the hooked kernels alone\n"
-         "                     (no flag waited on, nothing reported), to compare with the plain ones\n"
+         "                     the hooked kernels alone (no flag waited on, nothing reported),\n"
+         "                     to compare with the plain ones\n"
          "ag_gemm, gemm_rs, gemm_ar (tensor-parallel operators against NCCL + cuBLAS, PyTorch-style shapes:\n"
          "N is the full output width, each rank computing N/W columns for ag_gemm; K the full depth, K/W per rank,\n"
          "for gemm_rs and gemm_ar):\n"
@@ -163,21 +183,12 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
-    else if (a == "--way") {
-      args.way = value();
-      WEFT_REQUIRE(args.way == "per_step" || args.way == "one_launch", "unknown --way '", args.way,
-                   "': expected per_step or one_launch");
-    }
+    else if (a == "--way") args.way = parse_name(a, value(), kWays);
     else if (a == "--shapes") args.shapes = parse_shapes(value());
     else if (a == "--b-layout") args.b_layout = value();
     else if (a == "--out") args.out_dtype = value();
     else if (a == "--config") args.config = value();
-    else if (a == "--hook") {
-      args.hook = value();
-      WEFT_REQUIRE(args.hook == "none" || args.hook == "wait_a_rows" || args.hook == "report_rows" ||
-                       args.hook == "wait_source_rows",
-                   "unknown --hook '", args.hook, "': expected none, wait_a_rows, report_rows or wait_source_rows");
-    }
+    else if (a == "--hook") args.hook = parse_name(a, value(), kHooks);
     else if (a == "--m") m_list = value();
     else if (a == "--n") n_value = value();
     else if (a == "--k") k_value = value();

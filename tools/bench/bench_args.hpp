@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "weft/gemm/gemm.hpp"
+#include "weft/ops/gemm_rs.hpp"
+
 namespace weft::bench {
 
 /// Everything weft-bench was asked to do.
@@ -20,13 +23,13 @@ struct BenchArgs {
   int warmup = 3;                     ///< untimed samples first
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
   int chunks = 0;                     ///< overlapped operators: copy/signal chunks per rank's rows (0 = plan's default)
-  std::string way;                    ///< gemm_rs, gemm_ar: the fused way (per_step, one_launch; "" = timed)
+  FusedWay way = FusedWay::automatic;  ///< gemm_rs, gemm_ar: --way per_step | one_launch (automatic: timed)
   // gemm only
   std::vector<std::array<std::int64_t, 3>> shapes;  ///< M, N, K per shape
   std::string b_layout = "nk";                      ///< "nk" (B is [N,K]) or "kn"
   std::string out_dtype;                            ///< output type ("" = the input type)
   std::string config;                               ///< force a GEMM configuration by name
-  std::string hook = "none";                        ///< "none", "wait_a_rows", "report_rows": a hooked kernel, nothing waited on
+  GemmHook hook = GemmHook::none;                   ///< --hook: a hooked kernel alone, nothing waited on
 };
 
 /// Parses "M,N,K;M,N,K" (also "MxNxK"); throws naming the bad shape.

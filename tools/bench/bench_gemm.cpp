@@ -42,10 +42,7 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     o.output = out;
     o.b_layout = args.b_layout == "kn" ? BLayout::kn : BLayout::nk;
     o.config = args.config;
-    o.hook = args.hook == "wait_a_rows"        ? GemmHook::wait_a_rows
-             : args.hook == "report_rows"      ? GemmHook::report_rows
-             : args.hook == "wait_source_rows" ? GemmHook::wait_source_rows
-                                               : GemmHook::none;
+    o.hook = args.hook;
     if (ctx.rank() == 0)
       std::fprintf(stderr, "[weft-bench] gemm %lldx%lldx%lld ...\n", static_cast<long long>(o.m),
                    static_cast<long long>(o.n), static_cast<long long>(o.k));

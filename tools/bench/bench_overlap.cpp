@@ -51,13 +51,6 @@ struct Row {
   long long gathered_mismatch = -1;
 };
 
-// --way's value as a FusedWay ("" = automatic: the plan times every way).
-FusedWay fused_way(const std::string& way) {
-  if (way == "per_step") return FusedWay::ring_per_step;
-  if (way == "one_launch") return FusedWay::ring_one_launch;
-  return FusedWay::automatic;
-}
-
 void* device_alloc(std::uint64_t bytes) {
   void* p = nullptr;
   WEFT_CUDA(cudaMalloc(&p, bytes));
@@ -181,13 +174,13 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         if (ar) {
           GemmArOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
           if (args.chunks) plan_options.chunks_per_block = args.chunks;
-          plan_options.way = fused_way(args.way);
+          plan_options.way = args.way;
           arp = std::make_unique<GemmAr>(ctx_ptr, plan_options);
           weft_ar = std::make_unique<AllReduce>(ctx_ptr, AllReduceOptions{.count = static_cast<std::uint64_t>(M * N)});
         } else {
           GemmRsOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
           if (args.chunks) plan_options.chunks_per_block = args.chunks;
-          plan_options.way = fused_way(args.way);
+          plan_options.way = args.way;
           rs = std::make_unique<GemmRs>(ctx_ptr, plan_options);
           weft_rs = std::make_unique<ReduceScatter>(
               ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N)});
