@@ -110,26 +110,28 @@ if has gemm; then  # the GEMM engine alone against cuBLAS, every rank on its own
   cat "$OUT/gemm.txt"
 fi
 
-if has hooks; then  # the hooked GEMM kernels alone (nothing waited on) against the plain ones, free and at equal configurations
-  time_hooks() {  # shapes, then "hook|config" specs (an empty config: tuned)
-    local shapes=$1 spec hook cfg
+if has hooks; then  # the hooked GEMM kernels alone (nothing waited on) against the plain ones
+  time_hooks() {  # shapes, then "hook [--any-order]|config" specs (an empty config: tuned)
+    local shapes=$1 spec hook cfg name flags
     shift
     for spec in "$@"; do
       hook=${spec%%|*} cfg=${spec#*|}
+      read -r name flags <<<"$hook"
       echo "### hook $hook, config '${cfg:-tuned}'" >>"$OUT/hooks.txt"
       "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" gemm --shapes "$shapes" --samples 10 \
-        --hook "$hook" ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
+        --hook "$name" $flags ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
     done
   }
-  time_hooks '2048,4096,8192;4096,4096,8192;8192,4096,8192;2048,14336,8192;4096,14336,8192;8192,14336,8192' \
-    "none|" "wait_a_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
-    "wait_a_rows|128x256x64 c2x1 cooperative hooked, swizzle 2 along N" "none|256x128x64 c2x1 cooperative, swizzle 2 along N" \
-    "wait_a_rows|256x128x64 c2x1 cooperative hooked, swizzle 2 along N"
-  # The ring's GEMMs: a step's block (M/W rows, K/W deep) with and without the source it adds.
+  # AllGather + GEMM, one GEMM over all M rows (row-major tile order) ...
+  time_hooks '2048,14336,8192;4096,14336,8192;8192,14336,8192;2048,4096,8192;4096,4096,8192;8192,4096,8192' \
+    "none|" "wait_a_rows|"
+  # ... or one per shard (M/W rows), the other shards' in any tile order.
+  time_hooks '1024,14336,8192;2048,14336,8192;4096,14336,8192;1024,4096,8192;2048,4096,8192;4096,4096,8192' \
+    "none|" "wait_a_rows --any-order|"
+  # The ring's GEMMs: a step's block (M/W rows, K/W deep) with the source it
+  # adds, in the row-major order (steps that send on) or any (the last step).
   time_hooks '1024,8192,4096;2048,8192,4096;4096,8192,4096;1024,8192,14336;4096,8192,14336' \
-    "none|" "wait_source_rows|" "none|128x256x64 c2x1 cooperative, swizzle 2 along N" \
-    "report_rows|128x256x64 c2x1 cooperative hooked, swizzle 2 along N" \
-    "wait_source_rows|128x256x64 c2x1 cooperative hooked+source, swizzle 2 along N"
+    "none|" "wait_source_rows|" "wait_source_rows --any-order|"
   note "hooked GEMMs alone" "-> hooks.txt"
   grep -E "^###|^ +[0-9]" "$OUT/hooks.txt"
 fi

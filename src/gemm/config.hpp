@@ -53,6 +53,7 @@ struct Config {
   int cluster_m;       ///< CTAs per cluster along M: a swizzle band is swizzle x cluster_m x tile_m rows
   bool hooked;         ///< its tile scheduler rotates and waits (TileWaitParams)
   bool with_source;    ///< D = A x B + source
+  bool reports;        ///< hooked, and can report stored rows (RowsDone): the cooperative kernel's store warp
   /// Bytes of global workspace the kernel needs for this problem.
   std::size_t (*workspace)(const Problem&);
   /// Returns "" if the kernel can run this problem, else why not.
@@ -91,5 +92,7 @@ const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source();
 const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked();
 const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source();
 const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong();
+const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked();
+const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source();
 
 }  // namespace weft::gemm_detail

@@ -68,8 +68,8 @@ struct CublasKernel {
                : "cublasGemmEx failed";
   }
   static const Config* config() {
-    static const Config c{In,   Out,   Layout, "cuBLAS (cublasGemmEx)", 128, 256, 1, false, false,
-                          &workspace, &check, &run, true};
+    static const Config c{In,         Out,    Layout, "cuBLAS (cublasGemmEx)", 128, 256, 1, false, false, false,
+                          &workspace, &check, &run,   true};
     return &c;
   }
 };

@@ -20,7 +20,7 @@ namespace weft::gemm_detail {
 
 /// `Source` = void: D = A x B. Source = Out: D = A x B + source (beta 1).
 /// Scheduler = HookedSchedulerTag: the tile order rotates and one warp waits
-/// on row flags (tile_hooks.cuh).
+/// on row flags (tile_hooks.cuh); cooperative kernels also report stored rows.
 template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative,
           class Scheduler = cutlass::gemm::PersistentScheduler, class Source = void>
 struct Kernel {
@@ -48,11 +48,15 @@ struct Kernel {
   // store groups (one per epilogue sub-tile) is in flight, and finds the
   // storing warp where the cooperative kernel puts it.
   static constexpr int kStoreGroupsPerTile = (TM * TN) / decltype(cute::size(typename Epilogue::EpilogueTile{}))::value;
-  static_assert(!kHooked || kCooperative, "the hooked scheduler expects the cooperative kernel's warp roles");
+  // Reporting stored rows needs the one store warp of the cooperative kernel;
+  // the pingpong kernel's two consumer warpgroups store in turn, so its
+  // hooked configurations wait (A rows, source rows) but do not report.
+  static constexpr bool kReports = kHooked && kCooperative;
   using KernelScheduler = std::conditional_t<kHooked, HookedSchedulerFor<kStoreGroupsPerTile>, Scheduler>;
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue, KernelScheduler>;
-  static_assert(!kHooked || GemmKernel::NumLoadWarpGroups == 1, "the hooked scheduler's store warp is CTA warp 4");
+  static_assert(!kHooked || GemmKernel::NumLoadWarpGroups == 1,
+                "the hooked scheduler's waiting warps are warps 0 and 2 of the one load warpgroup, its store warp CTA warp 4");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments arguments(const Problem& p) {
@@ -80,7 +84,8 @@ struct Kernel {
   static std::size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
   static const char* check(const Problem& p) {
     if (kWithSource && !p.source) return "this configuration adds a source matrix, and none was given";
-    if (kHooked && p.raster == 1) return "hooked configurations keep the row-major tile order (raster along N)";
+    if (kHooked && p.raster == 1 && (p.wait.done || p.wait.rotate_rows))
+      return "hooked runs that rotate the tile order or report stored rows keep the row-major order (raster along N)";
     return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";
   }
   static const char* run(const Problem& p, cudaStream_t stream) {
@@ -95,7 +100,8 @@ struct Kernel {
 /// A Config for Kernel<...>.
 template <class K>
 constexpr Config make_config(DType in, DType out, BLayout layout, const char* name, int tm, int tn) {
-  return Config{in, out, layout, name, tm, tn, K::kClusterM, K::kHooked, K::kWithSource, &K::workspace, &K::check, &K::run, false};
+  return Config{in,          out,        layout,         name,         tm,       tn,         K::kClusterM, K::kHooked,
+                K::kWithSource, K::kReports, &K::workspace, &K::check, &K::run, false};
 }
 
 }  // namespace weft::gemm_detail

@@ -34,6 +34,10 @@ const std::vector<const Config*>& all_configs() {
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked(),
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source(),
       config_bf16_bf16_nk_128x128x64_c1x2_pingpong(),
+      // Last, so that a hooked plan's first candidate (the pick under graph
+      // capture, untuned) is one that can report too.
+      config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked(),
+      config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source(),
   };
   return configs;
 }
@@ -65,7 +69,8 @@ std::string describe(const GemmOptions& o) {
 }
 
 bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
-  return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows);
+  return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows) &&
+         (h != GemmHook::report_rows || c.reports);
 }
 
 }  // namespace
@@ -85,6 +90,9 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   const std::int64_t out_align = 16 / static_cast<std::int64_t>(dtype_size(o.output));
   WEFT_REQUIRE(o.n % out_align == 0, "Gemm: N = ", o.n, " must be a multiple of ", out_align, " for ",
                to_string(o.output), " output (16-byte aligned rows of C)");
+  WEFT_REQUIRE(!o.any_tile_order || o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows,
+               "Gemm: GemmOptions::any_tile_order is for plans that wait (wait_a_rows, wait_source_rows) and report "
+               "nothing; got a plan", *hook_name(o.hook) ? hook_name(o.hook) : " without a hook");
   // "NAME" forces a configuration; "NAME, swizzle S along M|N" (what config()
   // prints) forces its tile-scheduler settings too.
   std::string name = o.config;
@@ -98,8 +106,8 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
                      (along == 'M' || along == 'N'),
                  "Gemm: config '", o.config, "': expected 'NAME, swizzle S along M' or '... along N', S in 1, 2, 4, 8");
     forced_raster = along == 'M' ? 1 : 2;
-    WEFT_REQUIRE(o.hook == GemmHook::none || forced_raster == 2, "Gemm: config '", o.config,
-                 "': hooked plans keep the row-major tile order, so only '... along N'");
+    WEFT_REQUIRE(o.hook == GemmHook::none || o.any_tile_order || forced_raster == 2, "Gemm: config '", o.config,
+                 "': hooked plans keep the row-major tile order, so only '... along N' (or GemmOptions::any_tile_order)");
   }
   std::vector<const gemm_detail::Config*> pool = gemm_detail::all_configs();
   if (o.allow_cublas && o.hook == GemmHook::none)
@@ -121,8 +129,8 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   WEFT_CUDA(cudaGetDevice(&device));
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   // Hooked kernels consume rows in the order they arrive: raster along N
-  // (tile_hooks.cuh), whoever chooses the configuration.
-  if (o.hook != GemmHook::none) raster_ = 2;
+  // (tile_hooks.cuh), whoever chooses the configuration, unless any order will do.
+  if (o.hook != GemmHook::none && !o.any_tile_order) raster_ = 2;
   if (forced_raster) {
     chosen_ = candidates_.front();
     swizzle_ = forced_swizzle;
@@ -248,8 +256,10 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   };
   // The scheduler settings to try (the same kernel with other arguments, so
   // trying them costs only run time). Hooked kernels keep the row-major tile
-  // order (raster along N), so rows are consumed in the order they arrive.
-  const std::vector<int> rasters = options_.hook == GemmHook::none ? std::vector<int>{1, 2} : std::vector<int>{2};
+  // order (raster along N), so rows are consumed in the order they arrive,
+  // unless the plan said any order will do (GemmOptions::any_tile_order).
+  const bool any_order = options_.hook == GemmHook::none || options_.any_tile_order;
+  const std::vector<int> rasters = any_order ? std::vector<int>{1, 2} : std::vector<int>{2};
   // A swizzle band (swizzle x cluster_m x tile_m rows) is walked across all
   // of N before the next, so hooked GEMMs keep bands no taller than the rows
   // that move together (swizzle 1 always fits):
@@ -262,10 +272,11 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   //   chunk (RowsDone::rows_per_counter, RowSignals::rows_per_flag), and a
   //   swizzle of 1 or 2, so each chunk is stored, and sent, while the GEMM
   //   goes on rather than with its last wave.
-  const bool rows_leave_early = options_.hook == GemmHook::wait_source_rows || options_.hook == GemmHook::report_rows;
+  const bool rows_leave_early =
+      !any_order && (options_.hook == GemmHook::wait_source_rows || options_.hook == GemmHook::report_rows);
   const std::vector<int> swizzles = rows_leave_early ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4, 8};
   std::int64_t band_rows = std::numeric_limits<std::int64_t>::max();
-  if (options_.hook == GemmHook::wait_a_rows && args.signals.flags)
+  if (options_.hook == GemmHook::wait_a_rows && args.signals.flags && !any_order)
     band_rows = args.signals.ready_end - args.signals.ready_begin;
   if (rows_leave_early && args.done.counters) band_rows = std::min(band_rows, args.done.rows_per_counter);
   if (rows_leave_early && args.signals.flags) band_rows = std::min(band_rows, args.signals.rows_per_flag);
@@ -279,6 +290,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
       for (int raster : rasters) {
         if (cfg->cublas && (swizzle != swizzles.front() || raster != rasters.front())) continue;
         if (!band_fits(cfg, swizzle)) continue;
+        if (args.done.counters && !cfg->reports) continue;  // the run will report its stored rows
         Candidate c{cfg, swizzle, raster};
         if (*launch(c)) continue;  // warm-up, and a check that it can run
         all.push_back(c);
@@ -331,8 +343,16 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  x.source);
   else
     WEFT_REQUIRE(!x.source, "Gemm::run: a source matrix was given to a plan built without one (GemmHook::wait_source_rows)");
+  WEFT_REQUIRE(!options_.any_tile_order || (!x.done.counters && x.first_row == 0),
+               "Gemm::run: a plan built with GemmOptions::any_tile_order may walk its tiles in any order, so its runs "
+               "can neither report stored rows (GemmArgs::done) nor rotate the order (GemmArgs::first_row = ",
+               x.first_row, ")");
   if (x.done.counters) {
     WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: stored-row counters were given to a plan built without a hook");
+    prepare(x, stream);
+    WEFT_REQUIRE(chosen_->reports, "Gemm::run: stored-row counters were given, but the configuration '", chosen_->name,
+                 "' does not report (pingpong kernels only wait); pass the counters to prepare() so the tuner keeps "
+                 "to configurations that report, or force a cooperative one");
     WEFT_REQUIRE(x.done.rows_per_counter > 0, "Gemm::run: rows_per_counter must be positive, got ",
                  x.done.rows_per_counter);
   }

@@ -3,9 +3,12 @@
 // each tile's rows once its stores are complete.
 //
 // CUTLASS's persistent kernels ask their tile scheduler for every tile, in
-// every warp (mainloop producer, epilogue producer, consumers). Wrapping the
-// static persistent scheduler is therefore enough to put a wait exactly where
-// a tile's data is first read, without touching the kernel:
+// every warp (mainloop producer, epilogue producer, consumers): the
+// cooperative kernel through fetch_next_work, the pingpong kernel through
+// advance_to_next_work then get_current_work (its two consumer warpgroups
+// take alternate tiles). Wrapping the static persistent scheduler is
+// therefore enough to put a wait exactly where a tile's data is first read,
+// without touching the kernel (both kernels give the same warps these roles):
 //   - RowWait::a_rows: the mainloop producer warp waits before its TMA loads
 //     of A (AllGather + GEMM: the rows of a remote shard);
 //   - RowWait::source_rows: the epilogue producer warp waits before its TMA
@@ -16,7 +19,7 @@
 // shard first); it is a multiple of the cluster's M extent, so the CTAs of a
 // cluster keep sharing their B tile.
 //
-// Reporting (RowsDone): the consumers ask for their next tile right after the
+// Reporting (RowsDone, cooperative kernel only): the consumers ask for their next tile right after the
 // epilogue has issued the TMA stores of this one. The warp that issued them
 // (consumer warp 0, CTA warp 4 in the cooperative kernel) then waits for the
 // *previous* tile's stores to complete - long done by now, so it costs
@@ -109,6 +112,10 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work, Pipeline&, PipelineState) {
     return fetch_next_work(work);
   }
+  /// The pingpong kernel's way to ask (after advance_to_next_work). Hides the
+  /// base's; the cooperative kernel never calls it, and nothing here calls
+  /// it unqualified, so no tile is rotated or waited for twice.
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return hooked(Base::get_current_work()); }
 
  private:
   /// The warp whose lanes issue the epilogue's TMA stores: the first warp of

@@ -80,7 +80,16 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
       WEFT_CUDA(cudaMalloc(&send_, all_bytes));
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_source_rows;
-      if (per_step) step_gemm_ = std::make_unique<Gemm>(hooked);
+      if (per_step) {
+        step_gemm_ = std::make_unique<Gemm>(hooked);
+        // The last step, unless a caller ships it (GemmAr), sends nothing on:
+        // its tiles may walk in any order (along M too, and in the pingpong
+        // kernel, whose epilogue with its source load runs under the other
+        // warpgroup's mainloop). Its sources mostly arrived during the steps before.
+        GemmOptions last = hooked;
+        last.any_tile_order = true;
+        last_gemm_ = std::make_unique<Gemm>(last);
+      }
       if (one) {
         hooked.m = o.m;
         whole_gemm_ = std::make_unique<Gemm>(hooked);
@@ -123,7 +132,11 @@ std::string GemmRs::fused_gemm_config(FusedWay way) const {
   if (!builds(way)) return "";
   if (way == FusedWay::ring_one_launch) return whole_gemm_->config();
   if (!step_gemm_) return first_gemm_->config();
-  return str(first_gemm_->config(), "; then ", step_gemm_->config());
+  // The steps' GEMMs that ran: those that send on, the last one that does not, or both (W > 2).
+  const bool steps_ran = step_gemm_->prepared(), last_ran = last_gemm_->prepared();
+  if (steps_ran && last_ran)
+    return str(first_gemm_->config(), "; then ", step_gemm_->config(), "; last ", last_gemm_->config());
+  return str(first_gemm_->config(), "; then ", (last_ran ? last_gemm_ : step_gemm_)->config());
 }
 
 void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
@@ -199,9 +212,16 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
     whole_gemm_->prepare(whole, stream);
   } else {
     first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = d, .done = block_done(0)}, stream);
-    step_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = out, .source = staging_.get(), .signals = block_signals(0),
-                                 .done = block_done(0)},
-                        stream);
+    // Steps report their stored rows where they are sent on: every step but
+    // the last, and the last too where a caller ships it (step_gemm_);
+    // otherwise the last step reports nothing (last_gemm_, any tile order).
+    const GemmArgs step{.a = a, .b = b, .c = out, .source = staging_.get(), .signals = block_signals(0)};
+    if (steps > 1 || own_block_stored) {
+      GemmArgs reporting = step;
+      reporting.done = block_done(0);
+      step_gemm_->prepare(reporting, stream);
+    }
+    if (!own_block_stored) last_gemm_->prepare(step, stream);
   }
 
   // Our flags and counters of the last run are zeroed and every peer hears
@@ -248,7 +268,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
       args.source = rows_of(staging_.get(), blk);
       args.signals = block_signals(blk);
-      step_gemm_->run(args, stream);
+      (s == steps && !own_block_stored ? last_gemm_ : step_gemm_)->run(args, stream);
       if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
     }
   }

@@ -96,6 +96,27 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
   GemmOptions named{64, 64, 64};
   named.config = "no such tile";
   EXPECT_NE(error_of(named).find("available:"), std::string::npos);
+  // Any tile order is for plans that only wait: a plan that reports stored
+  // rows is refused, and so is a run that rotates the order or reports.
+  GemmOptions reporting{1024, 1024, 512};
+  reporting.hook = GemmHook::report_rows;
+  reporting.any_tile_order = true;
+  EXPECT_NE(error_of(reporting).find("any_tile_order is for plans that wait"), std::string::npos);
+  GemmOptions waiting{1024, 1024, 512};
+  waiting.hook = GemmHook::wait_a_rows;
+  waiting.any_tile_order = true;
+  Gemm any_order(waiting);
+  void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // aligned; refused before any use
+  std::uint64_t counters[8] = {};
+  for (const GemmArgs& args : {GemmArgs{.a = fake, .b = fake, .c = fake, .first_row = 512},
+                               GemmArgs{.a = fake, .b = fake, .c = fake, .done = RowsDone{.counters = counters}}}) {
+    try {
+      any_order.run(args, test::stream());
+      ADD_FAILURE() << "a run that rotates or reports was accepted by an any-order plan";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("can neither report stored rows"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Gemm, AConfigStringForcesTheConfigurationAndItsSchedulerSettings) {
@@ -181,7 +202,9 @@ TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {
 }
 
 TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
-  // Every waiting configuration, with the tile order rotated: the rows of the first band start as NaNs with their flags
+  // Every waiting configuration (cooperative and pingpong), with the tile
+  // order rotated, and again walking along M in a plan that allows any tile
+  // order (GemmOptions::any_tile_order): the rows of the first band start as NaNs with their flags
   // at 0; the GEMM starts; 20 ms later a copy engine writes the real rows and
   // then raises the flags. A tile that read before its flag would carry the
   // NaNs into C. wait_a_rows waits for rows of A; wait_source_rows for rows of
@@ -210,8 +233,11 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
     const bool source = hook == GemmHook::wait_source_rows;
     GemmOptions o{m, n, k};
     o.hook = hook;
-    for (const std::string& name : Gemm(o).configurations()) {
-      o.config = name;
+    for (const std::string& config : Gemm(o).configurations())
+    for (bool any_order : {false, true}) {
+      o.config = any_order ? config + ", swizzle 2 along M" : config;
+      o.any_tile_order = any_order;
+      const std::string& name = o.config;
       Gemm gemm(o);
       bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(ctx().rank(), 71 + tried), s);
       bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(ctx().rank(), 91 + tried), s);
@@ -246,7 +272,7 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
                                 .ready_begin = late_rows,  // the rest is present from the start
                                 .ready_end = m,
                                 .from_rank = ctx().rank()};
-      args.first_row = late_rows;  // the present rows first, as AllGather + GEMM starts on its own shard
+      if (!any_order) args.first_row = late_rows;  // the present rows first, as AllGather + GEMM starts on its own shard
       gemm.prepare(args, s);        // tuning never waits
       WEFT_CUDA(cudaStreamSynchronize(s));
       gemm.run(args, s);
@@ -258,7 +284,7 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
       ++tried;
     }
   }
-  EXPECT_GE(tried, 4) << "at least two configurations for each wait";
+  EXPECT_GE(tried, 8) << "cooperative and pingpong, for both waits, in both orders";
   WEFT_CUDA(cudaStreamSynchronize(s));
   cudaFreeHost(real_rows);
   cudaFreeHost(ones);

@@ -144,7 +144,7 @@ std::string bench_usage() {
          "  --warmup N         untimed samples first (default 3)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
-         "  --way W            gemm_rs, gemm_ar: the fused way, per_step or one_launch\n"
+         "  --way W            gemm_rs, gemm_ar, ag_gemm: the fused way, per_step (ag_gemm: a GEMM per shard) or one_launch\n"
          "                     (default: the plan times every way it can run)\n"
          "gemm (each rank times its own GPU against cuBLAS):\n"
          "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"
@@ -154,6 +154,8 @@ std::string bench_usage() {
          "  --hook H           none (default), wait_a_rows, report_rows or wait_source_rows (adds S = 0):\n"
          "                     the hooked kernels alone (no flag waited on, nothing reported),\n"
          "                     to compare with the plain ones\n"
+         "  --any-order        with wait_a_rows or wait_source_rows: the plan allows any tile order\n"
+         "                     (GemmOptions::any_tile_order; its tuner also walks along M)\n"
          "ag_gemm, gemm_rs, gemm_ar (tensor-parallel operators against NCCL + cuBLAS, PyTorch-style shapes:\n"
          "N is the full output width, each rank computing N/W columns for ag_gemm; K the full depth, K/W per rank,\n"
          "for gemm_rs and gemm_ar):\n"
@@ -189,6 +191,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--out") args.out_dtype = value();
     else if (a == "--config") args.config = value();
     else if (a == "--hook") args.hook = parse_name(a, value(), kHooks);
+    else if (a == "--any-order") args.any_order = true;
     else if (a == "--m") m_list = value();
     else if (a == "--n") n_value = value();
     else if (a == "--k") k_value = value();

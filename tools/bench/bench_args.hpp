@@ -23,13 +23,14 @@ struct BenchArgs {
   int warmup = 3;                     ///< untimed samples first
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
   int chunks = 0;                     ///< overlapped operators: copy/signal chunks per rank's rows (0 = plan's default)
-  FusedWay way = FusedWay::automatic;  ///< gemm_rs, gemm_ar: --way per_step | one_launch (automatic: timed)
+  FusedWay way = FusedWay::automatic;  ///< gemm_rs, gemm_ar, ag_gemm: --way per_step | one_launch (automatic: timed)
   // gemm only
   std::vector<std::array<std::int64_t, 3>> shapes;  ///< M, N, K per shape
   std::string b_layout = "nk";                      ///< "nk" (B is [N,K]) or "kn"
   std::string out_dtype;                            ///< output type ("" = the input type)
   std::string config;                               ///< force a GEMM configuration by name
   GemmHook hook = GemmHook::none;                   ///< --hook: a hooked kernel alone, nothing waited on
+  bool any_order = false;  ///< --any-order: a waiting --hook's plan allows any tile order (GemmOptions::any_tile_order)
 };
 
 /// Parses "M,N,K;M,N,K" (also "MxNxK"); throws naming the bad shape.

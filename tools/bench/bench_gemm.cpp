@@ -43,6 +43,7 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     o.b_layout = args.b_layout == "kn" ? BLayout::kn : BLayout::nk;
     o.config = args.config;
     o.hook = args.hook;
+    o.any_tile_order = args.any_order;
     if (ctx.rank() == 0)
       std::fprintf(stderr, "[weft-bench] gemm %lldx%lldx%lld ...\n", static_cast<long long>(o.m),
                    static_cast<long long>(o.n), static_cast<long long>(o.k));

@@ -104,6 +104,13 @@ struct GemmOptions {
   /// ranks, so that every rank runs the same configuration, picked by the
   /// slowest rank's time. Empty: this rank's own timings decide.
   std::function<void(std::vector<float>&)> agree;
+  /// Hooked plans whose runs neither rotate the tile order (GemmArgs::first_row
+  /// = 0) nor report stored rows (no GemmArgs::done): their tiles wait for
+  /// rows that mostly arrived before the GEMM reached them, so any tile order
+  /// is correct and none needs to follow the arrivals; the tuner then also
+  /// times the walk along M and every swizzle, as for plain plans. Runs that
+  /// rotate or report are refused (weft::Error).
+  bool any_tile_order = false;
 };
 
 /// Options of a plain GEMM: C [m, n] = A [m, k] x B, inputs and output of type `t`.

@@ -43,13 +43,6 @@ namespace ops_detail {
 class Overlap;
 }
 
-/// Which fused way a plan runs.
-enum class FusedWay {
-  automatic,        ///< every way the plan can run, timed on the first run with the sequential paths
-  ring_per_step,    ///< the ring, one GEMM per step over M / W rows
-  ring_one_launch   ///< the ring as one persistent GEMM over all M rows; needs M / W a multiple of 512
-};
-
 /// What a GemmRs plan is built for.
 struct GemmRsOptions {
   std::int64_t m = 0;  ///< rows of A and of the full sum; a multiple of the world size
@@ -90,8 +83,9 @@ class GemmRs {
   /// The chosen path's GEMM configurations, or "" before the first run.
   std::string gemm_config() const;
   /// A fused way's GEMM configurations, whichever path runs: per step, the
-  /// first step's, then the steps' that add a source; in one launch, its one
-  /// GEMM's. "" before they are chosen.
+  /// first step's, then the steps' that add a source ("X; then Y", or "X;
+  /// then Y; last Z" where the last step, which sends nothing on, runs its
+  /// own); in one launch, its one GEMM's. "" before they are chosen.
   std::string fused_gemm_config(FusedWay way) const;
   /// True if the plan built this fused way (GemmRsOptions::way, and what the
   /// shape allows: one launch needs 2 ranks or more and M / W a multiple of 512).
@@ -127,7 +121,9 @@ class GemmRs {
   SymmetricBuffer arrived_;  // u64 [W blocks][chunks] flags, then [W blocks][chunks] stored-row counters
   SymmetricBuffer partial_;  // sequential: [M, N]
   void* send_ = nullptr;     // [M, N], local: the partial sums that leave (one launch: every block)
-  std::unique_ptr<Gemm> first_gemm_, step_gemm_, whole_gemm_, plain_gemm_;
+  // Per step: the first (reports), the steps that send on (wait, report),
+  // the last when nobody ships it (waits, any tile order); or one launch.
+  std::unique_ptr<Gemm> first_gemm_, step_gemm_, last_gemm_, whole_gemm_, plain_gemm_;
   std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
 
