@@ -118,14 +118,16 @@ cudaStream_t Overlap::begin(cudaStream_t stream, std::uint64_t* reset, int reset
   if (reset_count > 0)
     WEFT_CUDA(cudaMemsetAsync(reset, 0, static_cast<std::size_t>(reset_count) * sizeof(std::uint64_t), stream));
   auto* ready = ready_.as<std::uint64_t>();
-  // Flags 0: the write waits until this stream's earlier writes (the reset,
-  // the caller's last use of its buffers) are visible to the peer.
+  // "Free" goes from the side stream, forked after the reset and the caller's
+  // last use of its buffers: the GEMM enqueued next on `stream` waits for
+  // nothing but the reset. Flags 0: the write waits until the writes before
+  // the fork are visible to the peer.
+  cudaStream_t side = fork(stream);
   for (int p = 0; p < world; ++p)
     if (p != me)
       WEFT_CU(driver().cuStreamWriteValue64(
-          stream, reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(ready + me, p))), 1,
+          side, reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(ready + me, p))), 1,
           0));
-  cudaStream_t side = fork(stream);
   for (int p = 0; p < world; ++p) {
     if (p == me) continue;
     const auto flag = reinterpret_cast<CUdeviceptr>(ready + p);

@@ -111,13 +111,13 @@ class Overlap {
 
   /// Starts a fused run and returns the side stream, forked from `stream`.
   /// On `stream`: zeroes reset[0, reset_count) (this rank's flags of the last
-  /// run, which no peer writes again before it hears "free" from us), then
-  /// tells every peer "my buffers are free for this run" with a write from
-  /// the stream's front end, behind a memory barrier. On the side stream:
-  /// waits for every peer's "free" and takes it back (sets it to 0), so what
-  /// is enqueued there next only writes into free buffers. No wait holds an SM
-  /// and `stream` waits for no peer: the GEMM enqueued next starts on its local
-  /// rows at once. Why taking "free" back cannot erase the peer's next one:
+  /// run, which no peer writes again before it hears "free" from us). On the
+  /// side stream, forked after that: tells every peer "my buffers are free for
+  /// this run" with a write from the stream's front end, behind a memory
+  /// barrier; then waits for every peer's "free" and takes it back (sets it to
+  /// 0), so what is enqueued there next only writes into free buffers. No wait
+  /// holds an SM and `stream` waits for no peer and no write: the GEMM
+  /// enqueued next starts on its local rows right after the reset. Why taking "free" back cannot erase the peer's next one:
   /// the peer says "free" again only at the start of its next run, after its
   /// GEMM of this run, which needed the pushes we enqueue after taking it back.
   cudaStream_t begin(cudaStream_t stream, std::uint64_t* reset = nullptr, int reset_count = 0);
