@@ -122,12 +122,9 @@ if has hooks; then  # the hooked GEMM kernels alone (nothing waited on) against 
         --hook "$name" $flags ${cfg:+--config "$cfg"} >>"$OUT/hooks.txt" 2>/dev/null
     done
   }
-  # AllGather + GEMM, one GEMM over all M rows (row-major tile order) ...
+  # AllGather + GEMM: one GEMM over all M rows, in the row-major tile order.
   time_hooks '2048,14336,8192;4096,14336,8192;8192,14336,8192;2048,4096,8192;4096,4096,8192;8192,4096,8192' \
     "none|" "wait_a_rows|"
-  # ... or one per shard (M/W rows), the other shards' in any tile order.
-  time_hooks '1024,14336,8192;2048,14336,8192;4096,14336,8192;1024,4096,8192;2048,4096,8192;4096,4096,8192' \
-    "none|" "wait_a_rows --any-order|"
   # The ring's GEMMs: a step's block (M/W rows, K/W deep) with the source it
   # adds, in the row-major order (steps that send on) or any (the last step).
   time_hooks '1024,8192,4096;2048,8192,4096;4096,8192,4096;1024,8192,14336;4096,8192,14336' \

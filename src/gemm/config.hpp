@@ -26,6 +26,7 @@ struct TileWaitParams {
   int flags_per_rank = 0;                ///< > 0: flag i is signalled by rank i / flags_per_rank
   int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
   int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue, -1 none
+  unsigned long long* waited_ns = nullptr;  ///< optional: nanoseconds spent waiting, summed over tiles (RowSignals)
   std::uint64_t* done = nullptr;         ///< rows stored: see weft::RowsDone
   std::int64_t rows_per_done = 1;
 };
@@ -92,7 +93,6 @@ const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source();
 const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked();
 const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source();
 const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong();
-const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked();
 const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source();
 
 }  // namespace weft::gemm_detail

@@ -182,6 +182,10 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
       const std::int64_t row1 = std::min<std::int64_t>(row0 + p_->tile_m, p_->rows);  // the last tile may run past M
       if (row0 < row1 && (row0 < w.ready_begin || row1 > w.ready_end)) {
         bool waited = false;
+        // Diagnostics (RowSignals::waited_ns): the counter takes -start now
+        // and +end after the waits (wrapping arithmetic), so no register
+        // holds the start across the loop.
+        if (w.waited_ns && threadIdx.x % 32 == 0) atomicAdd(w.waited_ns, 0ull - dev::globaltimer_ns());
         for (std::int64_t f = row0 / w.rows_per_flag; f * w.rows_per_flag < row1; ++f) {
           const std::int64_t f_row0 = f * w.rows_per_flag;
           if (f_row0 >= w.ready_begin && f_row0 + w.rows_per_flag <= w.ready_end) continue;
@@ -192,6 +196,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
         // The rows came from a copy engine or a peer; the TMA loads that read
         // them next belong to the async proxy.
         if (waited) dev::fence_proxy_async_global();
+        if (w.waited_ns && threadIdx.x % 32 == 0) atomicAdd(w.waited_ns, dev::globaltimer_ns());
       }
     }
     return work;

@@ -1,7 +1,5 @@
 // AllGather + GEMM: the plan. The kernel is weft::Gemm with the wait_a_rows
 // hook (src/gemm/tile_hooks.cuh); the primitives are overlap.hpp's.
-// Two fused ways: one GEMM over all M rows in the row-major tile order, or a
-// GEMM per shard, each in whichever order is fastest (FusedWay).
 #include "weft/ops/ag_gemm.hpp"
 
 #include "overlap.hpp"
@@ -26,22 +24,10 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   g.agree = ops_detail::slowest_rank(ctx_);
-  const bool per_shard_possible = world > 1;
-  WEFT_REQUIRE(o.way != FusedWay::ring_per_step || per_shard_possible,
-               "AgGemm: FusedWay::ring_per_step (a GEMM per shard) needs 2 or more ranks, got ", world);
   if (o.mode != OverlapMode::sequential) {
     GemmOptions hooked = g;
     hooked.hook = GemmHook::wait_a_rows;
-    if (o.way != FusedWay::ring_per_step) fused_gemm_ = std::make_unique<Gemm>(hooked);
-    if (o.way != FusedWay::ring_one_launch && per_shard_possible) {
-      GemmOptions own = g;  // plain: its rows are here before the call
-      own.m = shard_rows_;
-      own_shard_gemm_ = std::make_unique<Gemm>(own);
-      GemmOptions other = hooked;  // each tile waits for its chunks, in any tile order
-      other.m = shard_rows_;
-      other.any_tile_order = true;
-      shard_gemm_ = std::make_unique<Gemm>(other);
-    }
+    fused_gemm_ = std::make_unique<Gemm>(hooked);
   }
   if (o.mode != OverlapMode::fused) {
     plain_gemm_ = std::make_unique<Gemm>(g);
@@ -62,13 +48,8 @@ std::string AgGemm::path() const { return overlap_->path(); }
 float AgGemm::measured_fused_ms() const { return overlap_->fused_ms(); }
 float AgGemm::measured_sequential_ms() const { return overlap_->sequential_ms(); }
 
-namespace {
-constexpr const char* kPerShard = "fused, per shard";
-}  // namespace
-
 std::string AgGemm::gemm_config() const {
   if (overlap_->path().empty()) return "";
-  if (overlap_->path() == kPerShard) return str(own_shard_gemm_->config(), "; then ", shard_gemm_->config());
   return overlap_->fused() ? fused_gemm_->config() : plain_gemm_->config();
 }
 
@@ -79,18 +60,14 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
   if (a_shard != local_shard())
     WEFT_CUDA(cudaMemcpyAsync(local_shard(), a_shard, static_cast<std::size_t>(shard_rows_ * options_.k * 2),
                               cudaMemcpyDeviceToDevice, stream));
-  std::vector<Overlap::Fused> fused;  // the ways this plan built
-  if (fused_gemm_) fused.push_back({"fused", [&](cudaStream_t s) { run_fused(b, c, s); }});
-  if (shard_gemm_) fused.push_back({kPerShard, [&](cudaStream_t s) { run_fused_per_shard(b, c, s); }});
   overlap_->run(
       stream, {b, c},
       [&] {  // a sequential run gathers real data for the GEMMs to tune on
-        if (!plain_gemm_) return;  // (a fused-only plan: each way's first run gathers it)
         run_sequential(b, c, stream, false);
-        if (fused_gemm_) fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
+        fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
         plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
       },
-      fused,
+      {{"fused", [&](cudaStream_t s) { run_fused(b, c, s); }}},
       [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
 
@@ -103,15 +80,35 @@ void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nc
   plain_gemm_->run(gathered_.get(), b, c, stream);
 }
 
-void AgGemm::gather_for_tuning(cudaStream_t stream) {
-  if (!ops_detail::capturing(stream))  // the tuner reads the A it will read, not stale peer slots
-    WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                            ncclBfloat16, ctx_->nccl(), stream));
+GemmArgs AgGemm::fused_args(const void* b, void* c) const {
+  const int me = ctx_->rank();
+  GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_};
+  args.signals = RowSignals{.world = &ctx_->world(),
+                            .flags = arrived_.as<std::uint64_t>(),
+                            .rows_per_flag = chunk_rows_,
+                            .value = 1,
+                            .ready_begin = me * shard_rows_,
+                            .ready_end = (me + 1) * shard_rows_,
+                            .flags_per_rank = static_cast<int>(chunks_),
+                            .waited_ns = overlap_->tile_wait_counter()};
+  return args;
 }
 
-void AgGemm::push_shard(cudaStream_t side) {
+void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   auto* arrived = arrived_.as<std::uint64_t>();
+  const GemmArgs args = fused_args(b, c);
+  if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
+    if (!ops_detail::capturing(stream))  // ... on the A it will read, not on stale peer slots
+      WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
+                              ncclBfloat16, ctx_->nccl(), stream));
+  }
+  fused_gemm_->prepare(args, stream);
+
+  // Our flags of the last run are zeroed and every peer hears that our
+  // gathered A is free; the side stream pushes once every peer said the same.
+  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
+  Overlap::mark(stream, "start");
   // Our shard goes to every peer, the one that needs it soonest first, into
   // its slot `me` of their gathered A; its chunks' flags are [me][chunk] there.
   for (int turn = 1; turn < world; ++turn) {
@@ -123,70 +120,9 @@ void AgGemm::push_shard(cudaStream_t side) {
       if (Overlap::recording()) Overlap::mark(side, str("side: chunk ", c, " sent to ", peer));
     }
   }
-}
-
-GemmArgs AgGemm::fused_args(const void* b, void* c) const {
-  const int me = ctx_->rank();
-  GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_};
-  args.signals = RowSignals{.world = &ctx_->world(),
-                            .flags = arrived_.as<std::uint64_t>(),
-                            .rows_per_flag = chunk_rows_,
-                            .value = 1,
-                            .ready_begin = me * shard_rows_,
-                            .ready_end = (me + 1) * shard_rows_,
-                            .flags_per_rank = static_cast<int>(chunks_)};
-  return args;
-}
-
-void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
-  const int world = ctx_->world_size();
-  auto* arrived = arrived_.as<std::uint64_t>();
-  const GemmArgs args = fused_args(b, c);
-  if (!fused_gemm_->prepared()) gather_for_tuning(stream);  // first run: tune before any peer waits on us
-  fused_gemm_->prepare(args, stream);
-
-  // Our flags of the last run are zeroed and every peer hears that our
-  // gathered A is free; the side stream pushes once every peer said the same.
-  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
-  Overlap::mark(stream, "start");
-  push_shard(side);
   fused_gemm_->run(args, stream);
   Overlap::mark(stream, "GEMM");
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
-}
-
-void AgGemm::run_fused_per_shard(const void* b, void* c, cudaStream_t stream) {
-  const int world = ctx_->world_size(), me = ctx_->rank();
-  const std::int64_t n = options_.n, k = options_.k;
-  auto* arrived = arrived_.as<std::uint64_t>();
-  auto shard_args = [&](int q) {
-    GemmArgs args{.a = gathered_.as<char>() + q * shard_rows_ * k * 2, .b = b,
-                  .c = static_cast<char*>(c) + q * shard_rows_ * n * 2};
-    if (q != me)
-      args.signals = RowSignals{.world = &ctx_->world(),
-                                .flags = arrived + q * chunks_,
-                                .rows_per_flag = chunk_rows_,
-                                .value = 1,
-                                .from_rank = q};
-    return args;
-  };
-  const int first_other = schedule::wrap(me + 1, world);
-  if (!own_shard_gemm_->prepared() || !shard_gemm_->prepared()) gather_for_tuning(stream);
-  own_shard_gemm_->prepare(shard_args(me), stream);
-  shard_gemm_->prepare(shard_args(first_other), stream);
-
-  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
-  Overlap::mark(stream, "start");
-  push_shard(side);
-  own_shard_gemm_->run(shard_args(me), stream);
-  Overlap::mark(stream, "own shard GEMM");
-  // The others in the order they arrive: rank + 1, rank + 2, ... (each peer
-  // pushes to the rank that needs its shard soonest first).
-  for (int t = 1; t < world; ++t) {
-    shard_gemm_->run(shard_args(schedule::wrap(me + t, world)), stream);
-    if (Overlap::recording()) Overlap::mark(stream, str("shard ", schedule::wrap(me + t, world), " GEMM"));
-  }
-  overlap_->join(stream);
 }
 
 }  // namespace weft

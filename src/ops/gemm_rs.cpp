@@ -190,7 +190,8 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                              .value = 1,
                              .ready_begin = first_block * block_rows_,  // zeros, with one launch
                              .ready_end = (first_block + 1) * block_rows_,
-                             .from_rank = prev};
+                             .from_rank = prev,
+                             .waited_ns = overlap_->tile_wait_counter()};
   const RowsDone stored_rows{.counters = stored, .rows_per_counter = chunk_rows_};
   auto block_signals = [&](int blk) {
     RowSignals s = from_prev;

@@ -103,9 +103,20 @@ Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapM
   WEFT_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   WEFT_CUDA(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   WEFT_CUDA(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  if (env_int(process_env(), "WEFT_TILE_WAITS", 0) != 0) {
+    WEFT_CUDA(cudaMalloc(&tile_waits_, sizeof(unsigned long long)));
+    WEFT_CUDA(cudaMemset(tile_waits_, 0, sizeof(unsigned long long)));
+  }
 }
 
 Overlap::~Overlap() {
+  if (tile_waits_) {  // diagnostics only: a failed read is not worth a throw from a destructor
+    unsigned long long ns = 0;
+    if (cudaMemcpy(&ns, tile_waits_, sizeof(ns), cudaMemcpyDeviceToHost) == cudaSuccess && fused_calls_ > 0)
+      WEFT_LOG(info, what_, ": tiles waited ", static_cast<double>(ns) / 1e3 / static_cast<double>(fused_calls_),
+               " us per fused call, summed over the waiting tiles (", fused_calls_, " fused calls)");
+    cudaFree(tile_waits_);
+  }
   for (CachedGraph& g : graphs_) cudaGraphExecDestroy(g.exec);
   if (capture_) cudaStreamDestroy(capture_);
   if (join_) cudaEventDestroy(join_);
@@ -242,6 +253,7 @@ void Overlap::launch(cudaStream_t stream, int path, std::initializer_list<const 
                      const std::function<void(cudaStream_t)>& enqueue) {
   constexpr std::size_t kMaxGraphs = 8;
   constexpr int kMaxCaptures = 16;
+  ++fused_calls_;
   if (!use_graphs_ || !enqueued_once_[path] || capturing(stream)) {
     enqueue(stream);  // the first call tunes its GEMMs: that cannot happen under capture
     enqueued_once_[path] = true;

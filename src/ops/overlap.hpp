@@ -152,6 +152,12 @@ class Overlap {
   /// True inside a traced call: label-building code can skip its formatting otherwise.
   static bool recording();
 
+  /// WEFT_TILE_WAITS=1: a device counter the plan's hooked GEMMs add their
+  /// tiles' waiting time to (RowSignals::waited_ns), logged at info level per
+  /// fused call when the plan is destroyed: how long tiles stalled on
+  /// communication. Otherwise null (and nothing is measured).
+  unsigned long long* tile_wait_counter() const { return tile_waits_; }
+
  private:
   struct Path {
     std::string name;
@@ -184,6 +190,8 @@ class Overlap {
   std::string path_name_;
   float fused_ms_ = 0, sequential_ms_ = 0;
   int trace_left_ = 0;  // WEFT_TRACE_OVERLAP: fused calls still to trace
+  unsigned long long* tile_waits_ = nullptr;  // WEFT_TILE_WAITS: ns the tiles waited, all fused calls together
+  long long fused_calls_ = 0;
 };
 
 /// GemmRs's fused ways, in the order plans list (and, on their first run, tune) them.

@@ -79,7 +79,6 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--hook", "report_rows"}).hook, GemmHook::report_rows);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).way, FusedWay::automatic);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_ar", "--way", "one_launch"}).way, FusedWay::ring_one_launch);
-  EXPECT_EQ(parse_bench_args({"weft-bench", "ag_gemm", "--way", "per_step"}).way, FusedWay::ring_per_step);
   EXPECT_FALSE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows"}).any_order);
   EXPECT_TRUE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows", "--any-order"}).any_order);
   EXPECT_NE(error_of({"gemm", "--hook", "wait"}).find(

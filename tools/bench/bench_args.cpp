@@ -144,7 +144,7 @@ std::string bench_usage() {
          "  --warmup N         untimed samples first (default 3)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
-         "  --way W            gemm_rs, gemm_ar, ag_gemm: the fused way, per_step (ag_gemm: a GEMM per shard) or one_launch\n"
+         "  --way W            gemm_rs, gemm_ar: the fused way, per_step or one_launch\n"
          "                     (default: the plan times every way it can run)\n"
          "gemm (each rank times its own GPU against cuBLAS):\n"
          "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"

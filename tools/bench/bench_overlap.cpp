@@ -103,7 +103,6 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       if (ag) {
         AgGemmOptions plan_options{.m = M, .n = n, .k = K, .mode = mode};
         if (args.chunks) plan_options.chunks_per_shard = args.chunks;
-        plan_options.way = args.way;
         AgGemm plan(ctx_ptr, plan_options);
         void* a_shard = plan.local_shard();
         void* a_nccl = device_alloc(rows_per_rank * K * 2);
@@ -120,33 +119,11 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         nccl_ag();
         poison(c, M * n * 2, 0xFF, stream);
         plan.run(a_shard, b, c, stream);  // first run: chooses the path (automatic)
-        // The fused GEMMs alone, in the configurations the plan runs them in:
-        // one over all M rows, or (per shard) this rank's shard's, then the others'.
-        const bool per_shard = plan.path() == "fused, per shard";
-        const std::string plan_configs = plan.gemm_config();
-        const std::size_t then = plan_configs.find("; then ");
-        GemmOptions hooked_options = gemm_options(per_shard ? rows_per_rank : gm, gn, gk);
+        // The fused GEMM alone, in the configuration the plan runs it in.
+        GemmOptions hooked_options = gemm_options(gm, gn, gk);
         hooked_options.hook = GemmHook::wait_a_rows;
-        hooked_options.any_tile_order = per_shard;
-        if (plan.path() == "fused") hooked_options.config = plan_configs;
-        if (per_shard) hooked_options.config = plan_configs.substr(then + 7);
+        if (plan.path() == "fused") hooked_options.config = plan.gemm_config();
         Gemm hooked(hooked_options);
-        GemmOptions own_options = gemm_options(rows_per_rank, gn, gk);
-        own_options.allow_cublas = true;
-        if (per_shard) own_options.config = plan_configs.substr(0, then);
-        Gemm own_shard(own_options);
-        auto fused_gemms = [&] {
-          if (!per_shard) {
-            hooked.run(GemmArgs{.a = gathered_nccl, .b = b, .c = c_ref}, stream);
-            return;
-          }
-          for (int q = 0; q < world; ++q) {
-            const GemmArgs shard{.a = static_cast<const char*>(gathered_nccl) + q * rows_per_rank * K * 2,
-                                 .b = b,
-                                 .c = static_cast<char*>(c_ref) + q * rows_per_rank * n * 2};
-            (q == 0 ? own_shard : hooked).run(shard, stream);
-          }
-        };
         poison(c, M * n * 2, 0xFF, stream);
         {  // the peers' slots of the gathered A, so the check sees this run's copies
           char* g = static_cast<char*>(const_cast<void*>(plan.gathered()));
@@ -171,7 +148,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
             [&] { cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false); },
             nccl_ag,
             [&] { weft_ag.run(a_nccl, weft_gathered.get(), stream); },
-            fused_gemms,
+            [&] { hooked.run(GemmArgs{.a = gathered_nccl, .b = b, .c = c_ref}, stream); },
         });
         row.weft = t[0], row.seq = t[1], row.gemm_weft = t[2], row.gemm_cublas = t[3], row.comm_nccl = t[4],
         row.comm_weft = t[5], row.gemm_hooked = t[6];

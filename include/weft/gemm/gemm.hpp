@@ -54,6 +54,10 @@ struct RowSignals {
   std::int64_t ready_begin = 0, ready_end = 0;
   int flags_per_rank = 0;  ///< > 0: flag i is raised by rank i / flags_per_rank (for the timeout report)
   int from_rank = -1;      ///< else the rank that raises them all
+  /// Optional diagnostics (device memory, zeroed by the caller): every tile
+  /// that had to wait adds the nanoseconds its waiting warp spent on the
+  /// flags, so a run's total says how long tiles stalled on communication.
+  unsigned long long* waited_ns = nullptr;
 };
 
 /// Where a hooked plan reports the rows of C it has stored, for one run. Once

@@ -15,13 +15,6 @@
 //   - the GEMM starts at this rank's own rows and walks the shards in the order
 //     they arrive (rank r, r+1, ...); the producer warp of each tile waits only
 //     for the chunk flags of the rows that tile reads.
-// Fused, per shard (FusedWay::ring_per_step): the same pushes, and one GEMM per
-// shard: this rank's own first, a plain GEMM in whatever configuration and
-// tile order is fastest (cuBLAS included); then each other shard in arrival
-// order, a hooked GEMM whose tiles wait for their chunks in any tile order.
-// A single GEMM must keep the row-major order so that remote rows are read
-// last; per shard, the fast order along M is free again, for the price of a
-// kernel boundary per shard. `automatic` times both ways.
 // Sequential path: weft's AllGather, then a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster). `automatic` times both
 // on the first run (outside graph capture) and keeps the faster, the same on
@@ -36,7 +29,6 @@
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/all_gather.hpp"
-#include "weft/ops/collective.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft {
@@ -53,9 +45,6 @@ struct AgGemmOptions {
   /// where a chunk would be under 16 MB (each costs a copy launch and a
   /// signal), rounded down to divide M / W.
   int chunks_per_shard = 4;
-  /// The fused path's way: one GEMM (ring_one_launch), one per shard
-  /// (ring_per_step, with 2 ranks or more), or both timed (automatic).
-  FusedWay way = FusedWay::automatic;
 };
 
 namespace ops_detail {
@@ -83,24 +72,18 @@ class AgGemm {
   /// same order. Throws weft::Error naming what was expected on bad input.
   void run(const void* a_shard, const void* b, void* c, cudaStream_t stream);
 
-  /// "fused" (one GEMM), "fused, per shard", "sequential" (weft's all-gather,
-  /// then the GEMM), "sequential, NCCL" (NCCL's), or "" before the first run.
+  /// "fused", "sequential" (weft's all-gather, then the GEMM), "sequential,
+  /// NCCL" (NCCL's), or "" before the first run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
   float measured_sequential_ms() const;
-  /// The GEMM configuration the path uses; per shard, "OWN; then OTHERS"
-  /// (this rank's shard's GEMM, then the other shards').
+  /// The GEMM configuration the path uses.
   std::string gemm_config() const;
   const AgGemmOptions& options() const { return options_; }
 
  private:
   void run_fused(const void* b, void* c, cudaStream_t stream);
-  void run_fused_per_shard(const void* b, void* c, cudaStream_t stream);
-  /// The side stream's pushes of this rank's shard to every peer (after begin()).
-  void push_shard(cudaStream_t side);
-  /// On a fused way's first run (not under capture): the real gathered A, for its GEMMs to tune on.
-  void gather_for_tuning(cudaStream_t stream);
   /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
   GemmArgs fused_args(const void* b, void* c) const;
   void run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl);
@@ -112,7 +95,6 @@ class AgGemm {
   SymmetricBuffer gathered_;  // [M, K]
   SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
   std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;
-  std::unique_ptr<Gemm> own_shard_gemm_, shard_gemm_;  // per shard: [M/W, n] each
   std::unique_ptr<AllGather> all_gather_;
 };
 

@@ -56,15 +56,6 @@ enum class OverlapMode {
   sequential   ///< always a plain GEMM and a plain collective, one after the other: weft's
                ///< collective or NCCL's, whichever the first run measures faster
 };
-/// Which fused way an overlapped plan runs: its GEMM as one launch, or one
-/// launch per block of M / W rows.
-enum class FusedWay {
-  automatic,        ///< every way the plan can run, timed on the first run with the sequential paths
-  ring_per_step,    ///< GemmRs, GemmAr: the ring, one GEMM per step over M / W rows. AgGemm: one GEMM
-                    ///< per shard, this rank's own first (no waits), then each other shard as it arrives
-  ring_one_launch   ///< one persistent GEMM over all M rows (GemmRs, GemmAr: needs M / W a multiple of 512)
-};
-
 /// "auto", "fused", "sequential".
 const char* to_string(OverlapMode m);
 /// Parses those names ("automatic" and "seq" too); throws naming the accepted ones.

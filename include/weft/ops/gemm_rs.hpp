@@ -43,6 +43,13 @@ namespace ops_detail {
 class Overlap;
 }
 
+/// Which fused way a plan runs.
+enum class FusedWay {
+  automatic,        ///< every way the plan can run, timed on the first run with the sequential paths
+  ring_per_step,    ///< the ring, one GEMM per step over M / W rows
+  ring_one_launch   ///< the ring as one persistent GEMM over all M rows; needs M / W a multiple of 512
+};
+
 /// What a GemmRs plan is built for.
 struct GemmRsOptions {
   std::int64_t m = 0;  ///< rows of A and of the full sum; a multiple of the world size
