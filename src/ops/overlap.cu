@@ -112,9 +112,14 @@ Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapM
 Overlap::~Overlap() {
   if (tile_waits_) {  // diagnostics only: a failed read is not worth a throw from a destructor
     unsigned long long ns = 0;
-    if (cudaMemcpy(&ns, tile_waits_, sizeof(ns), cudaMemcpyDeviceToHost) == cudaSuccess && fused_calls_ > 0)
-      WEFT_LOG(info, what_, ": tiles waited ", static_cast<double>(ns) / 1e3 / static_cast<double>(fused_calls_),
-               " us per fused call, summed over the waiting tiles (", fused_calls_, " fused calls)");
+    if (cudaMemcpy(&ns, tile_waits_, sizeof(ns), cudaMemcpyDeviceToHost) == cudaSuccess && ns > 0) {
+      if (fused_calls_ > 0)
+        WEFT_LOG(info, what_, ": tiles waited ", static_cast<double>(ns) / 1e3 / static_cast<double>(fused_calls_),
+                 " us per fused call, summed over the waiting tiles (", fused_calls_, " fused calls)");
+      else  // run by an enclosing plan (GemmAr's GemmRs), whose calls it did not count
+        WEFT_LOG(info, what_, ": tiles waited ", static_cast<double>(ns) / 1e3,
+                 " us in all, summed over the waiting tiles (divide by the enclosing plan's fused calls)");
+    }
     cudaFree(tile_waits_);
   }
   for (CachedGraph& g : graphs_) cudaGraphExecDestroy(g.exec);

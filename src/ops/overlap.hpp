@@ -154,8 +154,9 @@ class Overlap {
 
   /// WEFT_TILE_WAITS=1: a device counter the plan's hooked GEMMs add their
   /// tiles' waiting time to (RowSignals::waited_ns), logged at info level per
-  /// fused call when the plan is destroyed: how long tiles stalled on
-  /// communication. Otherwise null (and nothing is measured).
+  /// fused call when the plan is destroyed (in all, for a plan run by an
+  /// enclosing one): how long tiles stalled on communication. Otherwise null
+  /// (and nothing is measured).
   unsigned long long* tile_wait_counter() const { return tile_waits_; }
 
  private:
