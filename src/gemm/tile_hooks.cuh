@@ -17,7 +17,11 @@
 // The other warps never wait: they are fed through shared memory by the one
 // that did. The rotation starts the order at a chosen row tile (the rank's own
 // shard first); it is a multiple of the cluster's M extent, so the CTAs of a
-// cluster keep sharing their B tile.
+// cluster keep sharing their B tile. Plans keep the row-major tile order
+// (along N), so rows are consumed, and stored, in the order they travel; a
+// plan that neither rotates nor reports may walk along M too
+// (GemmOptions::any_tile_order). With RowSignals::waited_ns the waiting lane
+// adds the time it spent on the flags to one counter (diagnostics).
 //
 // Reporting (RowsDone, cooperative kernel only): the consumers ask for their next tile right after the
 // epilogue has issued the TMA stores of this one. The warp that issued them

@@ -12,7 +12,9 @@
 // rank r + 1's staging, each chunk followed by a flag raised from the stream's
 // front end. A chunk leaves as soon as the tiles covering it have stored it
 // (the GEMM reports stored rows, weft::RowsDone), while the step goes on. At
-// the last step the block is rank r's own and D is the output.
+// the last step the block is rank r's own and D is the output; that step sends
+// nothing on (unless GemmAr ships it), so its GEMM may walk its tiles in any
+// order (GemmOptions::any_tile_order), which the tuner times.
 // The ring runs as one GEMM launch per step ("fused"), or as one persistent
 // GEMM over all M rows whose tiles walk the blocks in ring order ("fused, one
 // launch": the same waits and reports, without a kernel boundary and a
