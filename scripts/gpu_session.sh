@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace probe bench pdl tune
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace waits probe bench pdl tune
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS narrow the overlap and chunks stages)
 #                                               (default: build cpu gpu examples bench)
 #
@@ -190,6 +190,18 @@ fi
 if has probe && [ "$GPUS" -ge 2 ]; then  # does a copy into a peer's mapping need SMs? (tools/copy_probe.cu)
   run_logged "copy probe" copy_probe.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/weft-copy-probe"
   grep -E "^rank|probe:" "$OUT/copy_probe.log"
+fi
+
+if has waits; then  # how long the hooked tiles wait for rows (WEFT_TILE_WAITS), fused path only
+  # WAITS_SPECS: ';'-separated weft-bench arguments (default: the operators at K = 8192 / N = 8192).
+  IFS=';' read -ra specs <<<"${WAITS_SPECS:-ag_gemm --m 2048,4096,8192 --n 8192 --k 8192;gemm_rs --m 2048,4096,8192 --n 8192 --k 8192}"
+  for spec in "${specs[@]}"; do
+    echo "### $spec" >>"$OUT/waits.txt"
+    WEFT_TILE_WAITS=1 WEFT_LOG_LEVEL=info "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $spec \
+      --variant fused --samples 15 >>"$OUT/waits.txt" 2>&1
+  done
+  note "tile waits" "-> waits.txt"
+  grep -E "^###|tiles waited|^ +[0-9]" "$OUT/waits.txt" | sed 's/^\[weft rank [0-9]*\/[0-9]*\] //' | cut -c1-300
 fi
 
 if has trace; then  # the fused paths' timelines (WEFT_TRACE_OVERLAP): where each call's time goes
