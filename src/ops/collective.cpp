@@ -42,8 +42,8 @@ const char* to_string(OverlapMode m) { return variant_name(kOverlapModes, m); }
 
 OverlapMode parse_overlap_mode(const std::string& name) { return parse_variant(kOverlapModes, name, "overlap mode"); }
 
-void throw_unknown_variant(const char* op, const std::string& text, const std::string& names) {
-  WEFT_FAIL("unknown ", op, " variant '", text, "': expected one of ", names);
+void throw_unknown_name(const std::string& what, const std::string& text, const std::string& names) {
+  WEFT_FAIL("unknown ", what, " '", text, "': expected one of ", names);
 }
 
 }  // namespace weft

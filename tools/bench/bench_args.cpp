@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <set>
-#include <utility>
 
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
+#include "weft/ops/collective.hpp"
 
 namespace weft::bench {
 namespace {
@@ -58,23 +58,12 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 // The names an option takes, and what each means: the one place that knows them.
-template <class T>
-using Names = std::vector<std::pair<std::string, T>>;
-const Names<GemmHook> kHooks = {{"none", GemmHook::none},
-                                {"wait_a_rows", GemmHook::wait_a_rows},
-                                {"report_rows", GemmHook::report_rows},
-                                {"wait_source_rows", GemmHook::wait_source_rows}};
-const Names<FusedWay> kWays = {{"per_step", FusedWay::ring_per_step}, {"one_launch", FusedWay::ring_one_launch}};
-
-template <class T>
-T parse_name(const std::string& flag, const std::string& value, const Names<T>& names) {
-  std::vector<std::string> known;
-  for (const auto& [name, meaning] : names) {
-    if (name == value) return meaning;
-    known.push_back(name);
-  }
-  WEFT_FAIL("unknown ", flag, " '", value, "': expected one of ", join(known));
-}
+const VariantName<GemmHook> kHooks[] = {{GemmHook::none, "none"},
+                                        {GemmHook::wait_a_rows, "wait_a_rows"},
+                                        {GemmHook::report_rows, "report_rows"},
+                                        {GemmHook::wait_source_rows, "wait_source_rows"}};
+const VariantName<FusedWay> kWays[] = {{FusedWay::ring_per_step, "per_step"},
+                                       {FusedWay::ring_one_launch, "one_launch"}};
 
 }  // namespace
 
@@ -185,12 +174,12 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
-    else if (a == "--way") args.way = parse_name(a, value(), kWays);
+    else if (a == "--way") args.way = parse_name(kWays, value(), a);
     else if (a == "--shapes") args.shapes = parse_shapes(value());
     else if (a == "--b-layout") args.b_layout = value();
     else if (a == "--out") args.out_dtype = value();
     else if (a == "--config") args.config = value();
-    else if (a == "--hook") args.hook = parse_name(a, value(), kHooks);
+    else if (a == "--hook") args.hook = parse_name(kHooks, value(), a);
     else if (a == "--any-order") args.any_order = true;
     else if (a == "--m") m_list = value();
     else if (a == "--n") n_value = value();

@@ -7,8 +7,8 @@
 
 namespace weft {
 
-/// Throws weft::Error: "unknown OP variant 'TEXT': expected one of NAMES" (used by parse_variant).
-[[noreturn]] void throw_unknown_variant(const char* op, const std::string& text, const std::string& names);
+/// Throws weft::Error: "unknown WHAT 'TEXT': expected one of NAMES" (used by parse_name).
+[[noreturn]] void throw_unknown_name(const std::string& what, const std::string& text, const std::string& names);
 
 /// Element types the reducing collectives accept (sums accumulate in fp32).
 enum class DType { bf16, fp16, fp32 };
@@ -37,16 +37,23 @@ const char* variant_name(const VariantName<E> (&table)[N], E v) {
   return "?";
 }
 
-/// Parses a variant name (or alias) of operation `op`; throws weft::Error
-/// listing every accepted name.
+/// Parses a name (or alias) of `table`; throws weft::Error "unknown <what>
+/// '<text>': expected one of <every name>".
 template <class E, std::size_t N>
-E parse_variant(const VariantName<E> (&table)[N], const std::string& text, const char* op) {
+E parse_name(const VariantName<E> (&table)[N], const std::string& text, const std::string& what) {
   std::string names;
   for (const auto& entry : table) {
     if (text == entry.name || (entry.alias && text == entry.alias)) return entry.value;
     names += names.empty() ? entry.name : std::string(", ") + entry.name;
   }
-  throw_unknown_variant(op, text, names);
+  throw_unknown_name(what, text, names);
+}
+
+/// Parses a variant name (or alias) of operation `op` ("unknown <op> variant
+/// '<text>'", listing every accepted name).
+template <class E, std::size_t N>
+E parse_variant(const VariantName<E> (&table)[N], const std::string& text, const char* op) {
+  return parse_name(table, text, std::string(op) + " variant");
 }
 
 /// How an overlapped operator (AgGemm, GemmRs, GemmAr) runs.
