@@ -26,7 +26,7 @@ struct TileWaitParams {
   int flags_per_rank = 0;                ///< > 0: flag i is signalled by rank i / flags_per_rank
   int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
   int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue, -1 none
-  unsigned long long* waited_ns = nullptr;  ///< optional: nanoseconds spent waiting, summed over tiles (RowSignals)
+  unsigned long long* waited_ns = nullptr;  ///< optional: per flag, nanoseconds spent waiting on it, summed over tiles (RowSignals)
   std::uint64_t* done = nullptr;         ///< rows stored: see weft::RowsDone
   std::int64_t rows_per_done = 1;
 };

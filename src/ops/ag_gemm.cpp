@@ -21,6 +21,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   overlap_ = std::make_unique<Overlap>(ctx_, "ag_gemm", o.mode, str("AgGemm ", o.m, " x ", o.n, " x ", o.k));
   gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), "bf16", "ag_gemm.gathered");
   arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
+  overlap_->count_tile_waits(static_cast<int>(world * chunks_));  // WEFT_TILE_WAITS: per flag of arrived_
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   g.agree = ops_detail::slowest_rank(ctx_);

@@ -77,6 +77,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
       WEFT_CUDA(cudaMemset(staging_.get(), 0, all_bytes));
       arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(2 * world * chunks_ * 8), "u64",
                                  "gemm_rs.arrived");
+      overlap_->count_tile_waits(static_cast<int>(world * chunks_));  // WEFT_TILE_WAITS: per [block][chunk] flag
       WEFT_CUDA(cudaMalloc(&send_, all_bytes));
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_source_rows;
@@ -196,6 +197,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   auto block_signals = [&](int blk) {
     RowSignals s = from_prev;
     s.flags = arrived + blk * chunks_;
+    if (s.waited_ns) s.waited_ns = overlap_->tile_wait_counter() + blk * chunks_;  // indexed as the flags
     s.ready_begin = s.ready_end = 0;
     return s;
   };

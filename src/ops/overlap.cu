@@ -103,22 +103,32 @@ Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapM
   WEFT_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   WEFT_CUDA(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   WEFT_CUDA(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-  if (env_int(process_env(), "WEFT_TILE_WAITS", 0) != 0) {
-    WEFT_CUDA(cudaMalloc(&tile_waits_, sizeof(unsigned long long)));
-    WEFT_CUDA(cudaMemset(tile_waits_, 0, sizeof(unsigned long long)));
-  }
+}
+
+void Overlap::count_tile_waits(int flags) {
+  if (tile_waits_ || flags <= 0 || env_int(process_env(), "WEFT_TILE_WAITS", 0) == 0) return;
+  WEFT_CUDA(cudaMalloc(&tile_waits_, static_cast<std::size_t>(flags) * sizeof(unsigned long long)));
+  WEFT_CUDA(cudaMemset(tile_waits_, 0, static_cast<std::size_t>(flags) * sizeof(unsigned long long)));
+  tile_wait_flags_ = flags;
 }
 
 Overlap::~Overlap() {
   if (tile_waits_) {  // diagnostics only: a failed read is not worth a throw from a destructor
-    unsigned long long ns = 0;
-    if (cudaMemcpy(&ns, tile_waits_, sizeof(ns), cudaMemcpyDeviceToHost) == cudaSuccess && ns > 0) {
-      if (fused_calls_ > 0)
-        WEFT_LOG(info, what_, ": tiles waited ", static_cast<double>(ns) / 1e3 / static_cast<double>(fused_calls_),
-                 " us per fused call, summed over the waiting tiles (", fused_calls_, " fused calls)");
-      else  // run by an enclosing plan (GemmAr's GemmRs), whose calls it did not count
-        WEFT_LOG(info, what_, ": tiles waited ", static_cast<double>(ns) / 1e3,
-                 " us in all, summed over the waiting tiles (divide by the enclosing plan's fused calls)");
+    std::vector<unsigned long long> ns(static_cast<std::size_t>(tile_wait_flags_));
+    if (cudaMemcpy(ns.data(), tile_waits_, ns.size() * sizeof(ns[0]), cudaMemcpyDeviceToHost) == cudaSuccess) {
+      // Per call where this plan counts its calls; in all for a plan run by
+      // an enclosing one (GemmAr's GemmRs), whose calls it does not count.
+      const double per = fused_calls_ > 0 ? 1e3 * static_cast<double>(fused_calls_) : 1e3;
+      double total = 0;
+      std::string each;
+      for (std::size_t f = 0; f < ns.size(); ++f) {
+        total += static_cast<double>(ns[f]) / per;
+        each += str(f ? " " : "", static_cast<double>(ns[f]) / per);
+      }
+      if (total > 0)
+        WEFT_LOG(info, what_, ": tiles waited ", total, " us ",
+                 fused_calls_ > 0 ? str("per fused call (", fused_calls_, " calls)") : std::string("in all"),
+                 ", summed over the waiting tiles; per flag: ", each);
     }
     cudaFree(tile_waits_);
   }

@@ -152,11 +152,13 @@ class Overlap {
   /// True inside a traced call: label-building code can skip its formatting otherwise.
   static bool recording();
 
-  /// WEFT_TILE_WAITS=1: a device counter the plan's hooked GEMMs add their
-  /// tiles' waiting time to (RowSignals::waited_ns), logged at info level per
-  /// fused call when the plan is destroyed (in all, for a plan run by an
-  /// enclosing one): how long tiles stalled on communication. Otherwise null
-  /// (and nothing is measured).
+  /// WEFT_TILE_WAITS=1: device counters, one per flag of the plan (`flags` of
+  /// them, indexed as its flags), that its hooked GEMMs add their tiles'
+  /// waiting time to (RowSignals::waited_ns); logged at info level per fused
+  /// call when the plan is destroyed (in all, for a plan run by an enclosing
+  /// one): how long tiles stalled on each chunk. Call once, at construction.
+  void count_tile_waits(int flags);
+  /// The counters of count_tile_waits, or null (and nothing is measured).
   unsigned long long* tile_wait_counter() const { return tile_waits_; }
 
  private:
@@ -191,7 +193,8 @@ class Overlap {
   std::string path_name_;
   float fused_ms_ = 0, sequential_ms_ = 0;
   int trace_left_ = 0;  // WEFT_TRACE_OVERLAP: fused calls still to trace
-  unsigned long long* tile_waits_ = nullptr;  // WEFT_TILE_WAITS: ns the tiles waited, all fused calls together
+  unsigned long long* tile_waits_ = nullptr;  // WEFT_TILE_WAITS: per flag, ns the tiles waited, all fused calls
+  int tile_wait_flags_ = 0;
   long long fused_calls_ = 0;
 };
 

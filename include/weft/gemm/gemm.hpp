@@ -54,9 +54,10 @@ struct RowSignals {
   std::int64_t ready_begin = 0, ready_end = 0;
   int flags_per_rank = 0;  ///< > 0: flag i is raised by rank i / flags_per_rank (for the timeout report)
   int from_rank = -1;      ///< else the rank that raises them all
-  /// Optional diagnostics (device memory, zeroed by the caller): every tile
-  /// that had to wait adds the nanoseconds its waiting warp spent on the
-  /// flags, so a run's total says how long tiles stalled on communication.
+  /// Optional diagnostics (device memory, zeroed by the caller, one counter
+  /// per flag, indexed as `flags`): every tile adds to waited_ns[f] the
+  /// nanoseconds its waiting warp spent on flag f, so the counters say how
+  /// long tiles stalled on each chunk.
   unsigned long long* waited_ns = nullptr;
 };
 
