@@ -216,6 +216,8 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
   void *a, *b, *c, *src;
   float* ref;
   std::uint64_t* flags;
+  unsigned long long* wait_ns = nullptr;  // RowSignals::waited_ns, per flag
+  WEFT_CUDA(cudaMalloc(&wait_ns, flags_n * 8));
   WEFT_CUDA(cudaMalloc(&a, m * k * 2));
   WEFT_CUDA(cudaMalloc(&b, n * k * 2));
   WEFT_CUDA(cudaMalloc(&c, m * n * 2));
@@ -271,7 +273,9 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
                                 .value = 1,
                                 .ready_begin = late_rows,  // the rest is present from the start
                                 .ready_end = m,
-                                .from_rank = ctx().rank()};
+                                .from_rank = ctx().rank(),
+                                .waited_ns = wait_ns};
+      WEFT_CUDA(cudaMemsetAsync(wait_ns, 0, flags_n * 8, s));
       if (!any_order) args.first_row = late_rows;  // the present rows first, as AllGather + GEMM starts on its own shard
       gemm.prepare(args, s);        // tuning never waits
       WEFT_CUDA(cudaStreamSynchronize(s));
@@ -281,6 +285,15 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
       WEFT_CUDA(cudaMemcpyAsync(flags, ones, late_rows / rows_per_flag * 8, cudaMemcpyHostToDevice, late));
       WEFT_CUDA(cudaStreamSynchronize(late));
       EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, m * n, s), 1e-2) << name;
+      // The tiles' waiting time, per flag: the late flags were waited on for
+      // about 20 ms (by several tiles: the sum is at least that), the present
+      // ones never.
+      std::vector<unsigned long long> ns(flags_n);
+      WEFT_CUDA(cudaMemcpy(ns.data(), wait_ns, flags_n * 8, cudaMemcpyDeviceToHost));
+      for (std::int64_t f = 0; f < flags_n; ++f) {
+        if (f < late_rows / rows_per_flag) EXPECT_GE(ns[f], 10'000'000ull) << name << ", flag " << f;
+        else EXPECT_EQ(ns[f], 0ull) << name << ", flag " << f;
+      }
       ++tried;
     }
   }
@@ -289,5 +302,6 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
   cudaFreeHost(real_rows);
   cudaFreeHost(ones);
   cudaStreamDestroy(late);
-  for (void* p : {a, b, c, src, static_cast<void*>(ref), static_cast<void*>(flags)}) cudaFree(p);
+  for (void* p : {a, b, c, src, static_cast<void*>(ref), static_cast<void*>(flags), static_cast<void*>(wait_ns)})
+    cudaFree(p);
 }
