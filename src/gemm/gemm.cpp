@@ -349,10 +349,6 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                x.first_row, ")");
   if (x.done.counters) {
     WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: stored-row counters were given to a plan built without a hook");
-    prepare(x, stream);
-    WEFT_REQUIRE(chosen_->reports, "Gemm::run: stored-row counters were given, but the configuration '", chosen_->name,
-                 "' does not report (pingpong kernels only wait); pass the counters to prepare() so the tuner keeps "
-                 "to configurations that report, or force a cooperative one");
     WEFT_REQUIRE(x.done.rows_per_counter > 0, "Gemm::run: rows_per_counter must be positive, got ",
                  x.done.rows_per_counter);
   }
@@ -364,6 +360,9 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  x.signals.rows_per_flag);
   }
   prepare(x, stream);
+  WEFT_REQUIRE(!x.done.counters || chosen_->reports, "Gemm::run: stored-row counters were given, but the configuration '",
+               chosen_->name, "' does not report (pingpong kernels only wait); pass the counters to prepare() so the "
+               "tuner keeps to configurations that report, or force a cooperative one");
   gemm_detail::Problem p = problem(x, swizzle_, raster_);
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
