@@ -192,6 +192,11 @@ if has probe && [ "$GPUS" -ge 2 ]; then  # does a copy into a peer's mapping nee
   grep -E "^rank|probe:" "$OUT/copy_probe.log"
 fi
 
+if has probe; then  # what a wait on a flag already set costs, written each way (tools/wait_probe.cu)
+  run_logged "wait probe" wait_probe.log "$BUILD/weft-wait-probe"
+  grep -E "probe" "$OUT/wait_probe.log"
+fi
+
 if has waits; then  # how long the hooked tiles wait for rows (WEFT_TILE_WAITS), fused path only
   # WAITS_SPECS: ';'-separated weft-bench arguments (default: the operators at K = 8192 / N = 8192).
   IFS=';' read -ra specs <<<"${WAITS_SPECS:-ag_gemm --m 2048,4096,8192 --n 8192 --k 8192;gemm_rs --m 2048,4096,8192 --n 8192 --k 8192}"
