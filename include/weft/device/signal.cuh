@@ -50,7 +50,7 @@ static __device__ __noinline__ void report_wait_timeout(const World& w, const st
 /// `from`, the rank expected to signal, if the caller knows it).
 WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, Cmp cmp,
                                      std::uint64_t value, Scope scope, int from = -1) {
-  std::uint64_t v = ld_relaxed(flag, scope);
+  std::uint64_t v = ld_acquire(flag, scope);
   if (!compare(v, cmp, value)) {
     std::uint64_t start = 0;
     std::uint32_t spins = 0;
@@ -63,8 +63,12 @@ WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, 
           detail::report_wait_timeout(w, flag, cmp, value, v, now - start, from);
       }
     } while (!compare(v, cmp, value));
+    // The relaxed spin saw the value; an acquire load of the same flag reads
+    // it or a later one (coherence) and orders this thread's later reads
+    // after it, where a fence would also wait for its earlier writes
+    // (weft-wait-probe times both). The value returned is the one that held.
+    (void)ld_acquire(flag, scope);
   }
-  fence_acq_rel(scope);  // relaxed load + fence = acquire: later reads see what was released
   return v;
 }
 
