@@ -117,7 +117,9 @@ WEFT_DEVICE std::uint64_t atomic_cas(std::uint64_t* p, std::uint64_t expected, s
 }
 
 /// Acquire-release fence at `scope`: orders this thread's earlier accesses
-/// before its later ones as seen from `scope`. Waits for nothing else.
+/// before its later ones as seen from `scope`. Costly at sys scope: ~0.7 us
+/// on an idle H200 SM, ~2.8 us while other warps stream stores
+/// (weft-wait-probe); to acquire after a wait, prefer ld_acquire of the flag.
 WEFT_DEVICE void fence_acq_rel(Scope scope) {
 #define F(S) asm volatile("fence.acq_rel." S ";" ::: "memory")
   WEFT_BY_SCOPE(scope, F)
