@@ -3,13 +3,14 @@
 //   weft-wait-probe          (one GPU; no ranks needed)
 //
 // The hooked GEMMs wait, per tile, on a flag that has mostly been raised long
-// before (with the fence dev::wait_until used until 92f555a, WEFT_TILE_WAITS
+// before. With the fence dev::wait_until used until 92f555a, WEFT_TILE_WAITS
 // counted ~2 us per tile in AllGather + GEMM and ~5 us in GEMM +
-// ReduceScatter's source loads; with the acquire load, ~0.8 and ~2). This probe times one waiting warp
-// per SM doing 64 such waits in a row, in each of the ways a wait can be
-// written, first on an idle SM, then while the other warps of the block
-// stream stores to global memory (as a GEMM's epilogue does). It prints the
-// median, over SMs, of nanoseconds per wait (%globaltimer).
+// ReduceScatter's source loads; with the acquire load, ~0.8 and ~2. This
+// probe times one waiting warp per SM doing 64 such waits in a row, in each
+// of the ways a wait can be written, first on an idle SM, then while the
+// other warps of the block stream stores to global memory (as a GEMM's
+// epilogue does). It prints the median, over SMs, of nanoseconds per wait
+// (%globaltimer).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,7 +27,7 @@ using weft::dev::Scope;
 enum Way : int {
   relaxed_sys_then_fence_sys,  // dev::wait_until(..., Scope::sys) until 92f555a
   acquire_sys,                 // one ld.acquire.sys
-  relaxed_sys_then_acquire_sys,  // dev::wait_until(..., Scope::sys) since
+  relaxed_sys_then_acquire_sys,  // dev::wait_until's slow path since 92f555a (its fast path: one acquire)
   relaxed_gpu_then_fence_gpu,
   acquire_gpu,
   fence_sys_alone,
