@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace waits probe bench pdl tune
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS narrow the overlap and chunks stages)
 #                                               (default: build cpu gpu examples bench)
 #
@@ -207,6 +207,43 @@ if has waits; then  # how long the hooked tiles wait for rows (WEFT_TILE_WAITS),
   done
   note "tile waits" "-> waits.txt"
   grep -E "^###|tiles waited|^ +[0-9]" "$OUT/waits.txt" | sed 's/^\[weft rank [0-9]*\/[0-9]*\] //' | cut -c1-300
+fi
+
+if has soak; then  # each contender alone for a while, and the SM clock and power it ran at (clocks.log)
+  # SOAK_SPECS: ';'-separated weft-bench arguments; SOAK_S: seconds per contender.
+  IFS=';' read -ra specs <<<"${SOAK_SPECS:-ag_gemm --m 8192 --n 8192 --k 8192;gemm_rs --m 2048,8192 --n 8192 --k 8192}"
+  for spec in "${specs[@]}"; do
+    "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" $spec --variant fused --samples 9 \
+      --soak "${SOAK_S:-3}" >>"$OUT/soak.txt" 2>&1
+  done
+  sleep 1  # the clock log's last samples
+  note "soak" "-> soak.txt"
+  python3 - "$OUT/soak.txt" "$OUT/clocks.log" <<'PY'
+import re, statistics, sys, time, datetime
+clocks = []  # (unix ms, gpu, sm MHz, W)
+for line in open(sys.argv[2]):
+    f = [x.strip() for x in line.split(",")]
+    try:
+        dt = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f")
+        clocks.append((time.mktime(dt.timetuple()) * 1000 + dt.microsecond / 1000, int(f[1]), float(f[2]), float(f[4])))
+    except (ValueError, IndexError):
+        pass
+pat = re.compile(r"soak (\S+) (\S+) rank (\d+): (.+?) \| (\d+) calls, ([\d.]+) ms per call, unix ms ([\d.]+) to ([\d.]+)")
+rows = {}
+for line in open(sys.argv[1]):
+    m = pat.search(line)
+    if not m: continue
+    op, shape, rank, who, calls, ms, t0, t1 = m.groups()
+    rank, t0, t1 = int(rank), float(t0), float(t1)
+    inside = [c for c in clocks if c[1] == rank and t0 + 500 <= c[0] <= t1]  # the first 0.5 s: ramp
+    mhz = statistics.median([c[2] for c in inside]) if inside else float("nan")
+    watts = statistics.median([c[3] for c in inside]) if inside else float("nan")
+    rows.setdefault((op, shape, who), []).append((rank, float(ms), mhz, watts, len(inside)))
+print("soak: each contender alone; ms per call (slowest rank); per rank (its GPU): median SM MHz, W, samples")
+for (op, shape, who), rs in rows.items():
+    per = "  ".join(f"r{r}: {mhz:5.0f} MHz {w:4.0f} W ({n})" for r, _, mhz, w, n in sorted(rs))
+    print(f"soak: {op:8s} {shape:15s} {who:18s} {max(x[1] for x in rs):8.4f} ms | {per}")
+PY
 fi
 
 if has trace; then  # the fused paths' timelines (WEFT_TRACE_OVERLAP): where each call's time goes

@@ -88,6 +88,15 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
             std::string::npos);
 }
 
+TEST(BenchArgs, SoakIsForTheOverlappedOperatorsInWholeSeconds) {
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).soak_s, 0);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "ag_gemm", "--soak", "3"}).soak_s, 3);
+  EXPECT_NE(error_of({"all_gather", "--soak", "3"}).find("--soak is for ag_gemm, gemm_rs and gemm_ar, got 'all_gather'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm_ar", "--soak", "0"}).find("--soak expects a whole number from 1 to 600, got '0'"),
+            std::string::npos);
+}
+
 TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
   EXPECT_NE(error_of({}).find("no operation given: expected one of all_gather, all_reduce, reduce_scatter, gemm"),
             std::string::npos);

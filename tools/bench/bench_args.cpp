@@ -135,6 +135,9 @@ std::string bench_usage() {
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
          "  --way W            gemm_rs, gemm_ar: the fused way, per_step or one_launch\n"
          "                     (default: the plan times every way it can run)\n"
+         "  --soak S           ag_gemm, gemm_rs, gemm_ar: after timing, run each contender alone, back to back,\n"
+         "                     for about S seconds, and print its wall-clock window ([weft-bench] soak lines), so\n"
+         "                     a clock log (nvidia-smi) can say at what SM clock and power each one ran\n"
          "gemm (each rank times its own GPU against cuBLAS):\n"
          "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"
          "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
@@ -175,6 +178,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
     else if (a == "--way") args.way = parse_name(kWays, value(), a);
+    else if (a == "--soak") args.soak_s = parse_int(a, value(), 1, 600);
     else if (a == "--shapes") args.shapes = parse_shapes(value());
     else if (a == "--b-layout") args.b_layout = value();
     else if (a == "--out") args.out_dtype = value();
@@ -191,6 +195,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   WEFT_REQUIRE(!args.op.empty(), "no operation given: expected one of ", join(kOps), "\n", bench_usage());
   WEFT_REQUIRE(std::find(kOps.begin(), kOps.end(), args.op) != kOps.end(), "unknown operation '", args.op,
                "': expected one of ", join(kOps));
+  WEFT_REQUIRE(args.soak_s == 0 || is_overlap_op(args.op), "--soak is for ag_gemm, gemm_rs and gemm_ar, got '",
+               args.op, "'");
   args.bytes = parse_size_list(bytes);
   if (variants.empty()) variants = is_overlap_op(args.op) ? "auto" : "all";
   if (!m_list.empty() || !n_value.empty() || !k_value.empty()) {

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 
 #include "bench.hpp"
 #include "gpu_check.hpp"
@@ -71,10 +72,25 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   require_cublas(cublasSetStream(blas, stream), "cublasSetStream");
   ncclComm_t nccl = ctx.nccl();
   const int calls = 3;  // back to back per sample, as a layer runs them
-  // weft, the baselines and the parts, sampled in turn (ms per call).
-  auto timed = [&](const std::vector<std::function<void()>>& contenders) {
+  // weft, the baselines and the parts, sampled in turn (ms per call), in
+  // this order; with --soak, then each alone for a while (clock studies).
+  static const char* const kContenders[] = {"weft",           "sequential",      "weft GEMM",         "cuBLAS GEMM",
+                                            "NCCL collective", "weft collective", "fused GEMMs alone"};
+  auto timed = [&](const Row& row, const std::vector<std::function<void()>>& contenders) {
+    WEFT_REQUIRE(contenders.size() == std::size(kContenders), "weft-bench: ", contenders.size(), " contenders, ",
+                 std::size(kContenders), " names");
     std::vector<double> ms = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup);
     for (double& x : ms) x /= 1000.0;
+    if (args.soak_s > 0) {
+      const std::vector<Soak> soaked = soak(ctx, stream, contenders, ms, args.soak_s);
+      for (std::size_t i = 0; i < soaked.size(); ++i)
+        std::fprintf(stderr,
+                     "[weft-bench] soak %s %lldx%lldx%lld rank %d: %s | %lld calls, %.4f ms per call, unix ms %.1f "
+                     "to %.1f\n",
+                     row.op.c_str(), static_cast<long long>(row.m), static_cast<long long>(row.n),
+                     static_cast<long long>(row.k), me, kContenders[i], soaked[i].calls, soaked[i].ms_per_call,
+                     soaked[i].start_unix_ms, soaked[i].end_unix_ms);
+    }
     return ms;
   };
   std::vector<Row> rows;
@@ -138,7 +154,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           row.gathered_mismatch = static_cast<long long>(count_mismatches(plan.gathered(), gathered_nccl, M * K * 2, stream));
           ok &= row.rel_err < 1e-2 && row.gathered_mismatch == 0;
         }
-        const std::vector<double> t = timed({
+        const std::vector<double> t = timed(row, {
             [&] { plan.run(a_shard, b, c, stream); },
             [&] {
               nccl_ag();
@@ -245,7 +261,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           row.rel_err = relative_error_vs_fp32(out.get(), "bf16", static_cast<const float*>(ref32), out_elems, stream);
           ok &= row.rel_err < 1e-2;
         }
-        const std::vector<double> t = timed({
+        const std::vector<double> t = timed(row, {
             run_weft,
             [&] {
               cublas_nk(blas, M, N, k, a, b, c_ref, false);
