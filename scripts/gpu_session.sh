@@ -210,10 +210,13 @@ if has waits; then  # how long the hooked tiles wait for rows (WEFT_TILE_WAITS),
 fi
 
 if has soak; then  # each contender alone for a while, and the SM clock and power it ran at (clocks.log)
-  # SOAK_SPECS: ';'-separated weft-bench arguments; SOAK_S: seconds per contender.
+  # SOAK_SPECS: ';'-separated weft-bench arguments (gemm, ag_gemm, gemm_rs, gemm_ar); SOAK_S: seconds per contender.
   IFS=';' read -ra specs <<<"${SOAK_SPECS:-ag_gemm --m 8192 --n 8192 --k 8192;gemm_rs --m 2048,8192 --n 8192 --k 8192}"
   for spec in "${specs[@]}"; do
-    "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" $spec --variant fused --samples 9 \
+    eval "words=($spec)"  # shell quoting inside a spec holds, e.g. --config '128x256x64 c2x1 cooperative'
+    fused=(--variant fused)
+    [[ ${words[0]} == gemm ]] && fused=()  # a GEMM alone: weft's and cuBLAS's
+    "$BUILD/weftrun" -n "$GPUS" --timeout 300 -- "$BUILD/weft-bench" "${words[@]}" "${fused[@]}" --samples 9 \
       --soak "${SOAK_S:-3}" >>"$OUT/soak.txt" 2>&1
   done
   sleep 1  # the clock log's last samples

@@ -88,10 +88,11 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
             std::string::npos);
 }
 
-TEST(BenchArgs, SoakIsForTheOverlappedOperatorsInWholeSeconds) {
+TEST(BenchArgs, SoakIsForTheGemmAndOverlappedOperatorsInWholeSeconds) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).soak_s, 0);
   EXPECT_EQ(parse_bench_args({"weft-bench", "ag_gemm", "--soak", "3"}).soak_s, 3);
-  EXPECT_NE(error_of({"all_gather", "--soak", "3"}).find("--soak is for ag_gemm, gemm_rs and gemm_ar, got 'all_gather'"),
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--soak", "2"}).soak_s, 2);
+  EXPECT_NE(error_of({"all_gather", "--soak", "3"}).find("--soak is for gemm, ag_gemm, gemm_rs and gemm_ar, got 'all_gather'"),
             std::string::npos);
   EXPECT_NE(error_of({"gemm_ar", "--soak", "0"}).find("--soak expects a whole number from 1 to 600, got '0'"),
             std::string::npos);

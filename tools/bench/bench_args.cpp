@@ -135,7 +135,7 @@ std::string bench_usage() {
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
          "  --way W            gemm_rs, gemm_ar: the fused way, per_step or one_launch\n"
          "                     (default: the plan times every way it can run)\n"
-         "  --soak S           ag_gemm, gemm_rs, gemm_ar: after timing, run each contender alone, back to back,\n"
+         "  --soak S           gemm, ag_gemm, gemm_rs, gemm_ar: after timing, run each contender alone, back to back,\n"
          "                     for about S seconds, and print its wall-clock window ([weft-bench] soak lines), so\n"
          "                     a clock log (nvidia-smi) can say at what SM clock and power each one ran\n"
          "gemm (each rank times its own GPU against cuBLAS):\n"
@@ -195,8 +195,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   WEFT_REQUIRE(!args.op.empty(), "no operation given: expected one of ", join(kOps), "\n", bench_usage());
   WEFT_REQUIRE(std::find(kOps.begin(), kOps.end(), args.op) != kOps.end(), "unknown operation '", args.op,
                "': expected one of ", join(kOps));
-  WEFT_REQUIRE(args.soak_s == 0 || is_overlap_op(args.op), "--soak is for ag_gemm, gemm_rs and gemm_ar, got '",
-               args.op, "'");
+  WEFT_REQUIRE(args.soak_s == 0 || is_overlap_op(args.op) || args.op == "gemm",
+               "--soak is for gemm, ag_gemm, gemm_rs and gemm_ar, got '", args.op, "'");
   args.bytes = parse_size_list(bytes);
   if (variants.empty()) variants = is_overlap_op(args.op) ? "auto" : "all";
   if (!m_list.empty() || !n_value.empty() || !k_value.empty()) {

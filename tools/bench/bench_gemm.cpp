@@ -3,6 +3,8 @@
 #include <cublas_v2.h>
 
 #include <cstdio>
+#include <functional>
+#include <string>
 
 #include "bench.hpp"
 #include "gpu_check.hpp"
@@ -77,14 +79,22 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     // weft's result against the fp32-accumulated, fp32-output reference.
     const double err = relative_error_vs_fp32(c, to_string(out), static_cast<const float*>(c32), c_n, stream);
     const int calls = 5;
-    const std::vector<double> us = time_interleaved(
-        ctx, stream,
-        {run_weft,
-         [&] {
-           require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx");
-         }},
-        calls, args.samples, args.warmup);
+    const std::vector<std::function<void()>> contenders = {run_weft, [&] {
+      require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx");
+    }};
+    const std::vector<double> us = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup);
     const double weft_us = us[0], cublas_us = us[1];
+    if (args.soak_s > 0) {  // each alone for a while: the clock and power each runs at (gpu_session.sh soak)
+      const std::vector<Soak> soaked = soak(ctx, stream, contenders, {weft_us / 1000, cublas_us / 1000}, args.soak_s);
+      const std::string names[] = {"weft " + gemm.config(), "cuBLAS"};
+      for (std::size_t i = 0; i < soaked.size(); ++i)
+        std::fprintf(stderr,
+                     "[weft-bench] soak gemm %lldx%lldx%lld rank %d: %s | %lld calls, %.4f ms per call, unix ms %.1f "
+                     "to %.1f\n",
+                     static_cast<long long>(o.m), static_cast<long long>(o.n), static_cast<long long>(o.k), ctx.rank(),
+                     names[i].c_str(), soaked[i].calls, soaked[i].ms_per_call, soaked[i].start_unix_ms,
+                     soaked[i].end_unix_ms);
+    }
     rows.push_back({o.m, o.n, o.k, gemm.config(), weft_us / 1000, cublas_us / 1000, err});
     ok &= err < 1e-2;
     for (void* p : {a, b, c, c_ref, c32, source}) cudaFree(p);
