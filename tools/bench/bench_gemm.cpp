@@ -84,17 +84,9 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     }};
     const std::vector<double> us = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup);
     const double weft_us = us[0], cublas_us = us[1];
-    if (args.soak_s > 0) {  // each alone for a while: the clock and power each runs at (gpu_session.sh soak)
-      const std::vector<Soak> soaked = soak(ctx, stream, contenders, {weft_us / 1000, cublas_us / 1000}, args.soak_s);
-      const std::string names[] = {"weft " + gemm.config(), "cuBLAS"};
-      for (std::size_t i = 0; i < soaked.size(); ++i)
-        std::fprintf(stderr,
-                     "[weft-bench] soak gemm %lldx%lldx%lld rank %d: %s | %lld calls, %.4f ms per call, unix ms %.1f "
-                     "to %.1f\n",
-                     static_cast<long long>(o.m), static_cast<long long>(o.n), static_cast<long long>(o.k), ctx.rank(),
-                     names[i].c_str(), soaked[i].calls, soaked[i].ms_per_call, soaked[i].start_unix_ms,
-                     soaked[i].end_unix_ms);
-    }
+    if (args.soak_s > 0)  // each alone for a while: the clock and power each runs at (gpu_session.sh soak)
+      soak(ctx, stream, contenders, {"weft " + gemm.config(), "cuBLAS"}, {weft_us / 1000, cublas_us / 1000},
+           args.soak_s, str("gemm ", o.m, "x", o.n, "x", o.k));
     rows.push_back({o.m, o.n, o.k, gemm.config(), weft_us / 1000, cublas_us / 1000, err});
     ok &= err < 1e-2;
     for (void* p : {a, b, c, c_ref, c32, source}) cudaFree(p);

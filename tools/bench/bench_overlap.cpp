@@ -81,16 +81,9 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
                  std::size(kContenders), " names");
     std::vector<double> ms = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup);
     for (double& x : ms) x /= 1000.0;
-    if (args.soak_s > 0) {
-      const std::vector<Soak> soaked = soak(ctx, stream, contenders, ms, args.soak_s);
-      for (std::size_t i = 0; i < soaked.size(); ++i)
-        std::fprintf(stderr,
-                     "[weft-bench] soak %s %lldx%lldx%lld rank %d: %s | %lld calls, %.4f ms per call, unix ms %.1f "
-                     "to %.1f\n",
-                     row.op.c_str(), static_cast<long long>(row.m), static_cast<long long>(row.n),
-                     static_cast<long long>(row.k), me, kContenders[i], soaked[i].calls, soaked[i].ms_per_call,
-                     soaked[i].start_unix_ms, soaked[i].end_unix_ms);
-    }
+    if (args.soak_s > 0)
+      soak(ctx, stream, contenders, std::vector<std::string>(std::begin(kContenders), std::end(kContenders)), ms,
+           args.soak_s, str(row.op, " ", row.m, "x", row.n, "x", row.k));
     return ms;
   };
   std::vector<Row> rows;

@@ -63,25 +63,23 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
   return slowest;
 }
 
-std::vector<Soak> soak(Context& ctx, cudaStream_t stream, const std::vector<std::function<void()>>& contenders,
-                       const std::vector<double>& ms_per_call, int seconds) {
-  WEFT_REQUIRE(contenders.size() == ms_per_call.size(), "soak: ", contenders.size(), " contenders but ",
-               ms_per_call.size(), " times");
+void soak(Context& ctx, cudaStream_t stream, const std::vector<std::function<void()>>& contenders,
+          const std::vector<std::string>& names, const std::vector<double>& ms_per_call, int seconds,
+          const std::string& label) {
+  WEFT_REQUIRE(contenders.size() == ms_per_call.size() && contenders.size() == names.size(), "soak: ",
+               contenders.size(), " contenders, ", names.size(), " names, ", ms_per_call.size(), " times");
   auto unix_ms = [] {
     return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
   };
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
-  std::vector<Soak> out(contenders.size());
   for (std::size_t i = 0; i < contenders.size(); ++i) {
-    WEFT_REQUIRE(ms_per_call[i] > 0, "soak: contender ", i, " has no time per call (", ms_per_call[i], " ms)");
+    WEFT_REQUIRE(ms_per_call[i] > 0, "soak: ", names[i], " has no time per call (", ms_per_call[i], " ms)");
     const long long calls = std::max(16LL, static_cast<long long>(1000.0 * seconds / ms_per_call[i]));
     ctx.barrier(stream);
     ctx.synchronize(stream);
-    Soak& s = out[i];
-    s.calls = calls;
-    s.start_unix_ms = unix_ms();
+    const double t0 = unix_ms();
     WEFT_CUDA(cudaEventRecord(start, stream));
     for (long long c = 0; c < calls; ++c) {
       contenders[i]();
@@ -89,14 +87,14 @@ std::vector<Soak> soak(Context& ctx, cudaStream_t stream, const std::vector<std:
     }
     WEFT_CUDA(cudaEventRecord(stop, stream));
     ctx.synchronize(stream);
-    s.end_unix_ms = unix_ms();
+    const double t1 = unix_ms();
     float ms = 0;
     WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    s.ms_per_call = ms / static_cast<double>(calls);
+    std::fprintf(stderr, "[weft-bench] soak %s rank %d: %s | %lld calls, %.4f ms per call, unix ms %.1f to %.1f\n",
+                 label.c_str(), ctx.rank(), names[i].c_str(), calls, ms / static_cast<double>(calls), t0, t1);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return out;
 }
 
 }  // namespace weft::bench

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "weft/runtime/context.hpp"
@@ -31,22 +32,18 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
                                      const std::vector<std::function<void()>>& contenders, int calls_per_sample,
                                      int samples, int warmup);
 
-/// One contender run alone: `calls` back-to-back calls, between two
-/// wall-clock readings (Unix ms), and its GPU time per call (ms, CUDA events).
-struct Soak {
-  double start_unix_ms = 0, end_unix_ms = 0;
-  double ms_per_call = 0;
-  long long calls = 0;
-};
-
 /// Runs each contender alone for about `seconds`, one after the other, every
 /// rank together (a device barrier and a host synchronisation before each),
 /// so a clock log taken meanwhile can be read per contender. The number of
 /// calls comes from `ms_per_call` (the same on every rank: the interleaved
 /// timing's maximum over ranks), so collective contenders make the same
 /// calls on every rank. The stream is synchronised every 16 calls, so the
-/// host never runs far ahead. Collective.
-std::vector<Soak> soak(Context& ctx, cudaStream_t stream, const std::vector<std::function<void()>>& contenders,
-                       const std::vector<double>& ms_per_call, int seconds);
+/// host never runs far ahead. Each rank prints, per contender, to stderr:
+/// "[weft-bench] soak LABEL rank R: NAME | C calls, X ms per call, unix ms
+/// T0 to T1" (its GPU time per call by CUDA events, its wall-clock window),
+/// the line gpu_session.sh's soak stage reads. Collective.
+void soak(Context& ctx, cudaStream_t stream, const std::vector<std::function<void()>>& contenders,
+          const std::vector<std::string>& names, const std::vector<double>& ms_per_call, int seconds,
+          const std::string& label);
 
 }  // namespace weft::bench
