@@ -28,6 +28,7 @@ const char* ops_detail::fused_way_name(FusedWay way) {
   switch (way) {
     case FusedWay::ring_per_step: return "fused";
     case FusedWay::ring_one_launch: return "fused, one launch";
+    case FusedWay::ring_plain_first: return "fused, plain first step";
     case FusedWay::automatic: break;
   }
   return "fused, automatic";
@@ -65,6 +66,9 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
     const bool any = o.way == FusedWay::automatic;
     const bool per_step = any || o.way == FusedWay::ring_per_step || steps == 0;
     const bool one = (any || o.way == FusedWay::ring_one_launch) && one_launch_possible;
+    const bool plain_first = (any || o.way == FusedWay::ring_plain_first) && steps > 0;
+    WEFT_REQUIRE(o.way != FusedWay::ring_plain_first || plain_first,
+                 "GemmRs: FusedWay::ring_plain_first needs 2 or more ranks, got ", world);
     if (per_step) {
       GemmOptions first = g;
       if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
@@ -81,7 +85,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
       WEFT_CUDA(cudaMalloc(&send_, all_bytes));
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_source_rows;
-      if (per_step) {
+      if (per_step || plain_first) {  // the steps after the first
         step_gemm_ = std::make_unique<Gemm>(hooked);
         // The last step, unless a caller ships it (GemmAr), sends nothing on:
         // its tiles may walk in any order (along M too, and in the pingpong
@@ -90,6 +94,16 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
         GemmOptions last = hooked;
         last.any_tile_order = true;
         last_gemm_ = std::make_unique<Gemm>(last);
+      }
+      if (plain_first) {
+        // Its block leaves once the whole step is stored: the plain GEMM may
+        // walk its tiles in any order (or be cuBLAS's), and reports nothing.
+        plain_first_gemm_ = std::make_unique<Gemm>(g);
+        WEFT_CUDA(cudaEventCreateWithFlags(&first_step_done_, cudaEventDisableTiming));
+        // The steps after it are the per-step ring's, but at 2 ranks the
+        // last step's source leaves the previous rank only as the step
+        // starts, so its tiles walk in row order, as the chunks arrive.
+        if (steps == 1) ordered_last_gemm_ = std::make_unique<Gemm>(hooked);
       }
       if (one) {
         hooked.m = o.m;
@@ -109,6 +123,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
 
 GemmRs::~GemmRs() {
   if (send_) cudaFree(send_);
+  if (first_step_done_) cudaEventDestroy(first_step_done_);
 }
 
 std::string GemmRs::path() const { return overlap_->path(); }
@@ -124,6 +139,7 @@ bool GemmRs::builds(FusedWay way) const {
   switch (way) {
     case FusedWay::ring_per_step: return first_gemm_ != nullptr;
     case FusedWay::ring_one_launch: return whole_gemm_ != nullptr;
+    case FusedWay::ring_plain_first: return plain_first_gemm_ != nullptr;
     case FusedWay::automatic: break;
   }
   return false;
@@ -132,12 +148,14 @@ bool GemmRs::builds(FusedWay way) const {
 std::string GemmRs::fused_gemm_config(FusedWay way) const {
   if (!builds(way)) return "";
   if (way == FusedWay::ring_one_launch) return whole_gemm_->config();
-  if (!step_gemm_) return first_gemm_->config();
+  const bool plain_first = way == FusedWay::ring_plain_first;
+  const Gemm& first = plain_first ? *plain_first_gemm_ : *first_gemm_;
+  if (!step_gemm_) return first.config();
   // The steps' GEMMs that ran: those that send on, the last one that does not, or both (W > 2).
-  const bool steps_ran = step_gemm_->prepared(), last_ran = last_gemm_->prepared();
-  if (steps_ran && last_ran)
-    return str(first_gemm_->config(), "; then ", step_gemm_->config(), "; last ", last_gemm_->config());
-  return str(first_gemm_->config(), "; then ", (last_ran ? last_gemm_ : step_gemm_)->config());
+  const Gemm& last = plain_first && ordered_last_gemm_ ? *ordered_last_gemm_ : *last_gemm_;
+  const bool steps_ran = step_gemm_->prepared(), last_ran = last.prepared();
+  if (steps_ran && last_ran) return str(first.config(), "; then ", step_gemm_->config(), "; last ", last.config());
+  return str(first.config(), "; then ", (last_ran ? last : *step_gemm_).config());
 }
 
 void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
@@ -211,46 +229,65 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                        .first_row = first_block * block_rows_};
   // Tune (first run only) before the run starts, so no peer waits on a tuning
   // rank. The counters and flags tell the tuner how many rows move together.
+  const bool plain_first = way == FusedWay::ring_plain_first;
+  // The last step when nobody ships it: any tile order, unless its source
+  // leaves the previous rank only as it starts (a plain first step at 2 ranks).
+  Gemm* last = plain_first && steps == 1 ? ordered_last_gemm_.get() : last_gemm_.get();
   if (one_launch) {
     whole_gemm_->prepare(whole, stream);
   } else {
-    first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = d, .done = block_done(0)}, stream);
+    if (plain_first) plain_first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = d}, stream);
+    else first_gemm_->prepare(GemmArgs{.a = a, .b = b, .c = d, .done = block_done(0)}, stream);
     // Steps report their stored rows where they are sent on: every step but
     // the last, and the last too where a caller ships it (step_gemm_);
-    // otherwise the last step reports nothing (last_gemm_, any tile order).
+    // otherwise the last step reports nothing (`last`).
     const GemmArgs step{.a = a, .b = b, .c = out, .source = staging_.get(), .signals = block_signals(0)};
     if (steps > 1 || own_block_stored) {
       GemmArgs reporting = step;
       reporting.done = block_done(0);
       step_gemm_->prepare(reporting, stream);
     }
-    if (!own_block_stored) last_gemm_->prepare(step, stream);
+    if (!own_block_stored) last->prepare(step, stream);
   }
 
   // Our flags and counters of the last run are zeroed and every peer hears
   // that our staging is free. The side stream starts now, before the GEMMs,
   // and once every peer said the same, each step's block goes to rank + 1
-  // chunk by chunk, each chunk as soon as our GEMM stored it.
+  // chunk by chunk, each chunk as soon as our GEMM stored it (a plain first
+  // step's block: once the step is done).
   cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(2 * world * chunks_));
   Overlap::mark(stream, "start");
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
-  for (int s = 0; s < steps; ++s) {
+  auto send_block = [&](int s, bool when_stored) {
     const int blk = schedule::ring_gemm_block(me, s, world);
     for (std::int64_t c = 0; c < chunks_; ++c) {
-      Overlap::push_chunk_when_stored(ctx_->heap().peer_ptr(rows_of(staging_.get(), blk), next), rows_of(d, blk),
-                                      chunk_bytes, c, stored + blk * chunks_, chunk_stored,
-                                      next_arrived + blk * chunks_, side);
+      void* dst = ctx_->heap().peer_ptr(rows_of(staging_.get(), blk), next);
+      if (when_stored)
+        Overlap::push_chunk_when_stored(dst, rows_of(d, blk), chunk_bytes, c, stored + blk * chunks_, chunk_stored,
+                                        next_arrived + blk * chunks_, side);
+      else
+        Overlap::push_chunk(dst, rows_of(d, blk), chunk_bytes, c, next_arrived + blk * chunks_, side);
       if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " chunk ", c, " sent"));
     }
-  }
-  // Our own block (the ring's last step) is final once stored.
-  char* own = one_launch ? rows_of(d, me) : static_cast<char*>(out);
-  if (own_block_stored) {
-    WEFT_REQUIRE(own == out, "GemmRs::run_fused: a caller that ships out on must pass all_rows with one launch");
-    own_block_stored(side, stored + me * chunks_, chunk_stored);
-  } else if (own != out) {
-    for (std::int64_t c = 0; c < chunks_; ++c)
-      Overlap::push_chunk_when_stored(out, own, chunk_bytes, c, stored + me * chunks_, chunk_stored, nullptr, side);
+  };
+  // What the side stream does after the first step's block: the later steps'
+  // blocks, and our own (the ring's last step), final once stored.
+  auto send_after_first = [&] {
+    for (int s = 1; s < steps; ++s) send_block(s, true);
+    char* own = one_launch ? rows_of(d, me) : static_cast<char*>(out);
+    if (own_block_stored) {
+      WEFT_REQUIRE(own == out, "GemmRs::run_fused: a caller that ships out on must pass all_rows with one launch");
+      own_block_stored(side, stored + me * chunks_, chunk_stored);
+    } else if (own != out) {
+      for (std::int64_t c = 0; c < chunks_; ++c)
+        Overlap::push_chunk_when_stored(out, own, chunk_bytes, c, stored + me * chunks_, chunk_stored, nullptr, side);
+    }
+  };
+  // A plain first step's sends queue behind its GEMM, so nothing may queue
+  // on the side stream before them: everything there is in ring order.
+  if (!plain_first) {
+    send_block(0, true);
+    send_after_first();
   }
 
   if (one_launch) {
@@ -262,6 +299,15 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       GemmArgs args{.a = static_cast<const char*>(a) + blk * block_rows_ * k * 2,
                     .b = b,
                     .c = s == steps ? out : rows_of(d, blk)};
+      if (s == 0 && plain_first) {
+        plain_first_gemm_->run(args, stream);
+        Overlap::mark(stream, "step 0 GEMM");
+        WEFT_CUDA(cudaEventRecord(first_step_done_, stream));
+        WEFT_CUDA(cudaStreamWaitEvent(side, first_step_done_, 0));
+        send_block(0, false);
+        send_after_first();
+        continue;
+      }
       if (s < steps || own_block_stored) args.done = block_done(blk);
       if (s == 0) {
         first_gemm_->run(args, stream);
@@ -271,7 +317,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
       args.source = rows_of(staging_.get(), blk);
       args.signals = block_signals(blk);
-      (s == steps && !own_block_stored ? last_gemm_ : step_gemm_)->run(args, stream);
+      (s == steps && !own_block_stored ? last : step_gemm_.get())->run(args, stream);
       if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
     }
   }

@@ -199,9 +199,10 @@ class Overlap {
 };
 
 /// GemmRs's fused ways, in the order plans list (and, on their first run, tune) them.
-inline constexpr FusedWay kFusedWays[] = {FusedWay::ring_per_step, FusedWay::ring_one_launch};
+inline constexpr FusedWay kFusedWays[] = {FusedWay::ring_per_step, FusedWay::ring_one_launch,
+                                          FusedWay::ring_plain_first};
 
-/// A fused way's path name: "fused" (the ring, a GEMM per step), "fused, one launch".
+/// A fused way's path name: "fused" (the ring, a GEMM per step), "fused, one launch", "fused, plain first step".
 const char* fused_way_name(FusedWay way);
 /// The way whose path name is `path`; FusedWay::automatic for any other.
 FusedWay fused_way_of(const std::string& path);

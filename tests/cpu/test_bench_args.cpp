@@ -79,12 +79,13 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--hook", "report_rows"}).hook, GemmHook::report_rows);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).way, FusedWay::automatic);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_ar", "--way", "one_launch"}).way, FusedWay::ring_one_launch);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs", "--way", "plain_first"}).way, FusedWay::ring_plain_first);
   EXPECT_FALSE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows"}).any_order);
   EXPECT_TRUE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows", "--any-order"}).any_order);
   EXPECT_NE(error_of({"gemm", "--hook", "wait"}).find(
                 "unknown --hook 'wait': expected one of none, wait_a_rows, report_rows, wait_source_rows"),
             std::string::npos);
-  EXPECT_NE(error_of({"gemm_rs", "--way", "ring"}).find("unknown --way 'ring': expected one of per_step, one_launch"),
+  EXPECT_NE(error_of({"gemm_rs", "--way", "ring"}).find("unknown --way 'ring': expected one of per_step, one_launch, plain_first"),
             std::string::npos);
 }
 

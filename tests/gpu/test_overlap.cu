@@ -109,6 +109,7 @@ double check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::i
   const std::string path = all_reduce ? ar->path() : rs->path();
   if (mode == OverlapMode::fused && way == FusedWay::ring_per_step) EXPECT_EQ(path, "fused");
   if (mode == OverlapMode::fused && way == FusedWay::ring_one_launch) EXPECT_EQ(path, "fused, one launch");
+  if (mode == OverlapMode::fused && way == FusedWay::ring_plain_first) EXPECT_EQ(path, "fused, plain first step");
   ctx().synchronize(s);
   for (void* p : {a, b, static_cast<void*>(partial), static_cast<void*>(ref)}) cudaFree(p);
   return err;
@@ -148,12 +149,12 @@ static void expect_every_reduce_path_matches(bool all_reduce) {
     }
   for (OverlapMode mode : kModes)
     EXPECT_LT(check_gemm_reduce(all_reduce, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
-  // Each fused way, where it can run: the ring per step, and in one launch
-  // (two ranks or more, M / W a multiple of 512); blocks of 2048 rows travel
-  // in 4 chunks.
+  // Each fused way, where it can run: the ring per step, in one launch (two
+  // ranks or more, M / W a multiple of 512), and with a plain first step (two
+  // ranks or more); blocks of 2048 rows travel in 4 chunks.
   for (std::int64_t rows : {std::int64_t{512}, std::int64_t{2048}})
-    for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch}) {
-      if (way == FusedWay::ring_one_launch && w == 1) continue;
+    for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch, FusedWay::ring_plain_first}) {
+      if (way != FusedWay::ring_per_step && w == 1) continue;
       EXPECT_LT(check_gemm_reduce(all_reduce, rows * w, 8192, 1024, OverlapMode::fused, cb, way), 1e-2)
           << "M / W = " << rows << ", " << static_cast<int>(way);
     }
@@ -175,11 +176,15 @@ TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
   bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(me, ++salt), s);
   bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
   unsigned long long* mismatches = static_cast<unsigned long long*>(dalloc(8));
-  // Ops 1 and 2 run their ring a GEMM per step; with two ranks or more, 3 and 4 in one launch.
-  for (int op = 0; op < (w > 1 ? 5 : 3); ++op) {
-    const char* names[] = {"AgGemm", "GemmRs", "GemmAr", "GemmRs, one launch", "GemmAr, one launch"};
+  // Ops 1 and 2 run their ring a GEMM per step; with two ranks or more, 3
+  // and 4 in one launch, 5 and 6 with a plain first step.
+  for (int op = 0; op < (w > 1 ? 7 : 3); ++op) {
+    const char* names[] = {"AgGemm",         "GemmRs", "GemmAr", "GemmRs, one launch", "GemmAr, one launch",
+                           "GemmRs, plain first step", "GemmAr, plain first step"};
     const char* name = names[op];
-    const FusedWay way = op >= 3 ? FusedWay::ring_one_launch : FusedWay::ring_per_step;
+    const FusedWay way = op >= 5 ? FusedWay::ring_plain_first
+                         : op >= 3 ? FusedWay::ring_one_launch
+                                   : FusedWay::ring_per_step;
     const std::int64_t out_elems = op == 0 ? m * n : op % 2 == 1 ? m / w * n : m * n;
     std::unique_ptr<AgGemm> ag;
     std::unique_ptr<GemmRs> rs;

@@ -63,7 +63,8 @@ const VariantName<GemmHook> kHooks[] = {{GemmHook::none, "none"},
                                         {GemmHook::report_rows, "report_rows"},
                                         {GemmHook::wait_source_rows, "wait_source_rows"}};
 const VariantName<FusedWay> kWays[] = {{FusedWay::ring_per_step, "per_step"},
-                                       {FusedWay::ring_one_launch, "one_launch"}};
+                                       {FusedWay::ring_one_launch, "one_launch"},
+                                       {FusedWay::ring_plain_first, "plain_first"}};
 
 }  // namespace
 
@@ -133,7 +134,7 @@ std::string bench_usage() {
          "  --warmup N         untimed samples first (default 3)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
-         "  --way W            gemm_rs, gemm_ar: the fused way, per_step or one_launch\n"
+         "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch or plain_first\n"
          "                     (default: the plan times every way it can run)\n"
          "  --soak S           gemm, ag_gemm, gemm_rs, gemm_ar: after timing, run each contender alone, back to back,\n"
          "                     for about S seconds, and print its wall-clock window ([weft-bench] soak lines), so\n"

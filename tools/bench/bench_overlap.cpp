@@ -207,12 +207,17 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         // With one launch: one GEMM over all M rows adding a source.
         const std::size_t then = plan_configs.find("; then ");
         const bool one_launch = plan_path == "fused, one launch";
+        // A plain first step runs an unhooked GEMM (cuBLAS's, where the plan took it).
+        const bool plain_first = plan_path == "fused, plain first step";
+        const bool per_step = plan_path == "fused" || plain_first;
         GemmOptions ring_options = gemm_options(rows_per_rank, N, k);
-        ring_options.hook = GemmHook::report_rows;
-        if (plan_path == "fused" && then != std::string::npos) ring_options.config = plan_configs.substr(0, then);
+        ring_options.hook = plain_first ? GemmHook::none : GemmHook::report_rows;
+        ring_options.allow_cublas = plain_first;
+        if (per_step && then != std::string::npos) ring_options.config = plan_configs.substr(0, then);
         Gemm ring_first(ring_options);
         ring_options.hook = GemmHook::wait_source_rows;
-        if (plan_path == "fused" && then != std::string::npos) {
+        ring_options.allow_cublas = false;
+        if (per_step && then != std::string::npos) {
           // "Y" or, with more than 2 ranks, "Y; last Z": the steps run Y here, the last one too.
           const std::string steps = plan_configs.substr(then + 7);
           ring_options.config = steps.substr(0, steps.find("; last "));

@@ -49,7 +49,11 @@ class Overlap;
 enum class FusedWay {
   automatic,        ///< every way the plan can run, timed on the first run with the sequential paths
   ring_per_step,    ///< the ring, one GEMM per step over M / W rows
-  ring_one_launch   ///< the ring as one persistent GEMM over all M rows; needs M / W a multiple of 512
+  ring_one_launch,  ///< the ring as one persistent GEMM over all M rows; needs M / W a multiple of 512
+  /// The ring per step, its first step a plain GEMM (any tile order, or
+  /// cuBLAS: the fastest the tuner finds) whose block leaves once whole,
+  /// under the next step's GEMM; needs 2 ranks or more.
+  ring_plain_first
 };
 
 /// What a GemmRs plan is built for.
@@ -82,7 +86,8 @@ class GemmRs {
   /// expected on bad input.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
-  /// "fused" (the ring, a GEMM per step), "fused, one launch", "sequential"
+  /// "fused" (the ring, a GEMM per step), "fused, one launch", "fused, plain
+  /// first step", "sequential"
   /// (the GEMM, then weft's reduce-scatter), "sequential, NCCL" (NCCL's), or
   /// "" before the first run.
   std::string path() const;
@@ -97,7 +102,8 @@ class GemmRs {
   /// own); in one launch, its one GEMM's. "" before they are chosen.
   std::string fused_gemm_config(FusedWay way) const;
   /// True if the plan built this fused way (GemmRsOptions::way, and what the
-  /// shape allows: one launch needs 2 ranks or more and M / W a multiple of 512).
+  /// shape allows: one launch needs 2 ranks or more and M / W a multiple of
+  /// 512; a plain first step, 2 ranks or more).
   bool builds(FusedWay way) const;
   const GemmRsOptions& options() const { return options_; }
 
@@ -133,6 +139,11 @@ class GemmRs {
   // Per step: the first (reports), the steps that send on (wait, report),
   // the last when nobody ships it (waits, any tile order); or one launch.
   std::unique_ptr<Gemm> first_gemm_, step_gemm_, last_gemm_, whole_gemm_, plain_gemm_;
+  // A plain first step (FusedWay::ring_plain_first): its GEMM (no hook), and
+  // at 2 ranks the last step's, which waits in row order (its source leaves
+  // the previous rank as the step starts).
+  std::unique_ptr<Gemm> plain_first_gemm_, ordered_last_gemm_;
+  cudaEvent_t first_step_done_ = nullptr;  // the plain first step's GEMM has finished
   std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
 
