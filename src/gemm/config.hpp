@@ -19,6 +19,7 @@ struct TileWaitParams {
   dev::World world{};                    ///< for the wait's timeout report
   const std::uint64_t* flags = nullptr;  ///< flags[i] covers rows [i*rows_per_flag, (i+1)*rows_per_flag)
   std::int64_t rows_per_flag = 1;
+  std::int64_t cols_per_flag = 0;        ///< > 0: flags[i] covers columns [i*cols_per_flag, (i+1)*cols_per_flag) instead
   std::uint64_t value = 1;               ///< ready when flag >= value
   std::int64_t ready_begin = 0;          ///< rows [ready_begin, ready_end) are present already: no wait
   std::int64_t ready_end = 0;
@@ -52,6 +53,7 @@ struct Config {
   const char* name;
   int tile_m, tile_n;  ///< for the size heuristic
   int cluster_m;       ///< CTAs per cluster along M: a swizzle band is swizzle x cluster_m x tile_m rows
+  int cluster_n;       ///< ... along N: walking along M, a band is swizzle x cluster_n x tile_n columns
   bool hooked;         ///< its tile scheduler rotates and waits (TileWaitParams)
   bool with_source;    ///< D = A x B + source
   bool reports;        ///< hooked, and can report stored rows (RowsDone): the cooperative kernel's store warp

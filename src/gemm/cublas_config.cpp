@@ -68,7 +68,7 @@ struct CublasKernel {
                : "cublasGemmEx failed";
   }
   static const Config* config() {
-    static const Config c{In,         Out,    Layout, "cuBLAS (cublasGemmEx)", 128, 256, 1, false, false, false,
+    static const Config c{In,         Out,    Layout, "cuBLAS (cublasGemmEx)", 128, 256, 1, 1, false, false, false,
                           &workspace, &check, &run,   true};
     return &c;
   }

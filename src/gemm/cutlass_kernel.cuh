@@ -27,6 +27,7 @@ struct Kernel {
   static constexpr bool kHooked = std::is_same_v<Scheduler, HookedSchedulerTag>;
   static constexpr bool kWithSource = !std::is_void_v<Source>;
   static constexpr int kClusterM = CM;
+  static constexpr int kClusterN = CN;
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
   using MainSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
@@ -100,7 +101,7 @@ struct Kernel {
 /// A Config for Kernel<...>.
 template <class K>
 constexpr Config make_config(DType in, DType out, BLayout layout, const char* name, int tm, int tn) {
-  return Config{in,          out,        layout,         name,         tm,       tn,         K::kClusterM, K::kHooked,
+  return Config{in,          out,        layout,         name,         tm,       tn,         K::kClusterM, K::kClusterN, K::kHooked,
                 K::kWithSource, K::kReports, &K::workspace, &K::check, &K::run, false};
 }
 

@@ -179,6 +179,7 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     if (sig.world) w.world = *sig.world;
     w.flags = sig.flags;
     w.rows_per_flag = sig.rows_per_flag;
+    w.cols_per_flag = sig.cols_per_flag;
     w.value = sig.value;
     w.ready_begin = sig.ready_begin;
     w.ready_end = sig.ready_end;
@@ -259,7 +260,12 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // order (raster along N), so rows are consumed in the order they arrive,
   // unless the plan said any order will do (GemmOptions::any_tile_order).
   const bool any_order = options_.hook == GemmHook::none || options_.any_tile_order;
-  const std::vector<int> rasters = any_order ? std::vector<int>{1, 2} : std::vector<int>{2};
+  // A source that arrives by column band (RowSignals::cols_per_flag) is
+  // consumed band by band: tiles walk along M.
+  const bool by_columns = args.signals.flags && args.signals.cols_per_flag > 0;
+  const std::vector<int> rasters = by_columns  ? std::vector<int>{1}
+                                   : any_order ? std::vector<int>{1, 2}
+                                               : std::vector<int>{2};
   // A swizzle band (swizzle x cluster_m x tile_m rows) is walked across all
   // of N before the next, so hooked GEMMs keep bands no taller than the rows
   // that move together (swizzle 1 always fits):
@@ -280,7 +286,12 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     band_rows = args.signals.ready_end - args.signals.ready_begin;
   if (rows_leave_early && args.done.counters) band_rows = std::min(band_rows, args.done.rows_per_counter);
   if (rows_leave_early && args.signals.flags) band_rows = std::min(band_rows, args.signals.rows_per_flag);
+  // Walking along M, a swizzle band is swizzle x cluster_n x tile_n columns,
+  // no wider than a flag's column band.
   auto band_fits = [&](const gemm_detail::Config* cfg, int swizzle) {
+    if (by_columns)
+      return swizzle == 1 ||
+             static_cast<std::int64_t>(swizzle) * cfg->cluster_n * cfg->tile_n <= args.signals.cols_per_flag;
     return swizzle == 1 || static_cast<std::int64_t>(swizzle) * cfg->cluster_m * cfg->tile_m <= band_rows;
   };
   // Round 1: every configuration with every setting (cuBLAS has none), timed briefly.
@@ -358,6 +369,10 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
     WEFT_REQUIRE(x.signals.world, "Gemm::run: row signals need the World (for the wait's bound and report)");
     WEFT_REQUIRE(x.signals.rows_per_flag > 0, "Gemm::run: rows_per_flag must be positive, got ",
                  x.signals.rows_per_flag);
+    WEFT_REQUIRE(x.signals.cols_per_flag >= 0, "Gemm::run: cols_per_flag must be 0 (flags by rows) or positive, got ",
+                 x.signals.cols_per_flag);
+    WEFT_REQUIRE(x.signals.cols_per_flag == 0 || options_.hook == GemmHook::wait_source_rows,
+                 "Gemm::run: flags by column band (cols_per_flag) are for wait_source_rows plans only");
   }
   prepare(x, stream);
   WEFT_REQUIRE(!x.done.counters || chosen_->reports, "Gemm::run: stored-row counters were given, but the configuration '",

@@ -102,8 +102,16 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
         WEFT_CUDA(cudaEventCreateWithFlags(&first_step_done_, cudaEventDisableTiming));
         // The steps after it are the per-step ring's, but at 2 ranks the
         // last step's source leaves the previous rank only as the step
-        // starts, so its tiles walk in row order, as the chunks arrive.
-        if (steps == 1) ordered_last_gemm_ = std::make_unique<Gemm>(hooked);
+        // starts, so its tiles walk in the order it arrives: by column band
+        // (2-D copies), so they walk along M as a plain GEMM may, where N
+        // splits into bands of whole 256-column tiles; else by row chunk.
+        if (steps == 1) {
+          for (std::int64_t bands = chunks_; bands >= 1 && !band_cols_; --bands)
+            if (o.n % bands == 0 && o.n / bands % 256 == 0) band_cols_ = o.n / bands;
+          GemmOptions last = hooked;
+          last.any_tile_order = band_cols_ > 0;
+          ordered_last_gemm_ = std::make_unique<Gemm>(last);
+        }
       }
       if (one) {
         hooked.m = o.m;
@@ -233,6 +241,14 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   // The last step when nobody ships it: any tile order, unless its source
   // leaves the previous rank only as it starts (a plain first step at 2 ranks).
   Gemm* last = plain_first && steps == 1 ? ordered_last_gemm_.get() : last_gemm_.get();
+  // Where that source arrives by column band (not for a caller that ships
+  // our block: its last step reports rows, in row order).
+  const bool by_columns = plain_first && steps == 1 && band_cols_ > 0 && !own_block_stored;
+  auto source_signals = [&](int blk) {
+    RowSignals s = block_signals(blk);
+    if (by_columns) s.cols_per_flag = band_cols_;
+    return s;
+  };
   if (one_launch) {
     whole_gemm_->prepare(whole, stream);
   } else {
@@ -247,7 +263,11 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       reporting.done = block_done(0);
       step_gemm_->prepare(reporting, stream);
     }
-    if (!own_block_stored) last->prepare(step, stream);
+    if (!own_block_stored) {
+      GemmArgs last_step = step;
+      last_step.signals = source_signals(0);
+      last->prepare(last_step, stream);
+    }
   }
 
   // Our flags and counters of the last run are zeroed and every peer hears
@@ -260,8 +280,14 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
   auto send_block = [&](int s, bool when_stored) {
     const int blk = schedule::ring_gemm_block(me, s, world);
-    for (std::int64_t c = 0; c < chunks_; ++c) {
-      void* dst = ctx_->heap().peer_ptr(rows_of(staging_.get(), blk), next);
+    void* dst = ctx_->heap().peer_ptr(rows_of(staging_.get(), blk), next);
+    const bool columns = by_columns && s == 0;
+    for (std::int64_t c = 0; columns && c < n / band_cols_; ++c) {
+      Overlap::push_column_band(dst, rows_of(d, blk), block_rows_, n * 2, band_cols_ * 2, c,
+                                next_arrived + blk * chunks_, side);
+      if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " column band ", c, " sent"));
+    }
+    for (std::int64_t c = 0; !columns && c < chunks_; ++c) {
       if (when_stored)
         Overlap::push_chunk_when_stored(dst, rows_of(d, blk), chunk_bytes, c, stored + blk * chunks_, chunk_stored,
                                         next_arrived + blk * chunks_, side);
@@ -316,7 +342,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       }
       // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
       args.source = rows_of(staging_.get(), blk);
-      args.signals = block_signals(blk);
+      args.signals = s == steps ? source_signals(blk) : block_signals(blk);
       (s == steps && !own_block_stored ? last : step_gemm_.get())->run(args, stream);
       if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
     }

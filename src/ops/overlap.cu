@@ -182,6 +182,14 @@ void Overlap::push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, 
   if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
 }
 
+void Overlap::push_column_band(void* dst, const void* src, std::int64_t rows, std::uint64_t row_bytes,
+                               std::uint64_t band_bytes, std::int64_t c, std::uint64_t* flags, cudaStream_t side) {
+  const std::uint64_t off = static_cast<std::uint64_t>(c) * band_bytes;
+  WEFT_CUDA(cudaMemcpy2DAsync(static_cast<char*>(dst) + off, row_bytes, static_cast<const char*>(src) + off, row_bytes,
+                              band_bytes, static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, side));
+  if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
+}
+
 void Overlap::push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,
                                      const std::uint64_t* done, std::uint64_t done_value, std::uint64_t* flags,
                                      cudaStream_t side) {

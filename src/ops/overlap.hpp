@@ -138,6 +138,11 @@ class Overlap {
   static void push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,
                                      const std::uint64_t* done, std::uint64_t done_value, std::uint64_t* flags,
                                      cudaStream_t side);
+  /// push_chunk by column band: of `rows` rows of `row_bytes` bytes, copies
+  /// bytes [c * band_bytes, (c + 1) * band_bytes) of every row (one 2-D copy,
+  /// cudaMemcpy2DAsync), then sets flags[c] to 1 as push_chunk does.
+  static void push_column_band(void* dst, const void* src, std::int64_t rows, std::uint64_t row_bytes,
+                               std::uint64_t band_bytes, std::int64_t c, std::uint64_t* flags, cudaStream_t side);
   /// Waits on `stream` until flags[i] >= 1 for every i in [0, count) whose
   /// rank (i / per_rank) is not this one. One small kernel, bounded by the timeout.
   void wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);

@@ -46,10 +46,14 @@ enum class GemmHook {
 /// have arrived, for one run. The tile holding row r waits, in one warp, until
 /// flags[r / rows_per_flag] >= value (acquire, system scope), then fences the
 /// async proxy and loads. Rows in [ready_begin, ready_end) are known present.
+/// With cols_per_flag > 0 the flags cover column bands of every row instead
+/// (wait_source_rows only): the tile holding column c waits for flags[c /
+/// cols_per_flag], and its tiles walk along M (a source that arrives by column band).
 struct RowSignals {
   const dev::World* world = nullptr;     ///< names the rank and bounds the wait (its timeout)
   const std::uint64_t* flags = nullptr;  ///< device memory written by copy engines or peers
   std::int64_t rows_per_flag = 1;
+  std::int64_t cols_per_flag = 0;  ///< > 0: flags by column band (see above)
   std::uint64_t value = 1;
   std::int64_t ready_begin = 0, ready_end = 0;
   int flags_per_rank = 0;  ///< > 0: flag i is raised by rank i / flags_per_rank (for the timeout report)

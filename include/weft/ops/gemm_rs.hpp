@@ -143,6 +143,7 @@ class GemmRs {
   // at 2 ranks the last step's, which waits in row order (its source leaves
   // the previous rank as the step starts).
   std::unique_ptr<Gemm> plain_first_gemm_, ordered_last_gemm_;
+  std::int64_t band_cols_ = 0;  // > 0: at 2 ranks, the plain first step's block leaves in column bands this wide
   cudaEvent_t first_step_done_ = nullptr;  // the plain first step's GEMM has finished
   std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
