@@ -5,7 +5,7 @@
 # with the working tree (device tool: carry [".deps"]).
 #
 #   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune
-#   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS narrow the overlap and chunks stages)
+#   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages)
 #                                               (default: build cpu gpu examples bench)
 #
 # What comes back (the device tool returns at most 8 files): summary.txt, the
@@ -171,10 +171,10 @@ if has chunks; then  # the fused paths' copy/signal granularity, and what graph 
   for op in ${CHUNK_OPS:-ag_gemm gemm_rs gemm_ar}; do
     for chunks in ${CHUNK_COUNTS:-1 2 4 8 16}; do
       "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $op --m 2048,4096 --n 8192 --k 8192 \
-        --variant fused --chunks $chunks --samples 9 --json 2>/dev/null | sed "s/^/chunks=$chunks graphs=1 /" >>"$OUT/chunks.txt"
+        --variant fused --chunks $chunks --samples 9 $CHUNK_ARGS --json 2>/dev/null | sed "s/^/chunks=$chunks graphs=1 /" >>"$OUT/chunks.txt"
     done
     WEFT_PLAN_GRAPHS=0 "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $op --m 2048,4096 --n 8192 \
-      --k 8192 --variant fused --samples 9 --json 2>/dev/null | sed "s/^/chunks=default graphs=0 /" >>"$OUT/chunks.txt"
+      --k 8192 --variant fused --samples 9 $CHUNK_ARGS --json 2>/dev/null | sed "s/^/chunks=default graphs=0 /" >>"$OUT/chunks.txt"
   done
   python3 - "$OUT/chunks.txt" <<'PY'
 import json, sys
@@ -183,7 +183,8 @@ for line in open(sys.argv[1]):
     c, g, js = line.split(" ", 2)
     if not js.startswith("{"): continue
     r = json.loads(js)
-    print(f"  {r['op']:8s} {r['m']}x{r['n']}x{r['k']} {c:15s} {g}: {r['weft_ms']:.3f} ({r['gemm_hooked_ms']:.3f})")
+    print(f"  {r['op']:8s} {r['m']}x{r['n']}x{r['k']} {c:15s} {g}: {r['weft_ms']:.3f} ({r['gemm_hooked_ms']:.3f})"
+          f" {r['vs_ideal']:.3f}x ideal [{r['path']}]")
 PY
 fi
 
