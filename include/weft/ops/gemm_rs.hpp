@@ -140,8 +140,9 @@ class GemmRs {
   // the last when nobody ships it (waits, any tile order); or one launch.
   std::unique_ptr<Gemm> first_gemm_, step_gemm_, last_gemm_, whole_gemm_, plain_gemm_;
   // A plain first step (FusedWay::ring_plain_first): its GEMM (no hook), and
-  // at 2 ranks the last step's, which waits in row order (its source leaves
-  // the previous rank as the step starts).
+  // at 2 ranks the last step's, which waits in the order its source arrives
+  // (it leaves the previous rank as the step starts): by column band, along
+  // M, where band_cols_ > 0, else by row chunk, along N.
   std::unique_ptr<Gemm> plain_first_gemm_, ordered_last_gemm_;
   std::int64_t band_cols_ = 0;  // > 0: at 2 ranks, the plain first step's block leaves in column bands this wide
   cudaEvent_t first_step_done_ = nullptr;  // the plain first step's GEMM has finished
