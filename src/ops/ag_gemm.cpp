@@ -25,10 +25,22 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   g.agree = ops_detail::slowest_rank(ctx_);
+  WEFT_REQUIRE(o.way != AgWay::plain_steps || world > 1, "AgGemm: AgWay::plain_steps needs 2 or more ranks, got ",
+               world);
   if (o.mode != OverlapMode::sequential) {
-    GemmOptions hooked = g;
-    hooked.hook = GemmHook::wait_a_rows;
-    fused_gemm_ = std::make_unique<Gemm>(hooked);
+    if (o.way != AgWay::plain_steps) {
+      GemmOptions hooked = g;
+      hooked.hook = GemmHook::wait_a_rows;
+      fused_gemm_ = std::make_unique<Gemm>(hooked);
+    }
+    if (o.way != AgWay::one_gemm && world > 1) {
+      // One shard's rows: a plain GEMM needs no flags, so any tile order (or cuBLAS) will do.
+      GemmOptions step = g;
+      step.m = shard_rows_;
+      step_gemm_ = std::make_unique<Gemm>(step);
+      shard_landed_.resize(world - 1);
+      for (cudaEvent_t& e : shard_landed_) WEFT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
   }
   if (o.mode != OverlapMode::fused) {
     plain_gemm_ = std::make_unique<Gemm>(g);
@@ -37,7 +49,9 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   }
 }
 
-AgGemm::~AgGemm() = default;
+AgGemm::~AgGemm() {
+  for (cudaEvent_t e : shard_landed_) cudaEventDestroy(e);
+}
 
 void* AgGemm::local_shard() const {
   return gathered_.as<char>() + ctx_->rank() * shard_rows_ * options_.k * 2;
@@ -51,7 +65,8 @@ float AgGemm::measured_sequential_ms() const { return overlap_->sequential_ms();
 
 std::string AgGemm::gemm_config() const {
   if (overlap_->path().empty()) return "";
-  return overlap_->fused() ? fused_gemm_->config() : plain_gemm_->config();
+  if (!overlap_->fused()) return plain_gemm_->config();
+  return overlap_->path() == "fused" ? fused_gemm_->config() : step_gemm_->config();
 }
 
 void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t stream) {
@@ -61,15 +76,18 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
   if (a_shard != local_shard())
     WEFT_CUDA(cudaMemcpyAsync(local_shard(), a_shard, static_cast<std::size_t>(shard_rows_ * options_.k * 2),
                               cudaMemcpyDeviceToDevice, stream));
+  std::vector<Overlap::Fused> fused;
+  if (fused_gemm_) fused.push_back({"fused", [&](cudaStream_t s) { run_fused(b, c, s); }});
+  if (step_gemm_) fused.push_back({"fused, plain steps", [&](cudaStream_t s) { run_plain_steps(b, c, s); }});
   overlap_->run(
       stream, {b, c},
       [&] {  // a sequential run gathers real data for the GEMMs to tune on
         run_sequential(b, c, stream, false);
-        fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
+        if (fused_gemm_) fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
+        if (step_gemm_) step_gemm_->prepare(GemmArgs{.a = local_shard(), .b = b, .c = c}, stream);
         plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
       },
-      {{"fused", [&](cudaStream_t s) { run_fused(b, c, s); }}},
-      [&](bool nccl) { run_sequential(b, c, stream, nccl); });
+      fused, [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
 
 void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl) {
@@ -96,7 +114,7 @@ GemmArgs AgGemm::fused_args(const void* b, void* c) const {
 }
 
 void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
-  const int world = ctx_->world_size(), me = ctx_->rank();
+  const int world = ctx_->world_size();
   auto* arrived = arrived_.as<std::uint64_t>();
   const GemmArgs args = fused_args(b, c);
   if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
@@ -110,6 +128,15 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   // gathered A is free; the side stream pushes once every peer said the same.
   cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
   Overlap::mark(stream, "start");
+  push_shard(side);
+  fused_gemm_->run(args, stream);
+  Overlap::mark(stream, "GEMM");
+  overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
+}
+
+void AgGemm::push_shard(cudaStream_t side) {
+  const int world = ctx_->world_size(), me = ctx_->rank();
+  auto* arrived = arrived_.as<std::uint64_t>();
   // Our shard goes to every peer, the one that needs it soonest first, into
   // its slot `me` of their gathered A; its chunks' flags are [me][chunk] there.
   for (int turn = 1; turn < world; ++turn) {
@@ -121,8 +148,37 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
       if (Overlap::recording()) Overlap::mark(side, str("side: chunk ", c, " sent to ", peer));
     }
   }
-  fused_gemm_->run(args, stream);
-  Overlap::mark(stream, "GEMM");
+}
+
+void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
+  const int world = ctx_->world_size(), me = ctx_->rank();
+  auto* arrived = arrived_.as<std::uint64_t>();
+  const std::int64_t k = options_.k, n = options_.n;
+  auto shard_args = [&](int q) {
+    return GemmArgs{.a = gathered_.as<char>() + q * shard_rows_ * k * 2,
+                    .b = b,
+                    .c = static_cast<char*>(c) + q * shard_rows_ * n * 2};
+  };
+  step_gemm_->prepare(shard_args(me), stream);  // tunes on the first run, on our own rows
+
+  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
+  Overlap::mark(stream, "start");
+  push_shard(side);
+  // Step s multiplies shard me + s (the order the peers push in). The side
+  // stream's front end waits for each shard's chunk flags (no SM held), then
+  // marks it landed; the step's GEMM waits for that mark only.
+  for (int s = 1; s < world; ++s) {
+    const int q = schedule::wrap(me + s, world);
+    for (std::int64_t ch = 0; ch < chunks_; ++ch)
+      Overlap::wait_flag_from_front_end(arrived + q * chunks_ + ch, side);
+    WEFT_CUDA(cudaEventRecord(shard_landed_[s - 1], side));
+  }
+  for (int s = 0; s < world; ++s) {
+    const int q = schedule::wrap(me + s, world);
+    if (s > 0) WEFT_CUDA(cudaStreamWaitEvent(stream, shard_landed_[s - 1], 0));
+    step_gemm_->run(shard_args(q), stream);
+    if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM (shard ", q, ")"));
+  }
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
 }
 

@@ -190,6 +190,10 @@ void Overlap::push_column_band(void* dst, const void* src, std::int64_t rows, st
   if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
 }
 
+void Overlap::wait_flag_from_front_end(const std::uint64_t* flag, cudaStream_t stream) {
+  WEFT_CU(driver().cuStreamWaitValue64(stream, reinterpret_cast<CUdeviceptr>(flag), 1, CU_STREAM_WAIT_VALUE_GEQ));
+}
+
 void Overlap::push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,
                                      const std::uint64_t* done, std::uint64_t done_value, std::uint64_t* flags,
                                      cudaStream_t side) {

@@ -52,10 +52,11 @@ struct AgResult {
   std::uint64_t gathered_mismatch;
 };
 
-AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode, Cublas& cb) {
+AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode, Cublas& cb,
+                       AgWay way = AgWay::automatic) {
   cudaStream_t s = test::stream();
   const int w = ctx().world_size(), me = ctx().rank();
-  AgGemm plan(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .mode = mode});
+  AgGemm plan(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .mode = mode, .way = way});
   const std::int64_t rows = m / w;
   void* shard = dalloc(rows * k * 2);  // not the plan's slot: exercises the copy in
   void* b = dalloc(n * k * 2);
@@ -73,6 +74,9 @@ AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMo
     r.err = std::max(r.err, bench::relative_error_vs_fp32(c, "bf16", ref, m * n, s));
     r.gathered_mismatch += bench::count_mismatches(plan.gathered(), gathered, m * k * 2, s);
   }
+  // A forced fused way runs as asked.
+  if (mode == OverlapMode::fused && way == AgWay::one_gemm) EXPECT_EQ(plan.path(), "fused");
+  if (mode == OverlapMode::fused && way == AgWay::plain_steps) EXPECT_EQ(plan.path(), "fused, plain steps");
   ctx().synchronize(s);
   for (void* p : {shard, b, c, gathered, static_cast<void*>(ref)}) cudaFree(p);
   return r;
@@ -135,6 +139,16 @@ TEST(AgGemm, EveryPathMatchesNcclPlusCublas) {
     EXPECT_LT(r.err, 1e-2) << "K=8192 " << to_string(mode);
     EXPECT_EQ(r.gathered_mismatch, 0u) << "K=8192 " << to_string(mode);
   }
+  // Each fused way forced: one hooked GEMM, and a plain GEMM per shard (two
+  // ranks or more), with shards in one chunk and in several.
+  for (AgWay way : {AgWay::one_gemm, AgWay::plain_steps}) {
+    if (way == AgWay::plain_steps && w == 1) continue;
+    for (std::int64_t k : {std::int64_t{1024}, std::int64_t{8192}}) {
+      AgResult r = check_ag_gemm(2048 * w, 768, k, OverlapMode::fused, cb, way);
+      EXPECT_LT(r.err, 1e-2) << "K=" << k << " way " << static_cast<int>(way);
+      EXPECT_EQ(r.gathered_mismatch, 0u) << "K=" << k << " way " << static_cast<int>(way);
+    }
+  }
 }
 
 // GemmRs (all_reduce = false) or GemmAr: every path at M = 1000 and 2048, and
@@ -177,23 +191,29 @@ TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
   bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
   unsigned long long* mismatches = static_cast<unsigned long long*>(dalloc(8));
   // Ops 1 and 2 run their ring a GEMM per step; with two ranks or more, 3
-  // and 4 in one launch, 5 and 6 with a plain first step.
-  for (int op = 0; op < (w > 1 ? 7 : 3); ++op) {
+  // and 4 in one launch, 5 and 6 with a plain first step, 7 is AgGemm's plain steps.
+  for (int op = 0; op < (w > 1 ? 8 : 3); ++op) {
     const char* names[] = {"AgGemm",         "GemmRs", "GemmAr", "GemmRs, one launch", "GemmAr, one launch",
-                           "GemmRs, plain first step", "GemmAr, plain first step"};
+                           "GemmRs, plain first step", "GemmAr, plain first step", "AgGemm, plain steps"};
+    const bool ag_op = op == 0 || op == 7;
     const char* name = names[op];
     const FusedWay way = op >= 5 ? FusedWay::ring_plain_first
                          : op >= 3 ? FusedWay::ring_one_launch
                                    : FusedWay::ring_per_step;
-    const std::int64_t out_elems = op == 0 ? m * n : op % 2 == 1 ? m / w * n : m * n;
+    const std::int64_t out_elems = ag_op ? m * n : op % 2 == 1 ? m / w * n : m * n;
     std::unique_ptr<AgGemm> ag;
     std::unique_ptr<GemmRs> rs;
     std::unique_ptr<GemmAr> ar;
     SymmetricBuffer out(ctx().heap(), out_elems * 2, "bf16", "test.out");
     void* first = dalloc(out_elems * 2);
     std::function<void()> run;
-    if (op == 0) {
-      ag = std::make_unique<AgGemm>(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+    if (ag_op) {
+      ag = std::make_unique<AgGemm>(
+          ctx_ptr(), AgGemmOptions{.m = m,
+                                   .n = n,
+                                   .k = k,
+                                   .mode = OverlapMode::fused,
+                                   .way = op == 7 ? AgWay::plain_steps : AgWay::automatic});
       WEFT_CUDA(cudaMemcpyAsync(ag->local_shard(), a, m / w * k * 2, cudaMemcpyDeviceToDevice, s));
       run = [&] { ag->run(ag->local_shard(), b, out.get(), s); };
     } else if (op % 2 == 1) {

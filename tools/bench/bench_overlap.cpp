@@ -133,6 +133,23 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         hooked_options.hook = GemmHook::wait_a_rows;
         if (plan.path() == "fused") hooked_options.config = plan.gemm_config();
         Gemm hooked(hooked_options);
+        // Or, with plain steps, one plain GEMM per shard (cuBLAS's, where the plan took it).
+        const bool plain_steps = plan.path() == "fused, plain steps";
+        GemmOptions step_options = gemm_options(rows_per_rank, gn, gk);
+        step_options.allow_cublas = true;
+        if (plain_steps) step_options.config = plan.gemm_config();
+        Gemm step(step_options);
+        auto fused_gemms = [&] {
+          if (!plain_steps) {
+            hooked.run(GemmArgs{.a = gathered_nccl, .b = b, .c = c_ref}, stream);
+            return;
+          }
+          for (int q = 0; q < world; ++q)
+            step.run(GemmArgs{.a = static_cast<const char*>(gathered_nccl) + q * rows_per_rank * K * 2,
+                              .b = b,
+                              .c = static_cast<char*>(c_ref) + q * rows_per_rank * n * 2},
+                     stream);
+        };
         poison(c, M * n * 2, 0xFF, stream);
         {  // the peers' slots of the gathered A, so the check sees this run's copies
           char* g = static_cast<char*>(const_cast<void*>(plan.gathered()));
@@ -157,7 +174,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
             [&] { cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false); },
             nccl_ag,
             [&] { weft_ag.run(a_nccl, weft_gathered.get(), stream); },
-            [&] { hooked.run(GemmArgs{.a = gathered_nccl, .b = b, .c = c_ref}, stream); },
+            fused_gemms,
         });
         row.weft = t[0], row.seq = t[1], row.gemm_weft = t[2], row.gemm_cublas = t[3], row.comm_nccl = t[4],
         row.comm_weft = t[5], row.gemm_hooked = t[6];

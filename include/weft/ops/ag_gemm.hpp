@@ -26,12 +26,22 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/all_gather.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft {
+
+/// Which fused way an AgGemm plan runs.
+enum class AgWay {
+  automatic,   ///< every way the plan can run, timed on the first run with the sequential paths
+  one_gemm,    ///< one hooked persistent GEMM over all M rows, its tiles waiting for their rows ("fused")
+  /// a plain GEMM per shard (any tile order, or cuBLAS), the local one first,
+  /// each later one once its shard has landed ("fused, plain steps"); 2 ranks or more
+  plain_steps
+};
 
 /// What an AgGemm plan is built for.
 struct AgGemmOptions {
@@ -45,6 +55,7 @@ struct AgGemmOptions {
   /// where a chunk would be under 16 MB (each costs a copy launch and a
   /// signal), rounded down to divide M / W.
   int chunks_per_shard = 4;
+  AgWay way = AgWay::automatic;  ///< the fused path's way (or ways, timed)
 };
 
 namespace ops_detail {
@@ -72,8 +83,9 @@ class AgGemm {
   /// same order. Throws weft::Error naming what was expected on bad input.
   void run(const void* a_shard, const void* b, void* c, cudaStream_t stream);
 
-  /// "fused", "sequential" (weft's all-gather, then the GEMM), "sequential,
-  /// NCCL" (NCCL's), or "" before the first run.
+  /// "fused" (one hooked GEMM), "fused, plain steps" (a GEMM per shard),
+  /// "sequential" (weft's all-gather, then the GEMM), "sequential, NCCL"
+  /// (NCCL's), or "" before the first run.
   std::string path() const;
   /// The first automatic run's measurements (ms, slowest rank), else 0.
   float measured_fused_ms() const;
@@ -84,6 +96,9 @@ class AgGemm {
 
  private:
   void run_fused(const void* b, void* c, cudaStream_t stream);
+  void run_plain_steps(const void* b, void* c, cudaStream_t stream);
+  /// On the side stream: our shard to every peer, chunk by chunk, each chunk's flag raised there.
+  void push_shard(cudaStream_t side);
   /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
   GemmArgs fused_args(const void* b, void* c) const;
   void run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl);
@@ -95,6 +110,8 @@ class AgGemm {
   SymmetricBuffer gathered_;  // [M, K]
   SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
   std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;
+  std::unique_ptr<Gemm> step_gemm_;           // AgWay::plain_steps: M / W rows, no hook
+  std::vector<cudaEvent_t> shard_landed_;     // AgWay::plain_steps: per step after the first, its shard is here
   std::unique_ptr<AllGather> all_gather_;
 };
 
