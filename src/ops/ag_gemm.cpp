@@ -38,8 +38,6 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
       GemmOptions step = g;
       step.m = shard_rows_;
       step_gemm_ = std::make_unique<Gemm>(step);
-      shard_landed_.resize(world - 1);
-      for (cudaEvent_t& e : shard_landed_) WEFT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
   }
   if (o.mode != OverlapMode::fused) {
@@ -49,9 +47,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   }
 }
 
-AgGemm::~AgGemm() {
-  for (cudaEvent_t e : shard_landed_) cudaEventDestroy(e);
-}
+AgGemm::~AgGemm() = default;
 
 void* AgGemm::local_shard() const {
   return gathered_.as<char>() + ctx_->rank() * shard_rows_ * options_.k * 2;
@@ -81,11 +77,14 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
   if (step_gemm_) fused.push_back({"fused, plain steps", [&](cudaStream_t s) { run_plain_steps(b, c, s); }});
   overlap_->run(
       stream, {b, c},
-      [&] {  // a sequential run gathers real data for the GEMMs to tune on
-        run_sequential(b, c, stream, false);
+      [&] {  // real data for the GEMMs to tune on: a sequential run, or (fused only) NCCL's gather
+        if (plain_gemm_) run_sequential(b, c, stream, false);
+        else
+          WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
+                                  ncclBfloat16, ctx_->nccl(), stream));
         if (fused_gemm_) fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
         if (step_gemm_) step_gemm_->prepare(GemmArgs{.a = local_shard(), .b = b, .c = c}, stream);
-        plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
+        if (plain_gemm_) plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
       },
       fused, [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
@@ -164,18 +163,13 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
   cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
   Overlap::mark(stream, "start");
   push_shard(side);
-  // Step s multiplies shard me + s (the order the peers push in). The side
-  // stream's front end waits for each shard's chunk flags (no SM held), then
-  // marks it landed; the step's GEMM waits for that mark only.
-  for (int s = 1; s < world; ++s) {
-    const int q = schedule::wrap(me + s, world);
-    for (std::int64_t ch = 0; ch < chunks_; ++ch)
-      Overlap::wait_flag_from_front_end(arrived + q * chunks_ + ch, side);
-    WEFT_CUDA(cudaEventRecord(shard_landed_[s - 1], side));
-  }
+  // Step s multiplies shard me + s (the order the peers push in), once its
+  // chunk flags are up: a one-block wait between the GEMMs, bounded by the
+  // timeout that names the peer (a stream-memory wait would hang silently).
+  // The shard landed during the step before, so the wait costs a launch.
   for (int s = 0; s < world; ++s) {
     const int q = schedule::wrap(me + s, world);
-    if (s > 0) WEFT_CUDA(cudaStreamWaitEvent(stream, shard_landed_[s - 1], 0));
+    if (s > 0) overlap_->wait_from(arrived + q * chunks_, static_cast<int>(chunks_), q, stream);
     step_gemm_->run(shard_args(q), stream);
     if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM (shard ", q, ")"));
   }

@@ -14,9 +14,9 @@
 namespace weft::ops_detail {
 namespace {
 
-__global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int count, int per_rank) {
+__global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int count, int per_rank, int first_rank) {
   for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) {
-    const int from = i / per_rank;
+    const int from = first_rank + i / per_rank;
     if (from != w.rank) dev::wait_until(w, flags + i, dev::Cmp::ge, 1, dev::Scope::sys, from);
   }
 }
@@ -190,10 +190,6 @@ void Overlap::push_column_band(void* dst, const void* src, std::int64_t rows, st
   if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
 }
 
-void Overlap::wait_flag_from_front_end(const std::uint64_t* flag, cudaStream_t stream) {
-  WEFT_CU(driver().cuStreamWaitValue64(stream, reinterpret_cast<CUdeviceptr>(flag), 1, CU_STREAM_WAIT_VALUE_GEQ));
-}
-
 void Overlap::push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,
                                      const std::uint64_t* done, std::uint64_t done_value, std::uint64_t* flags,
                                      cudaStream_t side) {
@@ -324,7 +320,12 @@ void Overlap::launch(cudaStream_t stream, int path, std::initializer_list<const 
 }
 
 void Overlap::wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream) {
-  wait_all_kernel<<<1, 256, 0, stream>>>(ctx_->world(), flags, count, per_rank);
+  wait_all_kernel<<<1, 256, 0, stream>>>(ctx_->world(), flags, count, per_rank, 0);
+  WEFT_CUDA(cudaGetLastError());
+}
+
+void Overlap::wait_from(const std::uint64_t* flags, int count, int from_rank, cudaStream_t stream) {
+  wait_all_kernel<<<1, 256, 0, stream>>>(ctx_->world(), flags, count, count, from_rank);
   WEFT_CUDA(cudaGetLastError());
 }
 

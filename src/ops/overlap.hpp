@@ -143,13 +143,12 @@ class Overlap {
   /// cudaMemcpy2DAsync), then sets flags[c] to 1 as push_chunk does.
   static void push_column_band(void* dst, const void* src, std::int64_t rows, std::uint64_t row_bytes,
                                std::uint64_t band_bytes, std::int64_t c, std::uint64_t* flags, cudaStream_t side);
-  /// On `stream`: its front end waits until *flag >= 1 (cuStreamWaitValue64;
-  /// no SM held, and no timeout: a peer that never raises it stalls the
-  /// stream, so use it only where a hooked kernel's bounded wait would report the same peer).
-  static void wait_flag_from_front_end(const std::uint64_t* flag, cudaStream_t stream);
   /// Waits on `stream` until flags[i] >= 1 for every i in [0, count) whose
   /// rank (i / per_rank) is not this one. One small kernel, bounded by the timeout.
   void wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);
+  /// Waits on `stream` until flags[i] >= 1 for every i in [0, count), all
+  /// raised by rank `from_rank` (named if the wait times out). One small kernel.
+  void wait_from(const std::uint64_t* flags, int count, int from_rank, cudaStream_t stream);
 
   /// WEFT_TRACE_OVERLAP=N: the first N fused calls of a plan after its path
   /// choice run on their own (after a barrier, no graph, synchronised after),

@@ -15,6 +15,10 @@
 //   - the GEMM starts at this rank's own rows and walks the shards in the order
 //     they arrive (rank r, r+1, ...); the producer warp of each tile waits only
 //     for the chunk flags of the rows that tile reads.
+// Fused path with plain steps (AgWay::plain_steps): the same pushes, and a
+// plain GEMM per shard (any tile order, or cuBLAS), ours first; each later one
+// starts after a one-block wait (bounded by the timeout) for its shard's
+// flags, which landed while the step before ran.
 // Sequential path: weft's AllGather, then a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster). `automatic` times both
 // on the first run (outside graph capture) and keeps the faster, the same on
@@ -26,7 +30,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/all_gather.hpp"
@@ -110,8 +113,7 @@ class AgGemm {
   SymmetricBuffer gathered_;  // [M, K]
   SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
   std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;
-  std::unique_ptr<Gemm> step_gemm_;           // AgWay::plain_steps: M / W rows, no hook
-  std::vector<cudaEvent_t> shard_landed_;     // AgWay::plain_steps: per step after the first, its shard is here
+  std::unique_ptr<Gemm> step_gemm_;  // AgWay::plain_steps: M / W rows, no hook
   std::unique_ptr<AllGather> all_gather_;
 };
 
