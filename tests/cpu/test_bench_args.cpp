@@ -80,6 +80,11 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).way, FusedWay::automatic);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_ar", "--way", "one_launch"}).way, FusedWay::ring_one_launch);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs", "--way", "plain_first"}).way, FusedWay::ring_plain_first);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "--way", "plain_steps", "ag_gemm"}).ag_way, AgWay::plain_steps);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "ag_gemm"}).ag_way, AgWay::automatic);
+  EXPECT_NE(error_of({"ag_gemm", "--way", "per_step"}).find(
+                "unknown --way 'per_step': expected one of one_gemm, plain_steps"),
+            std::string::npos);
   EXPECT_FALSE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows"}).any_order);
   EXPECT_TRUE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows", "--any-order"}).any_order);
   EXPECT_NE(error_of({"gemm", "--hook", "wait"}).find(

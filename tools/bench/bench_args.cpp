@@ -65,6 +65,7 @@ const VariantName<GemmHook> kHooks[] = {{GemmHook::none, "none"},
 const VariantName<FusedWay> kWays[] = {{FusedWay::ring_per_step, "per_step"},
                                        {FusedWay::ring_one_launch, "one_launch"},
                                        {FusedWay::ring_plain_first, "plain_first"}};
+const VariantName<AgWay> kAgWays[] = {{AgWay::one_gemm, "one_gemm"}, {AgWay::plain_steps, "plain_steps"}};
 
 }  // namespace
 
@@ -134,7 +135,8 @@ std::string bench_usage() {
          "  --warmup N         untimed samples first (default 3)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
-         "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch or plain_first\n"
+         "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch or plain_first;\n"
+         "                     ag_gemm: one_gemm or plain_steps\n"
          "                     (default: the plan times every way it can run)\n"
          "  --soak S           gemm, ag_gemm, gemm_rs, gemm_ar: after timing, run each contender alone, back to back,\n"
          "                     for about S seconds, and print its wall-clock window ([weft-bench] soak lines), so\n"
@@ -161,7 +163,7 @@ std::string bench_usage() {
 BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   BenchArgs args;
   std::vector<std::string> rest(argv.begin() + std::min<std::size_t>(1, argv.size()), argv.end());
-  std::string bytes = "1K:256M", variants, m_list, n_value, k_value;
+  std::string bytes = "1K:256M", variants, m_list, n_value, k_value, way;
   for (std::size_t i = 0; i < rest.size(); ++i) {
     const std::string& a = rest[i];
     auto value = [&]() -> const std::string& {
@@ -178,7 +180,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
-    else if (a == "--way") args.way = parse_name(kWays, value(), a);
+    else if (a == "--way") way = value();  // its names depend on the operation
     else if (a == "--soak") args.soak_s = parse_int(a, value(), 1, 600);
     else if (a == "--shapes") args.shapes = parse_shapes(value());
     else if (a == "--b-layout") args.b_layout = value();
@@ -196,6 +198,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   WEFT_REQUIRE(!args.op.empty(), "no operation given: expected one of ", join(kOps), "\n", bench_usage());
   WEFT_REQUIRE(std::find(kOps.begin(), kOps.end(), args.op) != kOps.end(), "unknown operation '", args.op,
                "': expected one of ", join(kOps));
+  if (!way.empty() && args.op == "ag_gemm") args.ag_way = parse_name(kAgWays, way, "--way");
+  else if (!way.empty()) args.way = parse_name(kWays, way, "--way");
   WEFT_REQUIRE(args.soak_s == 0 || is_overlap_op(args.op) || args.op == "gemm",
                "--soak is for gemm, ag_gemm, gemm_rs and gemm_ar, got '", args.op, "'");
   args.bytes = parse_size_list(bytes);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "weft/gemm/gemm.hpp"
+#include "weft/ops/ag_gemm.hpp"
 #include "weft/ops/gemm_rs.hpp"
 
 namespace weft::bench {
@@ -24,6 +25,7 @@ struct BenchArgs {
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
   int chunks = 0;                     ///< overlapped operators: copy/signal chunks per rank's rows (0 = plan's default)
   FusedWay way = FusedWay::automatic;  ///< gemm_rs, gemm_ar: --way per_step | one_launch | plain_first (automatic: timed)
+  AgWay ag_way = AgWay::automatic;     ///< ag_gemm: --way one_gemm | plain_steps (automatic: timed)
   int soak_s = 0;  ///< overlapped operators: after timing, run each contender alone for this many seconds (clock studies)
   // gemm only
   std::vector<std::array<std::int64_t, 3>> shapes;  ///< M, N, K per shape

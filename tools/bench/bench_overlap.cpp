@@ -110,7 +110,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       void* c32 = device_alloc(gm * gn * 4);  // fp32 GEMM output (reference)
       void* c_ref = device_alloc(gm * gn * 2);
       if (ag) {
-        AgGemmOptions plan_options{.m = M, .n = n, .k = K, .mode = mode};
+        AgGemmOptions plan_options{.m = M, .n = n, .k = K, .mode = mode, .way = args.ag_way};
         if (args.chunks) plan_options.chunks_per_shard = args.chunks;
         AgGemm plan(ctx_ptr, plan_options);
         void* a_shard = plan.local_shard();
