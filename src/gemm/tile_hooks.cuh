@@ -196,21 +196,25 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     if (w.flags && static_cast<int>(threadIdx.x / 32) == w.wait_warp) {
       const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * p_->tile_m;
       const std::int64_t row1 = std::min<std::int64_t>(row0 + p_->tile_m, p_->rows);  // the last tile may run past M
-      if (row0 < row1 && w.cols_per_flag > 0 && (row0 < w.ready_begin || row1 > w.ready_end)) {
-        // Flags by column band: the source arrives band by band, every row at once.
-        const std::int64_t col0 = static_cast<std::int64_t>(work.N_idx) * p_->tile_n;
-        const std::int64_t col1 = std::min<std::int64_t>(col0 + p_->tile_n, p_->cols);
-        for (std::int64_t f = col0 / w.cols_per_flag; f * w.cols_per_flag < col1; ++f)
-          wait_flag(w, f, w.flags_per_rank > 0 ? static_cast<int>(f / w.flags_per_rank) : w.from_rank);
-        if (col0 < col1) dev::fence_proxy_async_global();
-      } else if (row0 < row1 && (row0 < w.ready_begin || row1 > w.ready_end)) {
+      if (row0 < row1 && (row0 < w.ready_begin || row1 > w.ready_end)) {
+        auto from = [&](std::int64_t f) {
+          return w.flags_per_rank > 0 ? static_cast<int>(f / w.flags_per_rank) : w.from_rank;
+        };
         bool waited = false;
-        for (std::int64_t f = row0 / w.rows_per_flag; f * w.rows_per_flag < row1; ++f) {
-          const std::int64_t f_row0 = f * w.rows_per_flag;
-          if (f_row0 >= w.ready_begin && f_row0 + w.rows_per_flag <= w.ready_end) continue;
-          const int from = w.flags_per_rank > 0 ? static_cast<int>(f / w.flags_per_rank) : w.from_rank;
-          wait_flag(w, f, from);
-          waited = true;
+        if (w.cols_per_flag > 0) {  // flags by column band: the source arrives band by band, every row at once
+          const std::int64_t col0 = static_cast<std::int64_t>(work.N_idx) * p_->tile_n;
+          const std::int64_t col1 = std::min<std::int64_t>(col0 + p_->tile_n, p_->cols);
+          for (std::int64_t f = col0 / w.cols_per_flag; f * w.cols_per_flag < col1; ++f) {
+            wait_flag(w, f, from(f));
+            waited = true;
+          }
+        } else {
+          for (std::int64_t f = row0 / w.rows_per_flag; f * w.rows_per_flag < row1; ++f) {
+            const std::int64_t f_row0 = f * w.rows_per_flag;
+            if (f_row0 >= w.ready_begin && f_row0 + w.rows_per_flag <= w.ready_end) continue;
+            wait_flag(w, f, from(f));
+            waited = true;
+          }
         }
         // The rows came from a copy engine or a peer; the TMA loads that read
         // them next belong to the async proxy.

@@ -79,9 +79,7 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
       stream, {b, c},
       [&] {  // real data for the GEMMs to tune on: a sequential run, or (fused only) NCCL's gather
         if (plain_gemm_) run_sequential(b, c, stream, false);
-        else
-          WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                                  ncclBfloat16, ctx_->nccl(), stream));
+        else gather_with_nccl(stream);
         if (fused_gemm_) fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
         if (step_gemm_) step_gemm_->prepare(GemmArgs{.a = local_shard(), .b = b, .c = c}, stream);
         if (plain_gemm_) plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
@@ -89,10 +87,14 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
       fused, [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
 
+void AgGemm::gather_with_nccl(cudaStream_t stream) {
+  // In place: our shard already sits in its slot of the gathered A.
+  WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
+                          ncclBfloat16, ctx_->nccl(), stream));
+}
+
 void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl) {
-  if (nccl)  // in place: our shard already sits in its slot of the gathered A
-    WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                            ncclBfloat16, ctx_->nccl(), stream));
+  if (nccl) gather_with_nccl(stream);
   else
     all_gather_->run(local_shard(), gathered_.get(), stream);
   plain_gemm_->run(gathered_.get(), b, c, stream);
@@ -117,9 +119,7 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   auto* arrived = arrived_.as<std::uint64_t>();
   const GemmArgs args = fused_args(b, c);
   if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
-    if (!ops_detail::capturing(stream))  // ... on the A it will read, not on stale peer slots
-      WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                              ncclBfloat16, ctx_->nccl(), stream));
+    if (!ops_detail::capturing(stream)) gather_with_nccl(stream);  // ... on the A it will read, not on stale peer slots
   }
   fused_gemm_->prepare(args, stream);
 

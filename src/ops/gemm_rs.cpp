@@ -153,6 +153,12 @@ bool GemmRs::builds(FusedWay way) const {
   return false;
 }
 
+Gemm* GemmRs::last_step_gemm(FusedWay way) const {
+  // A plain first step's block leaves as the last step starts at 2 ranks
+  // (the only case with ordered_last_gemm_): that step waits in arrival order.
+  return way == FusedWay::ring_plain_first && ordered_last_gemm_ ? ordered_last_gemm_.get() : last_gemm_.get();
+}
+
 std::string GemmRs::fused_gemm_config(FusedWay way) const {
   if (!builds(way)) return "";
   if (way == FusedWay::ring_one_launch) return whole_gemm_->config();
@@ -160,7 +166,7 @@ std::string GemmRs::fused_gemm_config(FusedWay way) const {
   const Gemm& first = plain_first ? *plain_first_gemm_ : *first_gemm_;
   if (!step_gemm_) return first.config();
   // The steps' GEMMs that ran: those that send on, the last one that does not, or both (W > 2).
-  const Gemm& last = plain_first && ordered_last_gemm_ ? *ordered_last_gemm_ : *last_gemm_;
+  const Gemm& last = *last_step_gemm(way);
   const bool steps_ran = step_gemm_->prepared(), last_ran = last.prepared();
   if (steps_ran && last_ran) return str(first.config(), "; then ", step_gemm_->config(), "; last ", last.config());
   return str(first.config(), "; then ", (last_ran ? last : *step_gemm_).config());
@@ -240,7 +246,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   const bool plain_first = way == FusedWay::ring_plain_first;
   // The last step when nobody ships it: any tile order, unless its source
   // leaves the previous rank only as it starts (a plain first step at 2 ranks).
-  Gemm* last = plain_first && steps == 1 ? ordered_last_gemm_.get() : last_gemm_.get();
+  Gemm* last = last_step_gemm(way);
   // Where that source arrives by column band (not for a caller that ships
   // our block: its last step reports rows, in row order).
   const bool by_columns = plain_first && steps == 1 && band_cols_ > 0 && !own_block_stored;

@@ -105,6 +105,8 @@ class AgGemm {
   /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
   GemmArgs fused_args(const void* b, void* c) const;
   void run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl);
+  /// NCCL's all-gather of the shards into gathered_ (the sequential path, and real data to tune on).
+  void gather_with_nccl(cudaStream_t stream);
 
   std::shared_ptr<Context> ctx_;
   AgGemmOptions options_;

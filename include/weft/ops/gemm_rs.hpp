@@ -126,6 +126,8 @@ class GemmRs {
 
  private:
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
+  /// The last ring step's GEMM when nobody ships our block, for `way`.
+  Gemm* last_step_gemm(FusedWay way) const;
 
   std::shared_ptr<Context> ctx_;
   GemmRsOptions options_;
