@@ -260,7 +260,7 @@ if has trace; then  # the fused paths' timelines (WEFT_TRACE_OVERLAP): where eac
     echo "### $spec" >>"$OUT/trace.txt"
     env WEFT_TRACE_OVERLAP=3 WEFT_LOG_LEVEL=info $(grep -oE '^( *[A-Z_]+=[^ ]+)+' <<<"$spec") \
       "$BUILD/weftrun" -n "$GPUS" --timeout 200 -- "$BUILD/weft-bench" $(sed -E 's/^( *[A-Z_]+=[^ ]+)+//' <<<"$spec") \
-      --variant fused --samples 5 >>"$OUT/trace.txt" 2>&1
+      --variant fused --samples 5 --no-hold >>"$OUT/trace.txt" 2>&1  # traced calls synchronise: nothing to hold
   done
   note "trace" "-> trace.txt"
   grep -E "^###|trace, rank|^\[weft-bench\]   weft" "$OUT/trace.txt" | sed 's/^\[weft rank [0-9]*\/[0-9]*\] //' | cut -c1-400

@@ -44,6 +44,11 @@ TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
   EXPECT_EQ(a.variants, (std::vector<std::string>{"push", "pull", "ce", "ll", "ring"}));
 }
 
+TEST(BenchArgs, SamplesAreHeldUnlessNoHold) {
+  EXPECT_TRUE(parse_bench_args({"weft-bench", "gemm"}).hold);
+  EXPECT_FALSE(parse_bench_args({"weft-bench", "gemm", "--no-hold"}).hold);
+}
+
 TEST(BenchArgs, EachOperationHasItsVariants) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "all_reduce"}).variants,
             (std::vector<std::string>{"ll", "one_shot", "two_shot", "ce"}));

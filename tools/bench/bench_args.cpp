@@ -133,6 +133,8 @@ std::string bench_usage() {
          "  --json             one JSON object per line\n"
          "  --samples N        timed samples per point, median reported (default 15)\n"
          "  --warmup N         untimed samples first (default 3)\n"
+         "  --no-hold          let each sample's GPU work start while the host still enqueues it (by default the\n"
+         "                     stream is held until the whole sample is enqueued, so events time the GPU, not the host)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
          "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch or plain_first;\n"
@@ -178,6 +180,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--json") args.json = true;
     else if (a == "--samples") args.samples = parse_int(a, value(), 1, 100000);
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
+    else if (a == "--no-hold") args.hold = false;
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
     else if (a == "--way") way = value();  // its names depend on the operation

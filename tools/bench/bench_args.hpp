@@ -22,6 +22,7 @@ struct BenchArgs {
   bool json = false;                  ///< one JSON object per line instead of a table
   int samples = 15;                   ///< timed samples per (size, variant); the median is reported
   int warmup = 3;                     ///< untimed samples first
+  bool hold = true;                   ///< hold the stream while a sample is enqueued (--no-hold: not; timing.hpp)
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
   int chunks = 0;                     ///< overlapped operators: copy/signal chunks per rank's rows (0 = plan's default)
   FusedWay way = FusedWay::automatic;  ///< gemm_rs, gemm_ar: --way per_step | one_launch | plain_first (automatic: timed)

@@ -169,16 +169,16 @@ int bench_collective(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& a
         std::shared_ptr<void> plan;
         Case c = make_case(ctx_ptr, op, v, bytes, args, b, plan);
         if (nccl_loop < 0) {
-          nccl_loop = time_per_call(ctx, stream, [&] { c.nccl(stream); }, calls, args.samples, args.warmup);
-          nccl_single = time_per_call(ctx, stream, [&] { c.nccl(stream); }, 1, args.samples, args.warmup);
+          nccl_loop = time_per_call(ctx, stream, [&] { c.nccl(stream); }, calls, args.samples, args.warmup, args.hold);
+          nccl_single = time_per_call(ctx, stream, [&] { c.nccl(stream); }, 1, args.samples, args.warmup, args.hold);
         }
         Row row;
         row.bytes = bytes;
         row.variant = c.variant;
         row.sms = c.sms;
         if (args.check) row.check = check_once(ctx, op, c, bytes, args, b, stream);
-        row.weft_loop = time_per_call(ctx, stream, [&] { c.weft(stream); }, calls, args.samples, args.warmup);
-        row.weft_single = time_per_call(ctx, stream, [&] { c.weft(stream); }, 1, args.samples, args.warmup);
+        row.weft_loop = time_per_call(ctx, stream, [&] { c.weft(stream); }, calls, args.samples, args.warmup, args.hold);
+        row.weft_single = time_per_call(ctx, stream, [&] { c.weft(stream); }, 1, args.samples, args.warmup, args.hold);
         row.nccl_loop = nccl_loop;
         row.nccl_single = nccl_single;
         if (args.check && row.check == "ok") {  // the timed runs must have left the same answer

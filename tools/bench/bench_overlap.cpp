@@ -79,7 +79,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   auto timed = [&](const Row& row, const std::vector<std::function<void()>>& contenders) {
     WEFT_REQUIRE(contenders.size() == std::size(kContenders), "weft-bench: ", contenders.size(), " contenders, ",
                  std::size(kContenders), " names");
-    std::vector<double> ms = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup);
+    std::vector<double> ms = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup, args.hold);
     for (double& x : ms) x /= 1000.0;
     if (args.soak_s > 0)
       soak(ctx, stream, contenders, std::vector<std::string>(std::begin(kContenders), std::end(kContenders)), ms,

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 
+#include "enqueue_hold.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 
@@ -19,24 +20,36 @@ double median(std::vector<double> values) {
 }
 
 double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void()>& fn, int calls_per_sample,
-                     int samples, int warmup) {
-  return time_interleaved(ctx, stream, {fn}, calls_per_sample, samples, warmup).front();
+                     int samples, int warmup, bool hold) {
+  return time_interleaved(ctx, stream, {fn}, calls_per_sample, samples, warmup, hold).front();
 }
 
 std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
                                      const std::vector<std::function<void()>>& contenders, int calls_per_sample,
-                                     int samples, int warmup) {
+                                     int samples, int warmup, bool hold) {
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
+  // A held stream must not meet a call that synchronises (a first call's
+  // tuning or graph capture): one untimed call of each, unheld, first.
+  for (const auto& contender : contenders) {
+    ctx.barrier(stream);
+    contender();
+    ctx.synchronize(stream);
+  }
+  EnqueueHold held;
   std::vector<std::vector<double>> us(contenders.size());
   for (int s = 0; s < warmup + samples; ++s)
     for (std::size_t i = 0; i < contenders.size(); ++i) {
+      if (hold) held.hold(stream);
       ctx.barrier(stream);
       WEFT_CUDA(cudaEventRecord(start, stream));
       for (int c = 0; c < calls_per_sample; ++c) contenders[i]();
       WEFT_CUDA(cudaEventRecord(stop, stream));
+      if (hold) held.release();
       ctx.synchronize(stream);
+      WEFT_REQUIRE(!held.timed_out(), "weft-bench: rank ", ctx.rank(), " took over 2 s to enqueue one sample of contender ",
+                   i, " (", calls_per_sample, " calls): the stream's hold gave up, so the sample is host-bound");
       float ms = 0;
       WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
       if (s >= warmup) us[i].push_back(1000.0 * ms / calls_per_sample);

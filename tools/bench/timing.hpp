@@ -15,14 +15,20 @@ namespace weft::bench {
 double median(std::vector<double> values);
 
 /// Times `fn` (which enqueues one call on `stream`) on every rank together.
-/// Each sample: a device barrier on the stream (so every rank starts at the
-/// same moment), a start event, `calls_per_sample` calls back to back, an end
-/// event. Returns microseconds per call: the median over `samples` samples on
-/// this rank, then the maximum of those medians over all ranks (the job is as
-/// slow as its slowest rank). Collective. WEFT_BENCH_RANKS=1: rank 0 also
-/// prints every rank's medians.
+/// `fn` runs once untimed first (a first call may tune or capture, and
+/// synchronise). Each sample, with `hold` (the default): the stream is held
+/// (EnqueueHold) while the host enqueues a device barrier (so every rank
+/// starts at the same moment), a start event, `calls_per_sample` calls back
+/// to back and an end event, then released, so the events time the GPU and
+/// not the host's enqueue latency; without `hold` the stream runs as the host
+/// enqueues (the method before 2026-11-30's tenth session). Returns
+/// microseconds per call: the median over `samples` samples on this rank,
+/// then the maximum of those medians over all ranks (the job is as slow as
+/// its slowest rank). Collective. WEFT_BENCH_RANKS=1: rank 0 also prints
+/// every rank's medians. Throws if a held sample outlasted the hold's limit
+/// (the host took over 2 s to enqueue it: the sample would be host-bound).
 double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void()>& fn, int calls_per_sample,
-                     int samples, int warmup);
+                     int samples, int warmup, bool hold = true);
 
 /// time_per_call for several contenders, interleaved: each round takes one
 /// sample of every contender in turn, so a drift of the clocks (power, heat)
@@ -30,7 +36,7 @@ double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void
 /// Returns microseconds per call for each, in the order given. Collective.
 std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
                                      const std::vector<std::function<void()>>& contenders, int calls_per_sample,
-                                     int samples, int warmup);
+                                     int samples, int warmup, bool hold = true);
 
 /// Runs each contender alone for about `seconds`, one after the other, every
 /// rank together (a device barrier and a host synchronisation before each),
