@@ -1,5 +1,7 @@
 #include "enqueue_hold.hpp"
 
+#include <atomic>
+
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
 
@@ -24,7 +26,8 @@ EnqueueHold::EnqueueHold(double limit_ms) : limit_ms_(limit_ms) {
   void* host = nullptr;
   WEFT_CUDA(cudaHostAlloc(&host, 2 * sizeof(unsigned), cudaHostAllocMapped));
   flags_ = static_cast<volatile unsigned*>(host);
-  flags_[0] = flags_[1] = 0;
+  flags_[0] = 0;
+  flags_[1] = 0;
   void* dev = nullptr;
   WEFT_CUDA(cudaHostGetDevicePointer(&dev, host, 0));
   device_flags_ = static_cast<unsigned*>(dev);
@@ -36,12 +39,13 @@ EnqueueHold::~EnqueueHold() {
 
 void EnqueueHold::hold(cudaStream_t stream) {
   flags_[0] = 0;  // the previous sample's kernel has finished: the caller synchronised
+  flags_[1] = 0;
   hold_kernel<<<1, 1, 0, stream>>>(device_flags_, static_cast<unsigned long long>(limit_ms_ * 1e6));
   WEFT_CUDA(cudaGetLastError());
 }
 
 void EnqueueHold::release() {
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the enqueues before it, then the word
   flags_[0] = 1;
 }
 
