@@ -354,6 +354,8 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     swizzle_ = cfg->cublas ? swizzles.front() : swizzle;
     raster_ = cfg->cublas ? rasters.front() : raster;
     from_cache_ = true;
+    // As tuning would have: no run allocates it later (perhaps under graph capture).
+    reserve_workspace(cfg->workspace(problem(local, swizzle_, raster_)));
     WEFT_LOG(debug, "Gemm ", describe(options_), ": ", config(), " from the tuning cache");
     return true;
   };
