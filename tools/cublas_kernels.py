@@ -11,7 +11,10 @@ import argparse
 import torch
 
 SHAPES = ["8192,14336,8192", "4096,14336,8192", "2048,14336,8192", "1000,14336,8192", "8192,4096,8192",
-          "4096,4096,8192", "8192,8192,14336", "4096,8192,14336", "2048,8192,14336"]
+          "4096,4096,8192", "8192,8192,14336", "4096,8192,14336", "2048,8192,14336",
+          # the overlapped operators' GEMMs where they miss their targets: AllGather+GEMM 2048 x 8192 x 8192
+          # per rank, GEMM+ReduceScatter's whole GEMM and one ring step at K = 8192
+          "2048,4096,8192", "2048,8192,4096", "1024,8192,4096"]
 
 
 def main():
