@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <limits>
 
 #include "config.hpp"
+#include "tune_cache.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
 
@@ -67,6 +69,36 @@ std::string describe(const GemmOptions& o) {
              layout_name(o.b_layout), hook_name(o.hook));
 }
 
+/// Splits "NAME" or "NAME, swizzle S along M|N" (as Gemm::config prints it)
+/// into the name and the settings (0, 0 where absent). False if the settings
+/// are malformed.
+bool split_config(const std::string& text, std::string& name, int& swizzle, int& raster) {
+  name = text;
+  swizzle = raster = 0;
+  const auto at = name.find(", swizzle ");
+  if (at == std::string::npos) return true;
+  const std::string settings = name.substr(at + 10);
+  name.resize(at);
+  char along = 0;
+  if (std::sscanf(settings.c_str(), "%d along %c", &swizzle, &along) != 2 ||
+      !(swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8) || !(along == 'M' || along == 'N'))
+    return false;
+  raster = along == 'M' ? 1 : 2;
+  return true;
+}
+
+/// The GPU's name and SM count, part of a tuning cache key.
+const std::string& device_description(int sm_count) {
+  static const std::string text = [&] {
+    int device = 0;
+    WEFT_CUDA(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    WEFT_CUDA(cudaGetDeviceProperties(&prop, device));
+    return str(prop.name, ", ", sm_count, " SMs");
+  }();
+  return text;
+}
+
 bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
   return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows) &&
          (h != GemmHook::report_rows || c.reports);
@@ -94,17 +126,12 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
                "nothing; got a plan", *hook_name(o.hook) ? hook_name(o.hook) : " without a hook");
   // "NAME" forces a configuration; "NAME, swizzle S along M|N" (what config()
   // prints) forces its tile-scheduler settings too.
-  std::string name = o.config;
+  std::string name;
   int forced_swizzle = 0, forced_raster = 0;
-  if (const auto at = name.find(", swizzle "); at != std::string::npos) {
-    const std::string settings = name.substr(at + 10);
-    name.resize(at);
-    char along = 0;
-    WEFT_REQUIRE(std::sscanf(settings.c_str(), "%d along %c", &forced_swizzle, &along) == 2 &&
-                     (forced_swizzle == 1 || forced_swizzle == 2 || forced_swizzle == 4 || forced_swizzle == 8) &&
-                     (along == 'M' || along == 'N'),
-                 "Gemm: config '", o.config, "': expected 'NAME, swizzle S along M' or '... along N', S in 1, 2, 4, 8");
-    forced_raster = along == 'M' ? 1 : 2;
+  const bool settings_ok = split_config(o.config, name, forced_swizzle, forced_raster);
+  if (forced_raster || !settings_ok) {
+    WEFT_REQUIRE(settings_ok, "Gemm: config '", o.config,
+                 "': expected 'NAME, swizzle S along M' or '... along N', S in 1, 2, 4, 8");
     WEFT_REQUIRE(o.hook == GemmHook::none || o.any_tile_order || forced_raster == 2, "Gemm: config '", o.config,
                  "': hooked plans keep the row-major tile order, so only '... along N' (or GemmOptions::any_tile_order)");
   }
@@ -294,6 +321,45 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
              static_cast<std::int64_t>(swizzle) * cfg->cluster_n * cfg->tile_n <= args.signals.cols_per_flag;
     return swizzle == 1 || static_cast<std::int64_t>(swizzle) * cfg->cluster_m * cfg->tile_m <= band_rows;
   };
+  // A choice made before for the same key (this process, or WEFT_TUNE_CACHE):
+  // ranks that agree take it only where every one of them holds the same.
+  std::string names;
+  for (const auto* c : candidates_) names += str(c->name, ";");
+  const std::string key =
+      str(describe(options_), " | rasters ", rasters.size() == 2 ? "MN" : rasters.front() == 1 ? "M" : "N",
+          " | swizzles ", swizzles.back(), " | band rows ", band_rows == std::numeric_limits<std::int64_t>::max() ? -1 : band_rows,
+          " | column bands ", by_columns ? args.signals.cols_per_flag : 0, " | reports ", args.done.counters ? 1 : 0,
+          " | agree ", options_.agree ? 1 : 0, " | ", device_description(sm_count_), " | ", names);
+  gemm_detail::TuneCache& cache = gemm_detail::TuneCache::process();
+  auto take_cached = [&](const std::string& cached) {
+    std::string name;
+    int swizzle = 0, raster = 0;
+    const gemm_detail::Config* cfg = nullptr;
+    if (!cached.empty() && split_config(cached, name, swizzle, raster))
+      for (const auto* c : candidates_)
+        if (c->name == name) cfg = c;
+    // cuBLAS's choices carry no scheduler settings, weft's carry ones this run allows.
+    bool usable = cfg && (cfg->cublas ? raster == 0
+                                      : std::find(rasters.begin(), rasters.end(), raster) != rasters.end() &&
+                                            std::find(swizzles.begin(), swizzles.end(), swizzle) != swizzles.end() &&
+                                            band_fits(cfg, swizzle) && (!args.done.counters || cfg->reports));
+    if (options_.agree) {  // all ranks hold it, and the same one: max(h) == -max(-h) only if every h is equal
+      const float h = usable ? static_cast<float>(std::hash<std::string>{}(cached) & 0xffff) : 0.0f;
+      std::vector<float> v{usable ? 0.0f : 1.0f, h, -h};
+      options_.agree(v);
+      usable = v.size() == 3 && v[0] == 0.0f && v[1] == -v[2];
+    }
+    if (!usable) return false;
+    chosen_ = cfg;
+    swizzle_ = cfg->cublas ? swizzles.front() : swizzle;
+    raster_ = cfg->cublas ? rasters.front() : raster;
+    from_cache_ = true;
+    // As tuning would have: no run allocates it later (perhaps under graph capture).
+    reserve_workspace(cfg->workspace(problem(local, swizzle_, raster_)));
+    WEFT_LOG(debug, "Gemm ", describe(options_), ": ", config(), " from the tuning cache");
+    return true;
+  };
+  if (take_cached(cache.find(key).value_or(""))) return;
   // Round 1: every configuration with every setting (cuBLAS has none), timed briefly.
   std::vector<Candidate> all;
   for (const auto* cfg : candidates_)
@@ -325,6 +391,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   swizzle_ = best.swizzle;
   raster_ = best.raster;
   WEFT_LOG(debug, "Gemm ", describe(options_), ": chose ", config(), " at ", best.ms / kFinalRounds, " ms");
+  cache.store(key, config());
 }
 
 void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
+#include "ops/overlap.hpp"
 #include "weft/core/error.hpp"
 #include "weft/gemm/cublas.hpp"
 #include "weft/gemm/gemm.hpp"
@@ -155,6 +157,45 @@ TEST(Gemm, AConfigStringForcesTheConfigurationAndItsSchedulerSettings) {
     EXPECT_NE(std::string(e.what()).find("S in 1, 2, 4, 8"), std::string::npos) << e.what();
   }
   for (void* p : {a, b, c, static_cast<void*>(ref)}) cudaFree(p);
+}
+
+TEST(Gemm, ASecondGemmWithTheSameOptionsTakesTheTunedChoiceFromTheCache) {
+  // The tuner's choice is kept by key (in this process; across processes in
+  // WEFT_TUNE_CACHE's file): a second Gemm of the same options takes it
+  // without timing, runs the same kernel and settings, and gives the same
+  // product bitwise. The ranks agree as the overlapped plans' GEMMs do, so
+  // at world 2 they take the cached choice together.
+  cudaStream_t s = test::stream();
+  const std::int64_t m = 1536, n = 2056, k = 1024;  // a shape no other test tunes
+  void *a, *b, *c1, *c2;
+  WEFT_CUDA(cudaMalloc(&a, m * k * 2));
+  WEFT_CUDA(cudaMalloc(&b, n * k * 2));
+  WEFT_CUDA(cudaMalloc(&c1, m * n * 2));
+  WEFT_CUDA(cudaMalloc(&c2, m * n * 2));
+  bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(ctx().rank(), 131), s);
+  bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(ctx().rank(), 151), s);
+  bench::poison(c1, m * n * 2, 0xFF, s);
+  bench::poison(c2, m * n * 2, 0x7F, s);
+  GemmOptions o{m, n, k};
+  o.agree = [](std::vector<float>& ms) { ops_detail::max_over_ranks(ctx().store(), ms, "test tuning timings"); };
+  Gemm first(o);
+  first.prepare(GemmArgs{.a = a, .b = b, .c = c1}, s);
+  first.run(a, b, c1, s);
+  Gemm second(o);
+  second.prepare(GemmArgs{.a = a, .b = b, .c = c2}, s);
+  EXPECT_TRUE(second.from_cache());
+  EXPECT_EQ(second.config(), first.config());
+  second.run(a, b, c2, s);
+  EXPECT_EQ(bench::count_mismatches(c1, c2, m * n * 2, s), 0u) << first.config();
+  if (!std::getenv("WEFT_TUNE_CACHE")) {  // a file may hold it from an earlier run
+    GemmOptions other = o;
+    other.n = n + 8;  // another shape is another key
+    Gemm third(other);
+    third.prepare(GemmArgs{.a = a, .b = b, .c = c1}, s);
+    EXPECT_FALSE(third.from_cache());
+    EXPECT_TRUE(third.prepared());
+  }
+  for (void* p : {a, b, c1, c2}) cudaFree(p);
 }
 
 TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {

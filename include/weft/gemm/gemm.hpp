@@ -163,6 +163,13 @@ class Gemm {
   void prepare(const GemmArgs& args, cudaStream_t stream);
   /// True once the configuration is chosen (tuned, forced, or by the size heuristic).
   bool prepared() const { return chosen_ != nullptr; }
+  /// True if prepare() took the configuration from the tuning cache instead
+  /// of timing: a Gemm of the same options and constraints tuned earlier in
+  /// this process, or one stored in the file WEFT_TUNE_CACHE names (one line
+  /// per choice, appended as each is made; delete it to tune afresh). Ranks
+  /// that agree (GemmOptions::agree) take a cached choice only where all of
+  /// them hold the same one; otherwise they all tune.
+  bool from_cache() const { return from_cache_; }
   /// The configuration in use ("128x256x64 c2x1 cooperative, swizzle 4 along N"), or "" before the first
   /// run if autotuning.
   std::string config() const;
@@ -184,6 +191,7 @@ class Gemm {
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   int sm_count_ = 0;
+  bool from_cache_ = false;
 };
 
 }  // namespace weft
