@@ -354,8 +354,16 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     swizzle_ = cfg->cublas ? swizzles.front() : swizzle;
     raster_ = cfg->cublas ? rasters.front() : raster;
     from_cache_ = true;
-    // As tuning would have: no run allocates it later (perhaps under graph capture).
-    reserve_workspace(cfg->workspace(problem(local, swizzle_, raster_)));
+    // One launch now, as tuning would have made (it also reserves the
+    // workspace, so no run allocates later, perhaps under graph capture).
+    // The first launch of a kernel loads it (CUDA's lazy loading), and a load
+    // waits for the GPU's work in flight. Tuning launches every candidate here,
+    // before the caller enqueues anything that waits on this GEMM; first
+    // launched later, behind a stream wait on this GEMM's own reports (a
+    // GemmRs copy waiting on stored rows), the load and that wait wait on each
+    // other: a hang at 2 ranks with every choice cached (tenth session).
+    if (const char* why = launch(Candidate{cfg, swizzle_, raster_}); *why)
+      WEFT_FAIL("Gemm ", describe(options_), ": the cached configuration '", config(), "' failed to launch: ", why);
     WEFT_LOG(debug, "Gemm ", describe(options_), ": ", config(), " from the tuning cache");
     return true;
   };
