@@ -70,6 +70,15 @@ if has gpu; then
       >"$OUT/weftrun_kill.txt" 2>&1
     rc=$?
     note "weftrun rank killed" "rc=$rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms (rank 1 killed at 2000 ms): $(grep -o 'rank 1.*SIGKILL[^;]*' "$OUT/weftrun_kill.txt" | head -n1)"
+    # The tuning cache across processes: the second process takes every GEMM
+    # choice from the file, launching kernels no tuning loaded (a hang once).
+    rm -f "$OUT/tune.cache"
+    for pass in 1 2; do
+      WEFT_TUNE_CACHE="$OUT/tune.cache" WEFT_LOG_LEVEL=debug "$BUILD/weftrun" -n 2 --timeout 120 -- \
+        "$BUILD/weft-bench" gemm_rs --m 4096 --n 8192 --k 8192 --samples 3 --check >"$OUT/tune_cache_$pass.log" 2>&1
+      rc=$?
+      note "tuning cache, process $pass" "rc=$rc, $(grep -c 'from the tuning cache' "$OUT/tune_cache_$pass.log") GEMM choices from the file, check: $(grep -oE '\| (ok|FAIL)' "$OUT/tune_cache_$pass.log" | head -n1)"
+    done
   fi
 fi
 
