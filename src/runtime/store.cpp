@@ -849,7 +849,9 @@ void StoreServer::depart(Peer& p) {
       fail_all(str(gone_[r], " during the rendezvous, before all ranks had joined; ", gone_hint_[r]));
     return;
   }
-  if (!calls_[r]) fail_all(gone_text(r));
+  // With no call pending, nobody can be stranded yet: a rank that leaves at the
+  // end of a job is normal. on_op fails the next call that can never complete.
+  if (!calls_[r] && arrived_ > 0) fail_all(gone_text(r));
 }
 
 void StoreServer::fail_all(const std::string& message) {
