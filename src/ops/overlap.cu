@@ -174,12 +174,19 @@ void Overlap::join(cudaStream_t stream) {
   WEFT_CUDA(cudaStreamWaitEvent(stream, join_, 0));
 }
 
+namespace {
+/// flags[c] = 1 from `side`'s front end, once the work before it on `side` is done (no SM needed).
+void raise_flag(std::uint64_t* flags, std::int64_t c, cudaStream_t side) {
+  if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
+}
+}  // namespace
+
 void Overlap::push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c, std::uint64_t* flags,
                          cudaStream_t side) {
   const std::uint64_t off = static_cast<std::uint64_t>(c) * chunk_bytes;
   WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes,
                             cudaMemcpyDeviceToDevice, side));
-  if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
+  raise_flag(flags, c, side);
 }
 
 void Overlap::push_column_band(void* dst, const void* src, std::int64_t rows, std::uint64_t row_bytes,
@@ -187,7 +194,7 @@ void Overlap::push_column_band(void* dst, const void* src, std::int64_t rows, st
   const std::uint64_t off = static_cast<std::uint64_t>(c) * band_bytes;
   WEFT_CUDA(cudaMemcpy2DAsync(static_cast<char*>(dst) + off, row_bytes, static_cast<const char*>(src) + off, row_bytes,
                               band_bytes, static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, side));
-  if (flags) WEFT_CU(driver().cuStreamWriteValue64(side, reinterpret_cast<CUdeviceptr>(flags + c), 1, 0));
+  raise_flag(flags, c, side);
 }
 
 void Overlap::push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -37,19 +38,21 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
     contender();
     ctx.synchronize(stream);
   }
-  EnqueueHold held;
+  std::optional<EnqueueHold> held;  // --no-hold: none (no pinned word, no spinning kernel)
+  if (hold) held.emplace();
   std::vector<std::vector<double>> us(contenders.size());
   for (int s = 0; s < warmup + samples; ++s)
     for (std::size_t i = 0; i < contenders.size(); ++i) {
-      if (hold) held.hold(stream);
+      if (held) held->hold(stream);
       ctx.barrier(stream);
       WEFT_CUDA(cudaEventRecord(start, stream));
       for (int c = 0; c < calls_per_sample; ++c) contenders[i]();
       WEFT_CUDA(cudaEventRecord(stop, stream));
-      if (hold) held.release();
+      if (held) held->release();
       ctx.synchronize(stream);
-      WEFT_REQUIRE(!held.timed_out(), "weft-bench: rank ", ctx.rank(), " took over 2 s to enqueue one sample of contender ",
-                   i, " (", calls_per_sample, " calls): the stream's hold gave up, so the sample is host-bound");
+      WEFT_REQUIRE(!held || !held->timed_out(), "weft-bench: rank ", ctx.rank(),
+                   " took over 2 s to enqueue one sample of contender ", i, " (", calls_per_sample,
+                   " calls): the stream's hold gave up, so the sample is host-bound");
       float ms = 0;
       WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
       if (s >= warmup) us[i].push_back(1000.0 * ms / calls_per_sample);
