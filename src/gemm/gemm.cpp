@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <map>
+#include <mutex>
 
 #include "config.hpp"
 #include "tune_cache.hpp"
@@ -87,16 +89,21 @@ bool split_config(const std::string& text, std::string& name, int& swizzle, int&
   return true;
 }
 
-/// The GPU's name and SM count, part of a tuning cache key.
-const std::string& device_description(int sm_count) {
-  static const std::string text = [&] {
-    int device = 0;
-    WEFT_CUDA(cudaGetDevice(&device));
+/// The current GPU's name, part of a tuning cache key (with the SM count).
+/// Per device: a process may drive more than one.
+std::string device_name() {
+  static std::mutex mutex;
+  static std::map<int, std::string> names;
+  int device = 0;
+  WEFT_CUDA(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = names.find(device);
+  if (it == names.end()) {
     cudaDeviceProp prop{};
     WEFT_CUDA(cudaGetDeviceProperties(&prop, device));
-    return str(prop.name, ", ", sm_count, " SMs");
-  }();
-  return text;
+    it = names.emplace(device, prop.name).first;
+  }
+  return it->second;
 }
 
 bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
@@ -329,7 +336,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
       str(describe(options_), " | rasters ", rasters.size() == 2 ? "MN" : rasters.front() == 1 ? "M" : "N",
           " | swizzles ", swizzles.back(), " | band rows ", band_rows == std::numeric_limits<std::int64_t>::max() ? -1 : band_rows,
           " | column bands ", by_columns ? args.signals.cols_per_flag : 0, " | reports ", args.done.counters ? 1 : 0,
-          " | agree ", options_.agree ? 1 : 0, " | ", device_description(sm_count_), " | ", names);
+          " | agree ", options_.agree ? 1 : 0, " | ", device_name(), ", ", sm_count_, " SMs | ", names);
   gemm_detail::TuneCache& cache = gemm_detail::TuneCache::process();
   auto take_cached = [&](const std::string& cached) {
     std::string name;
@@ -344,7 +351,8 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
                                             std::find(swizzles.begin(), swizzles.end(), swizzle) != swizzles.end() &&
                                             band_fits(cfg, swizzle) && (!args.done.counters || cfg->reports));
     if (options_.agree) {  // all ranks hold it, and the same one: max(h) == -max(-h) only if every h is equal
-      const float h = usable ? static_cast<float>(std::hash<std::string>{}(cached) & 0xffff) : 0.0f;
+      // 24 bits: a float holds them exactly, so equal maxima mean equal hashes.
+      const float h = usable ? static_cast<float>(std::hash<std::string>{}(cached) & 0xffffff) : 0.0f;
       std::vector<float> v{usable ? 0.0f : 1.0f, h, -h};
       options_.agree(v);
       usable = v.size() == 3 && v[0] == 0.0f && v[1] == -v[2];

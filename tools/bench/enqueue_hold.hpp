@@ -31,6 +31,8 @@ class EnqueueHold {
   void release();
   /// Whether a held kernel gave up before release() (read after synchronising).
   bool timed_out() const;
+  /// How long a held kernel waits before it gives up.
+  double limit_ms() const { return limit_ms_; }
 
  private:
   volatile unsigned* flags_ = nullptr;  // [0]: released, [1]: gave up (mapped host memory)

@@ -50,8 +50,8 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
       WEFT_CUDA(cudaEventRecord(stop, stream));
       if (held) held->release();
       ctx.synchronize(stream);
-      WEFT_REQUIRE(!held || !held->timed_out(), "weft-bench: rank ", ctx.rank(),
-                   " took over 2 s to enqueue one sample of contender ", i, " (", calls_per_sample,
+      WEFT_REQUIRE(!held || !held->timed_out(), "weft-bench: rank ", ctx.rank(), " took over ", held->limit_ms(),
+                   " ms to enqueue one sample of contender ", i, " (", calls_per_sample,
                    " calls): the stream's hold gave up, so the sample is host-bound");
       float ms = 0;
       WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
