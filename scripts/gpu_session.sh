@@ -4,8 +4,9 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune
-#   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages)
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab
+#   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
+#    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
 #                                               (default: build cpu gpu examples bench)
 #
 # What comes back (the device tool returns at most 8 files): summary.txt, the
@@ -205,6 +206,9 @@ fi
 if has probe; then  # what a wait on a flag already set costs, written each way (tools/wait_probe.cu)
   run_logged "wait probe" wait_probe.log "$BUILD/weft-wait-probe"
   grep -E "probe" "$OUT/wait_probe.log"
+  # what a fused call's wrappings (flag memset, side stream, graph) add to a kernel (tools/launch_probe.cu)
+  run_logged "launch probe" launch_probe.log "$BUILD/weft-launch-probe"
+  grep -E "probe" "$OUT/launch_probe.log"
 fi
 
 if has waits; then  # how long the hooked tiles wait for rows (WEFT_TILE_WAITS), fused path only
@@ -259,6 +263,40 @@ print("soak: each contender alone; ms per call (slowest rank); per rank (its GPU
 for (op, shape, who), rs in rows.items():
     per = "  ".join(f"r{r}: {mhz:5.0f} MHz {w:4.0f} W ({n})" for r, _, mhz, w, n in sorted(rs))
     print(f"soak: {op:8s} {shape:15s} {who:18s} {max(x[1] for x in rs):8.4f} ms | {per}")
+PY
+fi
+
+if has ab && [ "$GPUS" -ge 2 ]; then  # an A/B of environment settings over weft-bench runs, interleaved by round
+  # AB_ENVS: ';'-separated settings (each one or more VAR=value); AB_SPECS: ';'-separated weft-bench arguments.
+  IFS=';' read -ra ab_envs <<<"${AB_ENVS:?the ab stage needs AB_ENVS, e.g. 'WEFT_PDL=1;WEFT_PDL=0'}"
+  IFS=';' read -ra ab_specs <<<"${AB_SPECS:?the ab stage needs AB_SPECS, e.g. 'gemm_rs --m 2048 --n 8192 --k 8192'}"
+  t0=$SECONDS
+  for ((round = 1; round <= ${AB_ROUNDS:-2}; ++round)); do
+    for setting in "${ab_envs[@]}"; do
+      for spec in "${ab_specs[@]}"; do
+        echo "### ab round $round, $setting: weft-bench $spec" | tee -a "$OUT/ab.log"
+        # shellcheck disable=SC2086  # the setting and the spec are word lists
+        env $setting "$BUILD/weftrun" -n 2 --timeout 300 -- "$BUILD/weft-bench" $spec --json 2>>"$OUT/ab.log" |
+          sed "s|^|$round\t$setting\t|" >>"$OUT/ab.txt"
+      done
+    done
+  done
+  note "ab" "$(grep -c . "$OUT/ab.txt" 2>/dev/null || echo 0) JSON lines ($((SECONDS - t0)) s) -> ab.txt, ab.log"
+  python3 - "$OUT/ab.txt" <<'PY' | tee "$OUT/ab_table.txt"
+import json, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    rnd, setting, js = line.rstrip("\n").split("\t", 2)
+    if not js.startswith("{"): continue
+    r = json.loads(js)
+    key = (r.get("op"), r.get("m"), r.get("n"), r.get("k"), r.get("path", ""))
+    rows.setdefault(key, {}).setdefault(setting, []).append((r.get("weft_ms"), r.get("vs_ideal")))
+print("A/B: weft ms / x ideal per round, then the medians (the path that ran in brackets)")
+for key, by in sorted(rows.items(), key=lambda kv: str(kv[0])):
+    for setting, v in sorted(by.items()):
+        runs = "  ".join(f"{w:.4f}/{x:.3f}" for w, x in v if w is not None and x is not None)
+        med = lambda i: statistics.median([t[i] for t in v if t[i] is not None] or [float("nan")])
+        print(f"  {key[0]} {key[1]}x{key[2]}x{key[3]} [{key[4]}]  {setting}  {runs}  median {med(0):.4f} ms, {med(1):.3f}x")
 PY
 fi
 

@@ -38,6 +38,7 @@ Driver load() {
   resolve(d.cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
   resolve(d.cuStreamWriteValue64, "cuStreamWriteValue64");
   resolve(d.cuStreamWaitValue64, "cuStreamWaitValue64");
+  resolve(d.cuStreamBatchMemOp, "cuStreamBatchMemOp");
   return d;
 }
 

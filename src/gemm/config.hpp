@@ -28,6 +28,7 @@ struct TileWaitParams {
   int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
   int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue, -1 none
   unsigned long long* waited_ns = nullptr;  ///< optional: per flag, nanoseconds spent waiting on it, summed over tiles (RowSignals)
+  std::uint64_t* exits = nullptr;        ///< RowSignals::consume: CTAs past their last wait (the last zeroes the flags)
   std::uint64_t* done = nullptr;         ///< rows stored: see weft::RowsDone
   std::int64_t rows_per_done = 1;
 };

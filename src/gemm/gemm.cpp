@@ -161,6 +161,10 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   int device = 0;
   WEFT_CUDA(cudaGetDevice(&device));
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  if (o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows) {
+    WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&exits_), sizeof(*exits_)));
+    WEFT_CUDA(cudaMemset(exits_, 0, sizeof(*exits_)));
+  }
   // Hooked kernels consume rows in the order they arrive: raster along N
   // (tile_hooks.cuh), whoever chooses the configuration, unless any order will do.
   if (o.hook != GemmHook::none && !o.any_tile_order) raster_ = 2;
@@ -183,6 +187,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
 
 Gemm::~Gemm() {
   if (workspace_) cudaFree(workspace_);
+  if (exits_) cudaFree(exits_);
 }
 
 std::string Gemm::config() const {
@@ -221,6 +226,7 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.flags_per_rank = sig.flags_per_rank;
     w.from_rank = sig.from_rank;
     w.waited_ns = sig.waited_ns;
+    w.exits = sig.flags && sig.consume ? exits_ : nullptr;
     // The mainloop producer loads A; the epilogue producer loads the source.
     w.wait_warp = options_.hook == GemmHook::wait_a_rows ? 0 : options_.hook == GemmHook::wait_source_rows ? 2 : -1;
     w.done = x.done.counters;
@@ -446,6 +452,8 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
     WEFT_REQUIRE(x.done.rows_per_counter > 0, "Gemm::run: rows_per_counter must be positive, got ",
                  x.done.rows_per_counter);
   }
+  WEFT_REQUIRE(!x.signals.consume || x.signals.flags,
+               "Gemm::run: RowSignals::consume asks the GEMM to reset its flags, but no flags were given");
   if (x.signals.flags) {
     WEFT_REQUIRE(options_.hook == GemmHook::wait_a_rows || options_.hook == GemmHook::wait_source_rows,
                  "Gemm::run: row signals were given to a plan whose hook waits for nothing");

@@ -189,17 +189,61 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     if (timed) atomicAdd(w.waited_ns + f, dev::globaltimer_ns());
   }
 
+  /// The rank that raises flag f (for the timeout report).
+  CUTLASS_DEVICE static int raiser(const TileWaitParams& w, std::int64_t f) {
+    return w.flags_per_rank > 0 ? static_cast<int>(f / w.flags_per_rank) : w.from_rank;
+  }
+
+  /// True if flag f (by rows) covers only rows present from the start: no tile waits for it.
+  CUTLASS_DEVICE static bool ready_flag(const TileWaitParams& w, std::int64_t f) {
+    const std::int64_t f_row0 = f * w.rows_per_flag;
+    return w.cols_per_flag == 0 && f_row0 >= w.ready_begin && f_row0 + w.rows_per_flag <= w.ready_end;
+  }
+
+  /// RowSignals::consume, by the waiting warp of each CTA, once. That warp
+  /// asks for a tile past its CTA's last only after every wait it makes, so
+  /// when the last CTA's warp counts itself out, every tile has seen its
+  /// flags raised: its lanes make sure of each flag that may be waited on
+  /// (already up: reads only) and set them all back to 0, then the count. No
+  /// peer raises one again before the next run's "free", which follows this
+  /// kernel in stream order. Static and out of line, as wait_flag.
+  static __noinline__ __device__ void leave(const Params& p) {
+    const TileWaitParams& w = p.wait;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    std::uint64_t before = 0;
+    if (lane == 0) before = dev::atomic_add(w.exits, 1, dev::Scope::gpu, dev::Order::acq_rel);
+    before = __shfl_sync(0xffffffffu, before, 0);
+    const std::uint64_t ctas = static_cast<std::uint64_t>(gridDim.x) * gridDim.y * gridDim.z;
+    if (before != ctas - 1) return;
+    dev::fence_acq_rel(dev::Scope::gpu);  // every lane sees what the other CTAs did before counting out
+    const bool by_columns = w.cols_per_flag > 0;
+    const std::int64_t count = by_columns ? (p.cols + w.cols_per_flag - 1) / w.cols_per_flag
+                                          : (p.rows + w.rows_per_flag - 1) / w.rows_per_flag;
+    auto* flags = const_cast<std::uint64_t*>(w.flags);  // the caller handed them over (RowSignals::consume)
+    for (std::int64_t f = lane; f < count; f += 32) {
+      if (ready_flag(w, f)) continue;  // never raised
+      dev::wait_until(w.world, flags + f, dev::Cmp::ge, w.value, dev::Scope::sys, raiser(w, f));
+      dev::st_relaxed(flags + f, 0, dev::Scope::sys);
+    }
+    __syncwarp();
+    if (lane == 0) dev::st_relaxed(w.exits, 0, dev::Scope::gpu);
+  }
+
   CUTLASS_DEVICE WorkTileInfo hooked(WorkTileInfo work) const {
-    if (!work.is_valid()) return work;
+    if (!work.is_valid()) {
+      if (p_->wait.exits && !left_ && static_cast<int>(threadIdx.x / 32) == p_->wait.wait_warp) {
+        left_ = true;
+        leave(*p_);
+      }
+      return work;
+    }
     if (p_->rotate_tiles) work.M_idx = (work.M_idx + p_->rotate_tiles) % p_->tiles_m;
     const TileWaitParams& w = p_->wait;
     if (w.flags && static_cast<int>(threadIdx.x / 32) == w.wait_warp) {
       const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * p_->tile_m;
       const std::int64_t row1 = std::min<std::int64_t>(row0 + p_->tile_m, p_->rows);  // the last tile may run past M
       if (row0 < row1 && (row0 < w.ready_begin || row1 > w.ready_end)) {
-        auto from = [&](std::int64_t f) {
-          return w.flags_per_rank > 0 ? static_cast<int>(f / w.flags_per_rank) : w.from_rank;
-        };
+        auto from = [&](std::int64_t f) { return raiser(w, f); };
         bool waited = false;
         if (w.cols_per_flag > 0) {  // flags by column band: the source arrives band by band, every row at once
           const std::int64_t col0 = static_cast<std::int64_t>(work.N_idx) * p_->tile_n;
@@ -210,8 +254,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
           }
         } else {
           for (std::int64_t f = row0 / w.rows_per_flag; f * w.rows_per_flag < row1; ++f) {
-            const std::int64_t f_row0 = f * w.rows_per_flag;
-            if (f_row0 >= w.ready_begin && f_row0 + w.rows_per_flag <= w.ready_end) continue;
+            if (ready_flag(w, f)) continue;
             wait_flag(w, f, from(f));
             waited = true;
           }
@@ -230,6 +273,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   // hooked kernels spilled where the plain ones did not, and ran 1-4 % slower).
   const Params* p_ = nullptr;
   int pending_m_ = -1, pending_n_ = 0;  // the last tile this thread's stores were issued for, unreported
+  mutable bool left_ = false;            // this thread counted its CTA out (leave)
 };
 
 }  // namespace weft::gemm_detail

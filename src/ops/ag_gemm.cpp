@@ -123,12 +123,16 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   }
   fused_gemm_->prepare(args, stream);
 
-  // Our flags of the last run are zeroed and every peer hears that our
-  // gathered A is free; the side stream pushes once every peer said the same.
-  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
+  // Every peer hears that our gathered A is free; the side stream pushes once
+  // every peer said the same. Our flags of the last run were zeroed by its
+  // GEMM (RowSignals::consume), or are now (WEFT_FLAG_RESET=memset).
+  const bool memset = overlap_->resets_by_memset();
+  cudaStream_t side = overlap_->begin(stream, arrived, memset ? static_cast<int>(world * chunks_) : 0);
   Overlap::mark(stream, "start");
   push_shard(side);
-  fused_gemm_->run(args, stream);
+  GemmArgs consuming = args;
+  consuming.signals.consume = !memset;
+  fused_gemm_->run(consuming, stream);
   Overlap::mark(stream, "GEMM");
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
 }
@@ -160,7 +164,9 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
   };
   step_gemm_->prepare(shard_args(me), stream);  // tunes on the first run, on our own rows
 
-  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(world * chunks_));
+  // The waits between the steps zero the flags they saw (unless WEFT_FLAG_RESET=memset).
+  const bool memset = overlap_->resets_by_memset();
+  cudaStream_t side = overlap_->begin(stream, arrived, memset ? static_cast<int>(world * chunks_) : 0);
   Overlap::mark(stream, "start");
   push_shard(side);
   // Step s multiplies shard me + s (the order the peers push in), once its
@@ -169,7 +175,7 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
   // The shard landed during the step before, so the wait costs a launch.
   for (int s = 0; s < world; ++s) {
     const int q = schedule::wrap(me + s, world);
-    if (s > 0) overlap_->wait_from(arrived + q * chunks_, static_cast<int>(chunks_), q, stream);
+    if (s > 0) overlap_->wait_from(arrived + q * chunks_, static_cast<int>(chunks_), q, stream, !memset);
     step_gemm_->run(shard_args(q), stream);
     if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM (shard ", q, ")"));
   }

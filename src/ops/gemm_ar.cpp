@@ -98,9 +98,12 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       }
   }, one_launch ? out : nullptr);
   if (world == 1) return;
-  overlap_->wait_all(arrived, static_cast<int>(world * chunks_), static_cast<int>(chunks_), stream);
+  // The wait is the flags' only reader: it zeroes them as it sees them (no
+  // reset after it), unless WEFT_FLAG_RESET=memset asks for the old way.
+  const bool memset = overlap_->resets_by_memset();
+  overlap_->wait_all(arrived, static_cast<int>(world * chunks_), static_cast<int>(chunks_), stream, !memset);
   Overlap::mark(stream, "every block arrived");
-  WEFT_CUDA(cudaMemsetAsync(arrived, 0, static_cast<std::size_t>(world * chunks_ * 8), stream));
+  if (memset) Overlap::reset_flags(arrived, static_cast<int>(world * chunks_), stream);
 }
 
 }  // namespace weft

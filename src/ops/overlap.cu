@@ -14,10 +14,14 @@
 namespace weft::ops_detail {
 namespace {
 
-__global__ void wait_all_kernel(dev::World w, const std::uint64_t* flags, int count, int per_rank, int first_rank) {
+// consume: each flag goes back to 0 once seen (this kernel is its only reader).
+__global__ void wait_all_kernel(dev::World w, std::uint64_t* flags, int count, int per_rank, int first_rank,
+                                bool consume) {
   for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) {
     const int from = first_rank + i / per_rank;
-    if (from != w.rank) dev::wait_until(w, flags + i, dev::Cmp::ge, 1, dev::Scope::sys, from);
+    if (from == w.rank) continue;
+    dev::wait_until(w, flags + i, dev::Cmp::ge, 1, dev::Scope::sys, from);
+    if (consume) flags[i] = 0;
   }
 }
 
@@ -97,6 +101,10 @@ Overlap::Overlap(std::shared_ptr<Context> ctx, const std::string& name, OverlapM
       mode_(mode),
       what_(std::move(what)) {
   use_graphs_ = env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0;
+  const std::string reset = env_str(process_env(), "WEFT_FLAG_RESET").value_or("consume");
+  WEFT_REQUIRE(reset == "consume" || reset == "memset", "WEFT_FLAG_RESET must be 'consume' or 'memset', got '", reset,
+               "'");
+  reset_by_memset_ = reset == "memset";
   trace_left_ = static_cast<int>(env_int(process_env(), "WEFT_TRACE_OVERLAP", 0));
   WEFT_REQUIRE(ctx_->world_size() <= 1024, "overlapped operators support up to 1024 ranks, got ",
                ctx_->world_size());
@@ -141,8 +149,7 @@ Overlap::~Overlap() {
 
 cudaStream_t Overlap::begin(cudaStream_t stream, std::uint64_t* reset, int reset_count) {
   const int world = ctx_->world_size(), me = ctx_->rank();
-  if (reset_count > 0)
-    WEFT_CUDA(cudaMemsetAsync(reset, 0, static_cast<std::size_t>(reset_count) * sizeof(std::uint64_t), stream));
+  if (reset_count > 0) reset_flags(reset, reset_count, stream);
   auto* ready = ready_.as<std::uint64_t>();
   // "Free" goes from the side stream, forked after the reset and the caller's
   // last use of its buffers: the GEMM enqueued next on `stream` waits for
@@ -161,6 +168,12 @@ cudaStream_t Overlap::begin(cudaStream_t stream, std::uint64_t* reset, int reset
     WEFT_CU(driver().cuStreamWriteValue64(side, flag, 0, 0));
   }
   return side;
+}
+
+void Overlap::reset_flags(std::uint64_t* flags, int count, cudaStream_t stream) {
+  // A memset (a small kernel, ~1.5 us ahead of what follows it). Front-end
+  // writes (cuStreamBatchMemOp) cost ~0.8 us each (weft-launch-probe).
+  WEFT_CUDA(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(count) * sizeof(std::uint64_t), stream));
 }
 
 cudaStream_t Overlap::fork(cudaStream_t stream) {
@@ -326,13 +339,13 @@ void Overlap::launch(cudaStream_t stream, int path, std::initializer_list<const 
   WEFT_CUDA(cudaGraphLaunch(hit->exec, stream));
 }
 
-void Overlap::wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream) {
-  wait_all_kernel<<<1, 256, 0, stream>>>(ctx_->world(), flags, count, per_rank, 0);
+void Overlap::wait_all(std::uint64_t* flags, int count, int per_rank, cudaStream_t stream, bool consume) {
+  wait_all_kernel<<<1, 256, 0, stream>>>(ctx_->world(), flags, count, per_rank, 0, consume);
   WEFT_CUDA(cudaGetLastError());
 }
 
-void Overlap::wait_from(const std::uint64_t* flags, int count, int from_rank, cudaStream_t stream) {
-  wait_all_kernel<<<1, 256, 0, stream>>>(ctx_->world(), flags, count, count, from_rank);
+void Overlap::wait_from(std::uint64_t* flags, int count, int from_rank, cudaStream_t stream, bool consume) {
+  wait_all_kernel<<<1, 256, 0, stream>>>(ctx_->world(), flags, count, count, from_rank, consume);
   WEFT_CUDA(cudaGetLastError());
 }
 

@@ -144,11 +144,26 @@ class Overlap {
   static void push_column_band(void* dst, const void* src, std::int64_t rows, std::uint64_t row_bytes,
                                std::uint64_t band_bytes, std::int64_t c, std::uint64_t* flags, cudaStream_t side);
   /// Waits on `stream` until flags[i] >= 1 for every i in [0, count) whose
-  /// rank (i / per_rank) is not this one. One small kernel, bounded by the timeout.
-  void wait_all(const std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);
+  /// rank (i / per_rank) is not this one. One small kernel, bounded by the
+  /// timeout. `consume`: it sets each flag back to 0 once seen, for a caller
+  /// whose flags nobody else reads and no peer raises again before it hears
+  /// "free" from this rank's next run (so no reset is needed after it).
+  void wait_all(std::uint64_t* flags, int count, int per_rank, cudaStream_t stream, bool consume);
+  /// How AllGather+GEMM's and GEMM+AllReduce's arrival flags go back to 0
+  /// between runs. By default their readers consume them
+  /// (RowSignals::consume for AllGather+GEMM's hooked GEMM, the `consume` of
+  /// wait_all and wait_from), so no memset sits ahead of the GEMM (or after
+  /// GEMM+AllReduce's wait). WEFT_FLAG_RESET=memset: a memset, the way before
+  /// (an A/B switch). GEMM+ReduceScatter always resets by memset at its start:
+  /// its GEMMs consuming their source flags cost more than the memset
+  /// (PERF.md, twelfth session).
+  bool resets_by_memset() const { return reset_by_memset_; }
+  /// Zeroes flags[0, count) on `stream` (a memset).
+  static void reset_flags(std::uint64_t* flags, int count, cudaStream_t stream);
   /// Waits on `stream` until flags[i] >= 1 for every i in [0, count), all
-  /// raised by rank `from_rank` (named if the wait times out). One small kernel.
-  void wait_from(const std::uint64_t* flags, int count, int from_rank, cudaStream_t stream);
+  /// raised by rank `from_rank` (named if the wait times out). One small
+  /// kernel; `consume` as wait_all's.
+  void wait_from(std::uint64_t* flags, int count, int from_rank, cudaStream_t stream, bool consume);
 
   /// WEFT_TRACE_OVERLAP=N: the first N fused calls of a plan after its path
   /// choice run on their own (after a barrier, no graph, synchronised after),
@@ -176,6 +191,7 @@ class Overlap {
   };
   /// The side stream starts after everything enqueued on `stream` so far.
   cudaStream_t fork(cudaStream_t stream);
+
   void choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream);
   void print_trace(cudaStream_t stream);
 
@@ -192,6 +208,7 @@ class Overlap {
   OverlapMode mode_;
   std::string what_;
   bool use_graphs_ = true;
+  bool reset_by_memset_ = false;  // WEFT_FLAG_RESET=memset: flags are reset by memsets, not consumed
   int captures_ = 0;
   cudaStream_t capture_ = nullptr;
   std::vector<CachedGraph> graphs_;

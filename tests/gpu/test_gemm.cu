@@ -316,6 +316,10 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
                                 .ready_end = m,
                                 .from_rank = ctx().rank(),
                                 .waited_ns = wait_ns};
+      // Every other configuration consumes its flags (RowSignals::consume),
+      // in both tile orders across the configurations.
+      const bool consume = ((tried / 2) % 2 == 0) != any_order;
+      args.signals.consume = consume;
       WEFT_CUDA(cudaMemsetAsync(wait_ns, 0, flags_n * 8, s));
       if (!any_order) args.first_row = late_rows;  // the present rows first, as AllGather + GEMM starts on its own shard
       gemm.prepare(args, s);        // tuning never waits
@@ -333,6 +337,12 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
       // never waited on.
       std::vector<unsigned long long> ns(flags_n);
       WEFT_CUDA(cudaMemcpy(ns.data(), wait_ns, flags_n * 8, cudaMemcpyDeviceToHost));
+      // Consumed: every flag back at 0 after the run; else the late ones still up.
+      std::vector<std::uint64_t> after(flags_n);
+      WEFT_CUDA(cudaMemcpy(after.data(), flags, flags_n * 8, cudaMemcpyDeviceToHost));
+      for (std::int64_t f = 0; f < flags_n; ++f)
+        EXPECT_EQ(after[f], !consume && f < late_rows / rows_per_flag ? 1u : 0u)
+            << name << (consume ? ", consuming" : "") << ", flag " << f << " after the run";
       EXPECT_GE(ns[0], 10'000'000ull) << name << ", flag 0";
       for (std::int64_t f = 0; f < flags_n; ++f) {
         if (f < late_rows / rows_per_flag) EXPECT_GT(ns[f], 0ull) << name << ", flag " << f;

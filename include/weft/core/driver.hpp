@@ -26,6 +26,7 @@ struct Driver {
   decltype(&::cuMemGetAllocationGranularity) cuMemGetAllocationGranularity = nullptr;
   decltype(&::cuStreamWriteValue64) cuStreamWriteValue64 = nullptr;
   decltype(&::cuStreamWaitValue64) cuStreamWaitValue64 = nullptr;
+  decltype(&::cuStreamBatchMemOp) cuStreamBatchMemOp = nullptr;
 };
 
 /// The resolved driver table. Throws weft::Error (naming the missing symbol)

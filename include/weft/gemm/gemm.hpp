@@ -63,6 +63,15 @@ struct RowSignals {
   /// nanoseconds its waiting warp spent on flag f, so the counters say how
   /// long tiles stalled on each chunk.
   unsigned long long* waited_ns = nullptr;
+  /// Consume the flags: once every CTA of the run has passed its last wait,
+  /// the last of them waits for each flag it may wait on (outside the ready
+  /// rows; already raised, so this costs reads) and sets every one back to 0,
+  /// so the next run needs no reset (a memset ahead of the GEMM costs about
+  /// 1.5 us on the GPU's timeline). Every flag outside the ready rows must
+  /// therefore be raised once per run, and nobody may raise one for the next
+  /// run before this one ends. Run a plan with consuming signals on one
+  /// stream at a time (its CTAs count themselves out in the plan's own word).
+  bool consume = false;
 };
 
 /// Where a hooked plan reports the rows of C it has stored, for one run. Once
@@ -192,6 +201,7 @@ class Gemm {
   std::size_t workspace_bytes_ = 0;
   int sm_count_ = 0;
   bool from_cache_ = false;
+  std::uint64_t* exits_ = nullptr;  // hooked plans: CTAs past their last wait (RowSignals::consume), 0 between runs
 };
 
 }  // namespace weft
