@@ -191,7 +191,6 @@ class Overlap {
   };
   /// The side stream starts after everything enqueued on `stream` so far.
   cudaStream_t fork(cudaStream_t stream);
-
   void choose(const std::vector<Path>& paths, const std::vector<int>& candidates, cudaStream_t stream);
   void print_trace(cudaStream_t stream);
 
