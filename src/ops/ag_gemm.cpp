@@ -10,6 +10,15 @@ namespace weft {
 
 using ops_detail::Overlap;
 
+const char* path_name(AgWay way) {
+  switch (way) {
+    case AgWay::one_gemm: return "fused";
+    case AgWay::plain_steps: return "fused, plain steps";
+    case AgWay::automatic: break;
+  }
+  return "fused, automatic";
+}
+
 AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std::move(ctx)), options_(o) {
   const int world = ctx_->world_size();
   const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", o.m, o.n, o.k, o.dtype, o.chunks_per_shard, world,
@@ -62,7 +71,7 @@ float AgGemm::measured_sequential_ms() const { return overlap_->sequential_ms();
 std::string AgGemm::gemm_config() const {
   if (overlap_->path().empty()) return "";
   if (!overlap_->fused()) return plain_gemm_->config();
-  return overlap_->path() == "fused" ? fused_gemm_->config() : step_gemm_->config();
+  return overlap_->path() == path_name(AgWay::one_gemm) ? fused_gemm_->config() : step_gemm_->config();
 }
 
 void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t stream) {
@@ -73,8 +82,9 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
     WEFT_CUDA(cudaMemcpyAsync(local_shard(), a_shard, static_cast<std::size_t>(shard_rows_ * options_.k * 2),
                               cudaMemcpyDeviceToDevice, stream));
   std::vector<Overlap::Fused> fused;
-  if (fused_gemm_) fused.push_back({"fused", [&](cudaStream_t s) { run_fused(b, c, s); }});
-  if (step_gemm_) fused.push_back({"fused, plain steps", [&](cudaStream_t s) { run_plain_steps(b, c, s); }});
+  if (fused_gemm_) fused.push_back({path_name(AgWay::one_gemm), [&](cudaStream_t s) { run_fused(b, c, s); }});
+  if (step_gemm_)
+    fused.push_back({path_name(AgWay::plain_steps), [&](cudaStream_t s) { run_plain_steps(b, c, s); }});
   overlap_->run(
       stream, {b, c},
       [&] {  // real data for the GEMMs to tune on: a sequential run, or (fused only) NCCL's gather

@@ -20,11 +20,11 @@ std::vector<Overlap::Fused> ops_detail::fused_ways(const GemmRs& plan,
                                                    const std::function<void(cudaStream_t, FusedWay)>& enqueue) {
   std::vector<Overlap::Fused> paths;
   for (FusedWay way : ops_detail::kFusedWays)
-    if (plan.builds(way)) paths.push_back({fused_way_name(way), [=](cudaStream_t s) { enqueue(s, way); }});
+    if (plan.builds(way)) paths.push_back({path_name(way), [=](cudaStream_t s) { enqueue(s, way); }});
   return paths;
 }
 
-const char* ops_detail::fused_way_name(FusedWay way) {
+const char* path_name(FusedWay way) {
   switch (way) {
     case FusedWay::ring_per_step: return "fused";
     case FusedWay::ring_one_launch: return "fused, one launch";
@@ -36,7 +36,7 @@ const char* ops_detail::fused_way_name(FusedWay way) {
 
 FusedWay ops_detail::fused_way_of(const std::string& path) {
   for (FusedWay way : ops_detail::kFusedWays)
-    if (path == fused_way_name(way)) return way;
+    if (path == path_name(way)) return way;
   return FusedWay::automatic;
 }
 
@@ -198,7 +198,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                        const OwnBlockStored& own_block_stored, void* all_rows) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   const std::int64_t n = options_.n, k = options_.k;
-  WEFT_REQUIRE(builds(way), "GemmRs::run_fused: this plan did not build the fused way '", ops_detail::fused_way_name(way),
+  WEFT_REQUIRE(builds(way), "GemmRs::run_fused: this plan did not build the fused way '", path_name(way),
                "' (GemmRsOptions::way; builds())");
   const bool one_launch = way == FusedWay::ring_one_launch;
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
@@ -287,13 +287,15 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   auto send_block = [&](int s, bool when_stored) {
     const int blk = schedule::ring_gemm_block(me, s, world);
     void* dst = ctx_->heap().peer_ptr(rows_of(staging_.get(), blk), next);
-    const bool columns = by_columns && s == 0;
-    for (std::int64_t c = 0; columns && c < n / band_cols_; ++c) {
-      Overlap::push_column_band(dst, rows_of(d, blk), block_rows_, n * 2, band_cols_ * 2, c,
-                                next_arrived + blk * chunks_, side);
-      if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " column band ", c, " sent"));
+    if (by_columns && s == 0) {
+      for (std::int64_t c = 0; c < n / band_cols_; ++c) {
+        Overlap::push_column_band(dst, rows_of(d, blk), block_rows_, n * 2, band_cols_ * 2, c,
+                                  next_arrived + blk * chunks_, side);
+        if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " column band ", c, " sent"));
+      }
+      return;
     }
-    for (std::int64_t c = 0; !columns && c < chunks_; ++c) {
+    for (std::int64_t c = 0; c < chunks_; ++c) {
       if (when_stored)
         Overlap::push_chunk_when_stored(dst, rows_of(d, blk), chunk_bytes, c, stored + blk * chunks_, chunk_stored,
                                         next_arrived + blk * chunks_, side);

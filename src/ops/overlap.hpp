@@ -226,9 +226,7 @@ class Overlap {
 inline constexpr FusedWay kFusedWays[] = {FusedWay::ring_per_step, FusedWay::ring_one_launch,
                                           FusedWay::ring_plain_first};
 
-/// A fused way's path name: "fused" (the ring, a GEMM per step), "fused, one launch", "fused, plain first step".
-const char* fused_way_name(FusedWay way);
-/// The way whose path name is `path`; FusedWay::automatic for any other.
+/// The way whose path name (weft::path_name) is `path`; FusedWay::automatic for any other.
 FusedWay fused_way_of(const std::string& path);
 
 /// The fused paths of a plan built on GemmRs (GemmRs, GemmAr): one per way

@@ -167,11 +167,12 @@ TEST(Gemm, ASecondGemmWithTheSameOptionsTakesTheTunedChoiceFromTheCache) {
   // at world 2 they take the cached choice together.
   cudaStream_t s = test::stream();
   const std::int64_t m = 1536, n = 2056, k = 1024;  // a shape no other test tunes
+  const std::int64_t wide = n + 8;                   // another shape (below): B and C sized for it
   void *a, *b, *c1, *c2;
   WEFT_CUDA(cudaMalloc(&a, m * k * 2));
-  WEFT_CUDA(cudaMalloc(&b, n * k * 2));
-  WEFT_CUDA(cudaMalloc(&c1, m * n * 2));
-  WEFT_CUDA(cudaMalloc(&c2, m * n * 2));
+  WEFT_CUDA(cudaMalloc(&b, wide * k * 2));
+  WEFT_CUDA(cudaMalloc(&c1, m * wide * 2));
+  WEFT_CUDA(cudaMalloc(&c2, m * wide * 2));
   bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(ctx().rank(), 131), s);
   bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(ctx().rank(), 151), s);
   bench::poison(c1, m * n * 2, 0xFF, s);
@@ -189,11 +190,15 @@ TEST(Gemm, ASecondGemmWithTheSameOptionsTakesTheTunedChoiceFromTheCache) {
   EXPECT_EQ(bench::count_mismatches(c1, c2, m * n * 2, s), 0u) << first.config();
   if (!std::getenv("WEFT_TUNE_CACHE")) {  // a file may hold it from an earlier run
     GemmOptions other = o;
-    other.n = n + 8;  // another shape is another key
+    other.n = wide;  // another shape is another key: tuned, then cached in its turn
+    bench::fill_uniform(b, wide * k, "bf16", bench::fresh_seed(ctx().rank(), 171), s);
     Gemm third(other);
     third.prepare(GemmArgs{.a = a, .b = b, .c = c1}, s);
     EXPECT_FALSE(third.from_cache());
-    EXPECT_TRUE(third.prepared());
+    Gemm fourth(other);
+    fourth.prepare(GemmArgs{.a = a, .b = b, .c = c2}, s);
+    EXPECT_TRUE(fourth.from_cache());
+    EXPECT_EQ(fourth.config(), third.config());
   }
   for (void* p : {a, b, c1, c2}) cudaFree(p);
 }

@@ -131,10 +131,10 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         // The fused GEMM alone, in the configuration the plan runs it in.
         GemmOptions hooked_options = gemm_options(gm, gn, gk);
         hooked_options.hook = GemmHook::wait_a_rows;
-        if (plan.path() == "fused") hooked_options.config = plan.gemm_config();
+        if (plan.path() == path_name(AgWay::one_gemm)) hooked_options.config = plan.gemm_config();
         Gemm hooked(hooked_options);
         // Or, with plain steps, one plain GEMM per shard (cuBLAS's, where the plan took it).
-        const bool plain_steps = plan.path() == "fused, plain steps";
+        const bool plain_steps = plan.path() == path_name(AgWay::plain_steps);
         GemmOptions step_options = gemm_options(rows_per_rank, gn, gk);
         step_options.allow_cublas = true;
         if (plain_steps) step_options.config = plan.gemm_config();
@@ -223,10 +223,10 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         const std::string plan_configs = ar ? arp->gemm_config() : rs->gemm_config();
         // With one launch: one GEMM over all M rows adding a source.
         const std::size_t then = plan_configs.find("; then ");
-        const bool one_launch = plan_path == "fused, one launch";
+        const bool one_launch = plan_path == path_name(FusedWay::ring_one_launch);
         // A plain first step runs an unhooked GEMM (cuBLAS's, where the plan took it).
-        const bool plain_first = plan_path == "fused, plain first step";
-        const bool per_step = plan_path == "fused" || plain_first;
+        const bool plain_first = plan_path == path_name(FusedWay::ring_plain_first);
+        const bool per_step = plan_path == path_name(FusedWay::ring_per_step) || plain_first;
         GemmOptions ring_options = gemm_options(rows_per_rank, N, k);
         ring_options.hook = plain_first ? GemmHook::none : GemmHook::report_rows;
         ring_options.allow_cublas = plain_first;

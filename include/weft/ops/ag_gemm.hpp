@@ -46,6 +46,11 @@ enum class AgWay {
   plain_steps
 };
 
+/// The path name a fused way runs under (AgGemm::path()): "fused"
+/// (one_gemm), "fused, plain steps"; "fused, automatic" for AgWay::automatic,
+/// which no run reports.
+const char* path_name(AgWay way);
+
 /// What an AgGemm plan is built for.
 struct AgGemmOptions {
   std::int64_t m = 0;  ///< rows of the gathered A (all ranks together); a multiple of the world size

@@ -56,6 +56,11 @@ enum class FusedWay {
   ring_plain_first
 };
 
+/// The path name a fused way runs under (GemmRs::path(), GemmAr::path()):
+/// "fused" (ring_per_step), "fused, one launch", "fused, plain first step";
+/// "fused, automatic" for FusedWay::automatic, which no run reports.
+const char* path_name(FusedWay way);
+
 /// What a GemmRs plan is built for.
 struct GemmRsOptions {
   std::int64_t m = 0;  ///< rows of A and of the full sum; a multiple of the world size
