@@ -281,7 +281,8 @@ if has ab && [ "$GPUS" -ge 2 ]; then  # an A/B of environment settings over weft
       done
     done
   done
-  note "ab" "$(grep -c . "$OUT/ab.txt" 2>/dev/null || echo 0) JSON lines ($((SECONDS - t0)) s) -> ab.txt, ab.log"
+  ab_lines=$(cat "$OUT/ab.txt" 2>/dev/null | grep -c .)  # grep -c prints 0 itself where none
+  note "ab" "$ab_lines JSON lines ($((SECONDS - t0)) s) -> ab.txt, ab.log"
   python3 - "$OUT/ab.txt" <<'PY' | tee "$OUT/ab_table.txt"
 import json, statistics, sys
 rows = {}
