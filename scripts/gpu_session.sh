@@ -290,14 +290,19 @@ for line in open(sys.argv[1]):
     rnd, setting, js = line.rstrip("\n").split("\t", 2)
     if not js.startswith("{"): continue
     r = json.loads(js)
+    # Runs that differ only in their sample order (--order) are kept apart too.
     key = (r.get("op"), r.get("m"), r.get("n"), r.get("k"), r.get("path", ""))
-    rows.setdefault(key, {}).setdefault(setting, []).append((r.get("weft_ms"), r.get("vs_ideal")))
-print("A/B: weft ms / x ideal per round, then the medians (the path that ran in brackets)")
+    label = setting + ("" if r.get("order", "fixed") == "fixed" else " --order " + r["order"])
+    gemm = min(r.get("gemm_weft_ms") or 1e9, r.get("gemm_cublas_ms") or 1e9)
+    rows.setdefault(key, {}).setdefault(label, []).append((r.get("weft_ms"), r.get("vs_ideal"), gemm, r.get("gemm_hooked_ms")))
+print("A/B: weft ms / x ideal per round, then the medians (the path that ran in brackets); GEMM = the faster GEMM alone,")
+print("fused = the fused path's GEMMs alone (medians over rounds)")
 for key, by in sorted(rows.items(), key=lambda kv: str(kv[0])):
     for setting, v in sorted(by.items()):
-        runs = "  ".join(f"{w:.4f}/{x:.3f}" for w, x in v if w is not None and x is not None)
+        runs = "  ".join(f"{t[0]:.4f}/{t[1]:.3f}" for t in v if t[0] is not None and t[1] is not None)
         med = lambda i: statistics.median([t[i] for t in v if t[i] is not None] or [float("nan")])
-        print(f"  {key[0]} {key[1]}x{key[2]}x{key[3]} [{key[4]}]  {setting}  {runs}  median {med(0):.4f} ms, {med(1):.3f}x")
+        print(f"  {key[0]} {key[1]}x{key[2]}x{key[3]} [{key[4]}]  {setting}  {runs}  median {med(0):.4f} ms, {med(1):.3f}x,"
+              f" GEMM {med(2):.4f}, fused {med(3):.4f}")
 PY
 fi
 

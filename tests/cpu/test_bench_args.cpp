@@ -49,6 +49,15 @@ TEST(BenchArgs, SamplesAreHeldUnlessNoHold) {
   EXPECT_FALSE(parse_bench_args({"weft-bench", "gemm", "--no-hold"}).hold);
 }
 
+TEST(BenchArgs, OrderNamesTheContendersOrderInARound) {
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).order, SampleOrder::fixed);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs", "--order", "shuffled"}).order, SampleOrder::shuffled);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--order", "fixed"}).order, SampleOrder::fixed);
+  EXPECT_NE(error_of({"ag_gemm", "--order", "random"}).find("expected one of fixed, shuffled"), std::string::npos);
+  EXPECT_STREQ(sample_order_name(SampleOrder::fixed), "fixed");
+  EXPECT_STREQ(sample_order_name(SampleOrder::shuffled), "shuffled");
+}
+
 TEST(BenchArgs, EachOperationHasItsVariants) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "all_reduce"}).variants,
             (std::vector<std::string>{"ll", "one_shot", "two_shot", "ce"}));

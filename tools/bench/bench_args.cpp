@@ -65,6 +65,7 @@ const VariantName<GemmHook> kHooks[] = {{GemmHook::none, "none"},
 const VariantName<FusedWay> kWays[] = {{FusedWay::ring_per_step, "per_step"},
                                        {FusedWay::ring_one_launch, "one_launch"},
                                        {FusedWay::ring_plain_first, "plain_first"}};
+const VariantName<SampleOrder> kOrders[] = {{SampleOrder::fixed, "fixed"}, {SampleOrder::shuffled, "shuffled"}};
 const VariantName<AgWay> kAgWays[] = {{AgWay::one_gemm, "one_gemm"}, {AgWay::plain_steps, "plain_steps"}};
 
 }  // namespace
@@ -118,6 +119,12 @@ std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text) {
   return shapes;
 }
 
+const char* sample_order_name(SampleOrder order) {
+  for (const auto& entry : kOrders)
+    if (entry.value == order) return entry.name;
+  return "unknown";
+}
+
 bool is_overlap_op(const std::string& op) { return op == "ag_gemm" || op == "gemm_rs" || op == "gemm_ar"; }
 
 std::string bench_usage() {
@@ -135,6 +142,9 @@ std::string bench_usage() {
          "  --warmup N         untimed samples first (default 3)\n"
          "  --no-hold          let each sample's GPU work start while the host still enqueues it (by default the\n"
          "                     stream is held until the whole sample is enqueued, so events time the GPU, not the host)\n"
+         "  --order O          gemm, ag_gemm, gemm_rs, gemm_ar: the contenders' order in each round of samples,\n"
+         "                     fixed (default: each always follows the same one) or shuffled (a fresh order each\n"
+         "                     round, the same on every rank)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
          "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch or plain_first;\n"
@@ -181,6 +191,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--samples") args.samples = parse_int(a, value(), 1, 100000);
     else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
     else if (a == "--no-hold") args.hold = false;
+    else if (a == "--order") args.order = parse_name(kOrders, value(), a);
     else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
     else if (a == "--way") way = value();  // its names depend on the operation

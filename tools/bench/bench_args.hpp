@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "timing.hpp"
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/ag_gemm.hpp"
 #include "weft/ops/gemm_rs.hpp"
@@ -23,6 +24,7 @@ struct BenchArgs {
   int samples = 15;                   ///< timed samples per (size, variant); the median is reported
   int warmup = 3;                     ///< untimed samples first
   bool hold = true;                   ///< hold the stream while a sample is enqueued (--no-hold: not; timing.hpp)
+  SampleOrder order = SampleOrder::fixed;  ///< --order: the contenders' order in each round of samples (timing.hpp)
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
   int chunks = 0;                     ///< overlapped operators: copy/signal chunks per rank's rows (0 = plan's default)
   FusedWay way = FusedWay::automatic;  ///< gemm_rs, gemm_ar: --way per_step | one_launch | plain_first (automatic: timed)
@@ -47,6 +49,9 @@ int dtype_bytes(const std::string& dtype);
 /// that names the bad argument and what was expected. `--help` throws
 /// HelpRequested carrying the usage text.
 BenchArgs parse_bench_args(const std::vector<std::string>& argv);
+
+/// "fixed" or "shuffled": the name --order takes.
+const char* sample_order_name(SampleOrder order);
 
 /// ag_gemm, gemm_rs, gemm_ar: the overlapped tensor-parallel operators.
 bool is_overlap_op(const std::string& op);

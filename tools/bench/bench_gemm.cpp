@@ -82,7 +82,8 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     const std::vector<std::function<void()>> contenders = {run_weft, [&] {
       require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, out, o.b_layout, a, b, c_ref), "cublasGemmEx");
     }};
-    const std::vector<double> us = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup, args.hold);
+    const std::vector<double> us =
+        time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup, args.hold, args.order);
     const double weft_us = us[0], cublas_us = us[1];
     if (args.soak_s > 0)  // each alone for a while: the clock and power each runs at (gpu_session.sh soak)
       soak(ctx, stream, contenders, {"weft " + gemm.config(), "cuBLAS"}, {weft_us / 1000, cublas_us / 1000},

@@ -79,7 +79,8 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   auto timed = [&](const Row& row, const std::vector<std::function<void()>>& contenders) {
     WEFT_REQUIRE(contenders.size() == std::size(kContenders), "weft-bench: ", contenders.size(), " contenders, ",
                  std::size(kContenders), " names");
-    std::vector<double> ms = time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup, args.hold);
+    std::vector<double> ms =
+        time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup, args.hold, args.order);
     for (double& x : ms) x /= 1000.0;
     if (args.soak_s > 0)
       soak(ctx, stream, contenders, std::vector<std::string>(std::begin(kContenders), std::end(kContenders)), ms,
@@ -318,16 +319,18 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
                     "\"comm_nccl_ms\":%.4f,\"comm_weft_ms\":%.4f,\"ideal_ms\":%.4f,\"vs_ideal\":%.4f,"
                     "\"speedup_vs_seq\":%.4f,\"plan_fused_ms\":%.4f,\"plan_seq_ms\":%.4f,\"gemm_hooked_ms\":%.4f,"
                     "\"rel_err\":%.3e,"
-                    "\"gathered_mismatch\":%lld}\n",
+                    "\"gathered_mismatch\":%lld,\"order\":\"%s\"}\n",
                     r.op.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
                     static_cast<long long>(r.k), world, r.mode.c_str(), r.path.c_str(), r.config.c_str(), r.weft,
                     r.seq, r.gemm_weft, r.gemm_cublas, r.comm_nccl, r.comm_weft, r.ideal, r.weft / r.ideal,
-                    r.seq / r.weft, r.plan_fused, r.plan_seq, r.gemm_hooked, r.rel_err, r.gathered_mismatch);
+                    r.seq / r.weft, r.plan_fused, r.plan_seq, r.gemm_hooked, r.rel_err, r.gathered_mismatch,
+                    sample_order_name(args.order));
     } else {
-      std::printf("%s on %d GPUs, bf16, ms per call (median of %d samples of %d back-to-back calls, all contenders in turn, max over ranks).\n"
+      std::printf("%s on %d GPUs, bf16, ms per call (median of %d samples of %d back-to-back calls, all contenders in turn, %s order, max over ranks).\n"
                   "seq = NCCL + cuBLAS one after the other; ideal = max(faster GEMM alone, faster comm alone);\n"
                   "x seq = seq / weft (> 1: weft faster); x ideal = weft / ideal\n",
-                  args.op.c_str(), world, args.samples, calls);
+                  args.op.c_str(), world, args.samples, calls,
+                  sample_order_name(args.order));
       std::printf("%6s %6s %6s %-10s %-10s | %8s %8s %8s %8s %8s %8s %8s | %6s %7s | %s\n", "M", "N", "K", "mode", "path",
                   "weft", "seq", "gemm", "cuBLAS", "NCCL", "weft cc", "ideal", "x seq", "x ideal", "rel err");
       for (const Row& r : rows) {

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -27,7 +29,7 @@ double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void
 
 std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
                                      const std::vector<std::function<void()>>& contenders, int calls_per_sample,
-                                     int samples, int warmup, bool hold) {
+                                     int samples, int warmup, bool hold, SampleOrder order) {
   cudaEvent_t start, stop;
   WEFT_CUDA(cudaEventCreate(&start));
   WEFT_CUDA(cudaEventCreate(&stop));
@@ -41,8 +43,16 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
   std::optional<EnqueueHold> held;  // --no-hold: none (no pinned word, no spinning kernel)
   if (hold) held.emplace();
   std::vector<std::vector<double>> us(contenders.size());
-  for (int s = 0; s < warmup + samples; ++s)
-    for (std::size_t i = 0; i < contenders.size(); ++i) {
+  // Every rank draws the same permutations (the contenders are collective):
+  // one seed, one generator, and the shuffle written out here, because
+  // std::shuffle's use of the generator is the library's choice.
+  std::mt19937 draw(20261130u);
+  std::vector<std::size_t> turn(contenders.size());
+  std::iota(turn.begin(), turn.end(), std::size_t{0});
+  for (int s = 0; s < warmup + samples; ++s) {
+    if (order == SampleOrder::shuffled)
+      for (std::size_t j = turn.size(); j > 1; --j) std::swap(turn[j - 1], turn[draw() % j]);
+    for (const std::size_t i : turn) {
       if (held) held->hold(stream);
       ctx.barrier(stream);
       WEFT_CUDA(cudaEventRecord(start, stream));
@@ -57,6 +67,7 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
       WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
       if (s >= warmup) us[i].push_back(1000.0 * ms / calls_per_sample);
     }
+  }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   // Each contender: the median on this rank, then the slowest rank's.

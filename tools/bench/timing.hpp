@@ -30,13 +30,25 @@ double median(std::vector<double> values);
 double time_per_call(Context& ctx, cudaStream_t stream, const std::function<void()>& fn, int calls_per_sample,
                      int samples, int warmup, bool hold = true);
 
+/// The order of the contenders within each round of time_interleaved.
+enum class SampleOrder {
+  fixed,     ///< the order given, every round: each contender always follows the same one
+  shuffled,  ///< a fresh permutation each round, the same on every rank (a fixed seed)
+};
+
 /// time_per_call for several contenders, interleaved: each round takes one
-/// sample of every contender in turn, so a drift of the clocks (power, heat)
-/// over the run falls on all of them alike instead of on whichever ran last.
-/// Returns microseconds per call for each, in the order given. Collective.
+/// sample of every contender, so a drift of the clocks (power, heat) over the
+/// run falls on all of them alike instead of on whichever ran last. Under the
+/// power cap a sample's clock also depends on what ran just before it (a
+/// light contender, a collective, leaves headroom that the next sample
+/// spends): with SampleOrder::shuffled every contender follows every other
+/// about equally often, where the fixed order gives each the same predecessor
+/// every round. Returns microseconds per call for each, in the order given.
+/// Collective.
 std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
                                      const std::vector<std::function<void()>>& contenders, int calls_per_sample,
-                                     int samples, int warmup, bool hold = true);
+                                     int samples, int warmup, bool hold = true,
+                                     SampleOrder order = SampleOrder::fixed);
 
 /// Runs each contender alone for about `seconds`, one after the other, every
 /// rank together (a device barrier and a host synchronisation before each),
