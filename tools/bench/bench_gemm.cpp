@@ -100,14 +100,15 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
       for (auto& r : rows)
         std::printf("{\"op\":\"gemm\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"dtype\":\"%s\",\"b_layout\":\"%s\","
                     "\"config\":\"%s\",\"weft_ms\":%.4f,\"cublas_ms\":%.4f,\"weft_tflops\":%.1f,"
-                    "\"cublas_tflops\":%.1f,\"rel_err\":%.2e}\n",
+                    "\"cublas_tflops\":%.1f,\"rel_err\":%.2e,\"order\":\"%s\"}\n",
                     static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k),
                     args.dtype.c_str(), args.b_layout.c_str(), r.config.c_str(), r.weft_ms, r.cublas_ms,
-                    tflops(r, r.weft_ms), tflops(r, r.cublas_ms), r.rel_err);
+                    tflops(r, r.weft_ms), tflops(r, r.cublas_ms), r.rel_err, sample_order_name(args.order));
     } else {
-      std::printf("gemm %s, B %s; ms per call (median of %d samples of 5 back-to-back calls, weft and cuBLAS in turn, max over ranks);\n"
+      std::printf("gemm %s, B %s; ms per call (median of %d samples of 5 back-to-back calls, weft and cuBLAS in turn, %s order, max over ranks);\n"
                   "ratio = weft TFLOP/s / cuBLAS TFLOP/s; rel err = ||weft - ref|| / ||ref||, ref = cuBLAS fp32 output\n",
-                  args.dtype.c_str(), args.b_layout == "kn" ? "[K,N]" : "[N,K]", args.samples);
+                  args.dtype.c_str(), args.b_layout == "kn" ? "[K,N]" : "[N,K]", args.samples,
+                  sample_order_name(args.order));
       std::printf("%6s %6s %6s | %-30s | %8s %8s | %7s %7s | %6s | %s\n", "M", "N", "K", "weft config", "weft", "cuBLAS",
                   "TFLOP/s", "cuBLAS", "ratio", "rel err");
       for (auto& r : rows)

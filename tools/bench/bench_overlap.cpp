@@ -329,8 +329,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       std::printf("%s on %d GPUs, bf16, ms per call (median of %d samples of %d back-to-back calls, all contenders in turn, %s order, max over ranks).\n"
                   "seq = NCCL + cuBLAS one after the other; ideal = max(faster GEMM alone, faster comm alone);\n"
                   "x seq = seq / weft (> 1: weft faster); x ideal = weft / ideal\n",
-                  args.op.c_str(), world, args.samples, calls,
-                  sample_order_name(args.order));
+                  args.op.c_str(), world, args.samples, calls, sample_order_name(args.order));
       std::printf("%6s %6s %6s %-10s %-10s | %8s %8s %8s %8s %8s %8s %8s | %6s %7s | %s\n", "M", "N", "K", "mode", "path",
                   "weft", "seq", "gemm", "cuBLAS", "NCCL", "weft cc", "ideal", "x seq", "x ideal", "rel err");
       for (const Row& r : rows) {

@@ -39,12 +39,12 @@ enum class SampleOrder {
 /// time_per_call for several contenders, interleaved: each round takes one
 /// sample of every contender, so a drift of the clocks (power, heat) over the
 /// run falls on all of them alike instead of on whichever ran last. Under the
-/// power cap a sample's clock also depends on what ran just before it (a
-/// light contender, a collective, leaves headroom that the next sample
-/// spends): with SampleOrder::shuffled every contender follows every other
-/// about equally often, where the fixed order gives each the same predecessor
-/// every round. Returns microseconds per call for each, in the order given.
-/// Collective.
+/// power cap a sample's clock might also depend on what ran just before it (a
+/// light contender, a collective, leaving headroom that the next sample
+/// spends): the fixed order gives each contender the same predecessor every
+/// round, SampleOrder::shuffled every other about equally often. An A/B of
+/// the two found no effect above the noise (docs/PERF.md, thirteenth session).
+/// Returns microseconds per call for each, in the order given. Collective.
 std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
                                      const std::vector<std::function<void()>>& contenders, int calls_per_sample,
                                      int samples, int warmup, bool hold = true,
