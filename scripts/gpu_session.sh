@@ -277,7 +277,7 @@ if has ab && [ "$GPUS" -ge 2 ]; then  # an A/B of environment settings over weft
         echo "### ab round $round, $setting: weft-bench $spec" | tee -a "$OUT/ab.log"
         # shellcheck disable=SC2086  # the setting and the spec are word lists
         env $setting "$BUILD/weftrun" -n 2 --timeout 300 -- "$BUILD/weft-bench" $spec --json 2>>"$OUT/ab.log" |
-          sed "s|^|$round\t$setting\t|" >>"$OUT/ab.txt"
+          sed "s|^|$round\t$setting\t$spec\t|" >>"$OUT/ab.txt"
       done
     done
   done
@@ -287,16 +287,17 @@ if has ab && [ "$GPUS" -ge 2 ]; then  # an A/B of environment settings over weft
 import json, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    rnd, setting, js = line.rstrip("\n").split("\t", 2)
+    rnd, setting, spec, js = line.rstrip("\n").split("\t", 3)
     if not js.startswith("{"): continue
     r = json.loads(js)
-    # Runs that differ only in their sample order (--order) are kept apart too.
+    # A row per shape and path, a line per setting and run (the weft-bench
+    # arguments), so two specs that run the same path stay apart.
     key = (r.get("op"), r.get("m"), r.get("n"), r.get("k"), r.get("path", ""))
-    label = setting + ("" if r.get("order", "fixed") == "fixed" else " --order " + r["order"])
+    label = f"{setting} | {spec}"
     gemm = min(r.get("gemm_weft_ms") or 1e9, r.get("gemm_cublas_ms") or 1e9)
     rows.setdefault(key, {}).setdefault(label, []).append((r.get("weft_ms"), r.get("vs_ideal"), gemm, r.get("gemm_hooked_ms")))
-print("A/B: weft ms / x ideal per round, then the medians (the path that ran in brackets); GEMM = the faster GEMM alone,")
-print("fused = the fused path's GEMMs alone (medians over rounds)")
+print("A/B: weft ms / x ideal per round, then the medians (the path that ran in brackets; setting | weft-bench run);")
+print("GEMM = the faster GEMM alone, fused = the fused path's GEMMs alone (medians over rounds)")
 for key, by in sorted(rows.items(), key=lambda kv: str(kv[0])):
     for setting, v in sorted(by.items()):
         runs = "  ".join(f"{t[0]:.4f}/{t[1]:.3f}" for t in v if t[0] is not None and t[1] is not None)
