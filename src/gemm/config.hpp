@@ -44,6 +44,8 @@ struct Problem {
   int swizzle = 1;  ///< tile-scheduler swizzle (1, 2, 4, 8): groups of tiles that share A or B in L2
   int raster = 0;   ///< 0: the scheduler decides, 1: along M, 2: along N
   const void* source = nullptr;  ///< configurations with a source: D = A x B + source ([M, N], output type)
+  std::int64_t no_source_begin = 0;  ///< ... except on rows [no_source_begin, no_source_end): D = A x B (GemmArgs)
+  std::int64_t no_source_end = 0;
   TileWaitParams wait{};         ///< hooked configurations only
 };
 

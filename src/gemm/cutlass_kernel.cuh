@@ -14,11 +14,13 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "source_rows.cuh"
 #include "tile_hooks.cuh"
 
 namespace weft::gemm_detail {
 
-/// `Source` = void: D = A x B. Source = Out: D = A x B + source (beta 1).
+/// `Source` = void: D = A x B. Source = Out: D = A x B + source, except on
+/// Problem::no_source_* rows (source_rows.cuh).
 /// Scheduler = HookedSchedulerTag: the tile order rotates and one warp waits
 /// on row flags (tile_hooks.cuh); cooperative kernels also report stored rows.
 template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative,
@@ -36,10 +38,12 @@ struct Kernel {
                                          cutlass::epilogue::TmaWarpSpecialized>;
   static constexpr int kAlignIn = 16 / sizeof(In);
   static constexpr int kAlignOut = 16 / sizeof(Out);
+  using Fusion = std::conditional_t<kWithSource, AddSourceOutsideRows<Out>,
+                                    cutlass::epilogue::fusion::LinearCombination<Out, float, Source, float>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, Source, cutlass::layout::RowMajor, kAlignOut, Out,
-      cutlass::layout::RowMajor, kAlignOut, EpiSchedule>::CollectiveOp;
+      cutlass::layout::RowMajor, kAlignOut, EpiSchedule, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, cutlass::layout::RowMajor, kAlignIn, In, LayoutB,
       kAlignIn, float, TileShape, ClusterShape,
@@ -70,12 +74,14 @@ struct Kernel {
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {m, n, k, 1},
                                   {static_cast<const In*>(p.a), sa, static_cast<const In*>(p.b), sb},
-                                  {{1.0f, kWithSource ? 1.0f : 0.0f},
+                                  {{},
                                    static_cast<const Out*>(kWithSource ? p.source : nullptr),
                                    sd,
                                    static_cast<Out*>(p.c),
                                    sd},
                                   hw};
+    if constexpr (kWithSource) args.epilogue.thread.op_0 = NoSourceRows{p.no_source_begin, p.no_source_end};
+    else args.epilogue.thread.alpha = 1.0f;  // beta stays 0
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;

@@ -53,6 +53,9 @@ constexpr int kTunePasses = 4;     // round 1: passes over every candidate, one 
 constexpr std::size_t kFinalists = 4;  // round 2: the fastest few of round 1, and each configuration's fastest, ...
 constexpr int kFinalRounds = 4;    // ... timed in passes ...
 constexpr int kFinalRuns = 8;      // ... of this many runs each
+// Every configuration's tile is at most this tall: a row range that starts
+// and ends on a multiple of it holds whole tiles, whichever runs.
+constexpr std::int64_t kTallestTileRows = 256;
 
 const char* layout_name(BLayout l) { return l == BLayout::nk ? "[N,K]" : "[K,N]"; }
 
@@ -212,6 +215,8 @@ std::vector<std::string> Gemm::configurations() const {
 gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) const {
   gemm_detail::Problem p{options_.m, options_.n, options_.k, x.a, x.b, x.c, nullptr, sm_count_, swizzle, raster};
   p.source = x.source;
+  p.no_source_begin = x.no_source_begin;
+  p.no_source_end = x.no_source_end;
   if (options_.hook != GemmHook::none) {
     gemm_detail::TileWaitParams& w = p.wait;
     const RowSignals& sig = x.signals;
@@ -458,6 +463,19 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  x.source);
   else
     WEFT_REQUIRE(!x.source, "Gemm::run: a source matrix was given to a plan built without one (GemmHook::wait_source_rows)");
+  if (x.no_source_begin != x.no_source_end) {
+    const std::int64_t m = options_.m;
+    auto bound = [&](std::int64_t row) { return row >= 0 && row <= m && (row % kTallestTileRows == 0 || row == m); };
+    WEFT_REQUIRE(options_.hook == GemmHook::wait_source_rows,
+                 "Gemm::run: rows without a source (GemmArgs::no_source_*) were given to a plan that adds none");
+    WEFT_REQUIRE(x.no_source_begin < x.no_source_end && bound(x.no_source_begin) && bound(x.no_source_end),
+                 "Gemm::run: rows without a source [", x.no_source_begin, ", ", x.no_source_end,
+                 ") must be whole row tiles: bounds in [0, M = ", m, "], multiples of ", kTallestTileRows, " or M");
+    WEFT_REQUIRE(!x.signals.flags || (x.signals.ready_begin <= x.no_source_begin && x.no_source_end <= x.signals.ready_end),
+                 "Gemm::run: rows without a source [", x.no_source_begin, ", ", x.no_source_end,
+                 ") read no source, so nothing may wait for theirs: mark them ready (RowSignals::ready_begin, ready_end = [",
+                 x.signals.ready_begin, ", ", x.signals.ready_end, "))");
+  }
   WEFT_REQUIRE(!options_.any_tile_order || (!x.done.counters && x.first_row == 0),
                "Gemm::run: a plan built with GemmOptions::any_tile_order may walk its tiles in any order, so its runs "
                "can neither report stored rows (GemmArgs::done) nor rotate the order (GemmArgs::first_row = ",

@@ -76,9 +76,6 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
     }
     if (steps > 0) {
       staging_ = SymmetricBuffer(ctx_->heap(), all_bytes, "bf16", "gemm_rs.staging");
-      // Nobody sends us our first block: with one launch its source rows are
-      // read, and must add nothing.
-      WEFT_CUDA(cudaMemset(staging_.get(), 0, all_bytes));
       arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(2 * world * chunks_ * 8), "u64",
                                  "gemm_rs.arrived");
       overlap_->count_tile_waits(static_cast<int>(world * chunks_));  // WEFT_TILE_WAITS: per [block][chunk] flag
@@ -221,7 +218,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                              .flags = arrived,
                              .rows_per_flag = chunk_rows_,
                              .value = 1,
-                             .ready_begin = first_block * block_rows_,  // zeros, with one launch
+                             .ready_begin = first_block * block_rows_,  // no source, with one launch
                              .ready_end = (first_block + 1) * block_rows_,
                              .from_rank = prev,
                              .waited_ns = overlap_->tile_wait_counter()};
@@ -240,7 +237,10 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                        .source = staging_.get(),
                        .signals = from_prev,
                        .done = stored_rows,
-                       .first_row = first_block * block_rows_};
+                       .first_row = first_block * block_rows_,
+                       // Nobody sends us our first block: its tiles add nothing (and load nothing).
+                       .no_source_begin = first_block * block_rows_,
+                       .no_source_end = (first_block + 1) * block_rows_};
   // Tune (first run only) before the run starts, so no peer waits on a tuning
   // rank. The counters and flags tell the tuner how many rows move together.
   const bool plain_first = way == FusedWay::ring_plain_first;

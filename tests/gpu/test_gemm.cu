@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu_check.hpp"
@@ -117,6 +118,28 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
       ADD_FAILURE() << "a run that rotates or reports was accepted by an any-order plan";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("can neither report stored rows"), std::string::npos) << e.what();
+    }
+  }
+  // Rows without a source: whole row tiles, of a plan that adds one, not waited on.
+  GemmOptions adding{1024, 1024, 512};
+  adding.hook = GemmHook::wait_source_rows;
+  Gemm with_source(adding);
+  GemmArgs part_tile{.a = fake, .b = fake, .c = fake, .source = fake, .no_source_begin = 128, .no_source_end = 512};
+  GemmArgs waited = part_tile;
+  waited.no_source_begin = 0;
+  waited.signals = RowSignals{.world = &ctx().world(), .flags = counters, .rows_per_flag = 128, .ready_begin = 256,
+                              .ready_end = 1024};
+  GemmArgs no_source_plan = part_tile;
+  no_source_plan.source = nullptr;
+  no_source_plan.no_source_begin = 0;
+  const std::pair<Gemm*, GemmArgs> refused[] = {{&with_source, part_tile}, {&with_source, waited}, {&any_order, no_source_plan}};
+  const char* why[] = {"must be whole row tiles", "mark them ready", "to a plan that adds none"};
+  for (int i = 0; i < 3; ++i) {
+    try {
+      refused[i].first->run(refused[i].second, test::stream());
+      ADD_FAILURE() << "rows without a source, case " << i << ", were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why[i]), std::string::npos) << e.what();
     }
   }
 }
@@ -254,11 +277,13 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
   // at 0; the GEMM starts; 20 ms later a copy engine writes the real rows and
   // then raises the flags. A tile that read before its flag would carry the
   // NaNs into C. wait_a_rows waits for rows of A; wait_source_rows for rows of
-  // the source S, which it adds (C = A x B + S).
+  // the source S, which it adds (C = A x B + S), except on its last 256 rows,
+  // which take none (GemmArgs::no_source_*): NaNs there too, never to be read.
   Cublas cb;
   cudaStream_t s = test::stream(), late;
   WEFT_CUDA(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
   const std::int64_t m = 1024, n = 1032, k = 512, rows_per_flag = 128, late_rows = 512, flags_n = m / rows_per_flag;
+  const std::int64_t no_source_begin = 768;  // wait_source_rows: rows [768, m) add no source (GemmArgs::no_source_*)
   void *a, *b, *c, *src;
   float* ref;
   std::uint64_t* flags;
@@ -298,7 +323,7 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
         WEFT_CUDA(cudaMemcpyAsync(r.data(), ref, m * n * 4, cudaMemcpyDeviceToHost, s));
         WEFT_CUDA(cudaMemcpyAsync(sv.data(), src, m * n * 2, cudaMemcpyDeviceToHost, s));
         WEFT_CUDA(cudaStreamSynchronize(s));
-        for (std::int64_t i = 0; i < m * n; ++i) {
+        for (std::int64_t i = 0; i < no_source_begin * n; ++i) {  // the last rows take no source
           const std::uint32_t bits = static_cast<std::uint32_t>(sv[i]) << 16;
           float v;
           std::memcpy(&v, &bits, 4);
@@ -306,6 +331,8 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
         }
         WEFT_CUDA(cudaMemcpyAsync(ref, r.data(), m * n * 4, cudaMemcpyHostToDevice, s));
       }
+      // Rows that take no source must not read it either: NaNs there too.
+      if (source) bench::poison(static_cast<char*>(src) + no_source_begin * n * 2, (m - no_source_begin) * n * 2, 0xFF, s);
       void* waited = source ? src : a;  // the matrix whose first rows arrive late
       const std::int64_t row_bytes = (source ? n : k) * 2;
       WEFT_CUDA(cudaMemcpyAsync(real_rows, waited, late_rows * row_bytes, cudaMemcpyDeviceToHost, s));
@@ -313,6 +340,10 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
       WEFT_CUDA(cudaMemsetAsync(flags, 0, flags_n * 8, s));
       bench::poison(c, m * n * 2, 0xFF, s);
       GemmArgs args{.a = a, .b = b, .c = c, .source = source ? src : nullptr};
+      if (source) {
+        args.no_source_begin = no_source_begin;
+        args.no_source_end = m;
+      }
       args.signals = RowSignals{.world = &ctx().world(),
                                 .flags = flags,
                                 .rows_per_flag = rows_per_flag,

@@ -95,6 +95,11 @@ struct GemmArgs {
   RowSignals signals{};          ///< hooked plans: what tiles wait for
   RowsDone done{};               ///< hooked plans: where tiles report their stored rows (optional)
   std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
+  /// wait_source_rows: rows [no_source_begin, no_source_end) add no source
+  /// (D = A x B there): their tiles neither load S nor add it. Both bounds are
+  /// multiples of 256 (the tallest tile) or M; rows that signals wait on must
+  /// not be among them (mark them ready).
+  std::int64_t no_source_begin = 0, no_source_end = 0;
 };
 
 /// What a Gemm plan is built for.
