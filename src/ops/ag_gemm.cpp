@@ -120,7 +120,11 @@ GemmArgs AgGemm::fused_args(const void* b, void* c) const {
                             .ready_begin = me * shard_rows_,
                             .ready_end = (me + 1) * shard_rows_,
                             .flags_per_rank = static_cast<int>(chunks_),
-                            .waited_ns = overlap_->tile_wait_counter()};
+                            .waited_ns = overlap_->tile_wait_counter(),
+                            // The GEMM zeroes its flags once every tile saw
+                            // them, unless WEFT_FLAG_RESET=memset (a memset at
+                            // the start of each run). Tuning never waits.
+                            .consume = !overlap_->resets_by_memset()};
   return args;
 }
 
@@ -140,9 +144,7 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   cudaStream_t side = overlap_->begin(stream, arrived, memset ? static_cast<int>(world * chunks_) : 0);
   Overlap::mark(stream, "start");
   push_shard(side);
-  GemmArgs consuming = args;
-  consuming.signals.consume = !memset;
-  fused_gemm_->run(consuming, stream);
+  fused_gemm_->run(args, stream);
   Overlap::mark(stream, "GEMM");
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
 }
