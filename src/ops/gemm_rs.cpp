@@ -313,8 +313,10 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       WEFT_REQUIRE(own == out, "GemmRs::run_fused: a caller that ships out on must pass all_rows with one launch");
       own_block_stored(side, stored + me * chunks_, chunk_stored);
     } else if (own != out) {
-      for (std::int64_t c = 0; c < chunks_; ++c)
+      for (std::int64_t c = 0; c < chunks_; ++c) {
         Overlap::push_chunk_when_stored(out, own, chunk_bytes, c, stored + me * chunks_, chunk_stored, nullptr, side);
+        if (Overlap::recording()) Overlap::mark(side, str("side: own chunk ", c, " moved to out"));
+      }
     }
   };
   // A plain first step's sends queue behind its GEMM, so nothing may queue
