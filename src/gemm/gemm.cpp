@@ -502,6 +502,11 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
   WEFT_REQUIRE(!x.done.counters || chosen_->reports, "Gemm::run: stored-row counters were given, but the configuration '",
                chosen_->name, "' does not report (pingpong kernels only wait); pass the counters to prepare() so the "
                "tuner keeps to configurations that report, or force a cooperative one");
+  // The epilogue decides by a tile's first row: a range of whole 256-row
+  // bands holds whole tiles only where the tile height divides 256.
+  WEFT_REQUIRE(x.no_source_begin == x.no_source_end || kTallestTileRows % chosen_->tile_m == 0,
+               "Gemm::run: rows without a source need tiles whose height divides ", kTallestTileRows, "; '",
+               chosen_->name, "' has ", chosen_->tile_m);
   gemm_detail::Problem p = problem(x, swizzle_, raster_);
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
