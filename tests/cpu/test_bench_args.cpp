@@ -101,6 +101,16 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
             std::string::npos);
   EXPECT_FALSE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows"}).any_order);
   EXPECT_TRUE(parse_bench_args({"weft-bench", "gemm", "--hook", "wait_a_rows", "--any-order"}).any_order);
+  const BenchArgs halves =
+      parse_bench_args({"weft-bench", "gemm", "--hook", "wait_source_rows", "--no-source-rows", "0,1024"});
+  EXPECT_EQ(halves.no_source_begin, 0);
+  EXPECT_EQ(halves.no_source_end, 1024);
+  EXPECT_NE(error_of({"gemm", "--no-source-rows", "0,1024"}).find("is for gemm with --hook wait_source_rows"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--hook", "wait_source_rows", "--no-source-rows", "1024"}).find("expects B,E"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--hook", "wait_source_rows", "--no-source-rows", "512,256"}).find("expects B < E"),
+            std::string::npos);
   EXPECT_NE(error_of({"gemm", "--hook", "wait"}).find(
                 "unknown --hook 'wait': expected one of none, wait_a_rows, report_rows, wait_source_rows"),
             std::string::npos);

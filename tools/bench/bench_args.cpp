@@ -163,6 +163,8 @@ std::string bench_usage() {
          "                     to compare with the plain ones\n"
          "  --any-order        with wait_a_rows or wait_source_rows: the plan allows any tile order\n"
          "                     (GemmOptions::any_tile_order; its tuner also walks along M)\n"
+         "  --no-source-rows B,E  with wait_source_rows: rows [B, E) add no source and load none\n"
+         "                     (GemmArgs::no_source_begin/end; B and E multiples of 256, or M)\n"
          "ag_gemm, gemm_rs, gemm_ar (tensor-parallel operators against NCCL + cuBLAS, PyTorch-style shapes:\n"
          "N is the full output width, each rank computing N/W columns for ag_gemm; K the full depth, K/W per rank,\n"
          "for gemm_rs and gemm_ar):\n"
@@ -202,6 +204,14 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--config") args.config = value();
     else if (a == "--hook") args.hook = parse_name(kHooks, value(), a);
     else if (a == "--any-order") args.any_order = true;
+    else if (a == "--no-source-rows") {
+      const std::string text = value();
+      const std::vector<std::string> bounds = split(text, ',');
+      WEFT_REQUIRE(bounds.size() == 2, "--no-source-rows expects B,E (rows [B, E) without a source), got '", text, "'");
+      args.no_source_begin = parse_int(a, bounds[0], 0, 1 << 30);
+      args.no_source_end = parse_int(a, bounds[1], 0, 1 << 30);
+      WEFT_REQUIRE(args.no_source_begin < args.no_source_end, "--no-source-rows expects B < E, got '", text, "'");
+    }
     else if (a == "--m") m_list = value();
     else if (a == "--n") n_value = value();
     else if (a == "--k") k_value = value();
@@ -214,6 +224,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
                "': expected one of ", join(kOps));
   if (!way.empty() && args.op == "ag_gemm") args.ag_way = parse_name(kAgWays, way, "--way");
   else if (!way.empty()) args.way = parse_name(kWays, way, "--way");
+  WEFT_REQUIRE(args.no_source_begin == args.no_source_end || (args.op == "gemm" && args.hook == GemmHook::wait_source_rows),
+               "--no-source-rows is for gemm with --hook wait_source_rows");
   WEFT_REQUIRE(args.soak_s == 0 || is_overlap_op(args.op) || args.op == "gemm",
                "--soak is for gemm, ag_gemm, gemm_rs and gemm_ar, got '", args.op, "'");
   args.bytes = parse_size_list(bytes);

@@ -37,6 +37,9 @@ struct BenchArgs {
   std::string config;                               ///< force a GEMM configuration by name
   GemmHook hook = GemmHook::none;                   ///< --hook: a hooked kernel alone, nothing waited on
   bool any_order = false;  ///< --any-order: a waiting --hook's plan allows any tile order (GemmOptions::any_tile_order)
+  /// --no-source-rows B,E: with --hook wait_source_rows, rows [B, E) add no
+  /// source (GemmArgs::no_source_begin/end; Gemm::run checks the bounds)
+  std::int64_t no_source_begin = 0, no_source_end = 0;
 };
 
 /// Parses "M,N,K;M,N,K" (also "MxNxK"); throws naming the bad shape.

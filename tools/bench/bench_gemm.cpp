@@ -67,7 +67,15 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
       WEFT_CUDA(cudaMalloc(&source, c_n * dtype_size(out)));
       WEFT_CUDA(cudaMemsetAsync(source, 0, c_n * dtype_size(out), stream));
     }
-    auto run_weft = [&] { gemm.run(GemmArgs{.a = a, .b = b, .c = c, .source = source}, stream); };
+    auto run_weft = [&] {
+      gemm.run(GemmArgs{.a = a,
+                        .b = b,
+                        .c = c,
+                        .source = source,
+                        .no_source_begin = args.no_source_begin,
+                        .no_source_end = args.no_source_end},
+               stream);
+    };
     poison(c, c_n * dtype_size(out), 0xFF, stream);  // NaN pattern: unwritten elements fail the check
     run_weft();  // first run tunes
     poison(c, c_n * dtype_size(out), 0xFF, stream);
