@@ -59,7 +59,6 @@ struct SourceOutsideRows {
   CUTLASS_DEVICE bool is_producer_load_needed() const { return true; }
   // Valid once the epilogue handed over the tile (get_*_callbacks), as it does before asking.
   CUTLASS_DEVICE bool is_C_load_needed() const { return adds_; }
-  CUTLASS_DEVICE bool is_zero() const { return !adds_; }
 
   template <class... Args>
   CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const& args) {

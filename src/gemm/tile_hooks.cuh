@@ -243,19 +243,18 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
       const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * p_->tile_m;
       const std::int64_t row1 = std::min<std::int64_t>(row0 + p_->tile_m, p_->rows);  // the last tile may run past M
       if (row0 < row1 && (row0 < w.ready_begin || row1 > w.ready_end)) {
-        auto from = [&](std::int64_t f) { return raiser(w, f); };
         bool waited = false;
         if (w.cols_per_flag > 0) {  // flags by column band: the source arrives band by band, every row at once
           const std::int64_t col0 = static_cast<std::int64_t>(work.N_idx) * p_->tile_n;
           const std::int64_t col1 = std::min<std::int64_t>(col0 + p_->tile_n, p_->cols);
           for (std::int64_t f = col0 / w.cols_per_flag; f * w.cols_per_flag < col1; ++f) {
-            wait_flag(w, f, from(f));
+            wait_flag(w, f, raiser(w, f));
             waited = true;
           }
         } else {
           for (std::int64_t f = row0 / w.rows_per_flag; f * w.rows_per_flag < row1; ++f) {
             if (ready_flag(w, f)) continue;
-            wait_flag(w, f, from(f));
+            wait_flag(w, f, raiser(w, f));
             waited = true;
           }
         }
