@@ -121,16 +121,12 @@ GemmArgs AgGemm::fused_args(const void* b, void* c) const {
                             .ready_end = (me + 1) * shard_rows_,
                             .flags_per_rank = static_cast<int>(chunks_),
                             .waited_ns = overlap_->tile_wait_counter(),
-                            // The GEMM zeroes its flags once every tile saw
-                            // them, unless WEFT_FLAG_RESET=memset (a memset at
-                            // the start of each run). Tuning never waits.
-                            .consume = !overlap_->resets_by_memset()};
+                            // Once every tile saw them. Tuning never waits.
+                            .consume = flags_consumed()};
   return args;
 }
 
 void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
-  const int world = ctx_->world_size();
-  auto* arrived = arrived_.as<std::uint64_t>();
   const GemmArgs args = fused_args(b, c);
   if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
     if (!ops_detail::capturing(stream)) gather_with_nccl(stream);  // ... on the A it will read, not on stale peer slots
@@ -138,15 +134,20 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   fused_gemm_->prepare(args, stream);
 
   // Every peer hears that our gathered A is free; the side stream pushes once
-  // every peer said the same. Our flags of the last run were zeroed by its
-  // GEMM (RowSignals::consume), or are now (WEFT_FLAG_RESET=memset).
-  const bool memset = overlap_->resets_by_memset();
-  cudaStream_t side = overlap_->begin(stream, arrived, memset ? static_cast<int>(world * chunks_) : 0);
+  // every peer said the same.
+  cudaStream_t side = begin_fused_run(stream);
   Overlap::mark(stream, "start");
   push_shard(side);
   fused_gemm_->run(args, stream);
   Overlap::mark(stream, "GEMM");
   overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
+}
+
+bool AgGemm::flags_consumed() const { return !overlap_->resets_by_memset(); }
+
+cudaStream_t AgGemm::begin_fused_run(cudaStream_t stream) {
+  const int reset = flags_consumed() ? 0 : static_cast<int>(ctx_->world_size() * chunks_);
+  return overlap_->begin(stream, arrived_.as<std::uint64_t>(), reset);
 }
 
 void AgGemm::push_shard(cudaStream_t side) {
@@ -176,9 +177,7 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
   };
   step_gemm_->prepare(shard_args(me), stream);  // tunes on the first run, on our own rows
 
-  // The waits between the steps zero the flags they saw (unless WEFT_FLAG_RESET=memset).
-  const bool memset = overlap_->resets_by_memset();
-  cudaStream_t side = overlap_->begin(stream, arrived, memset ? static_cast<int>(world * chunks_) : 0);
+  cudaStream_t side = begin_fused_run(stream);
   Overlap::mark(stream, "start");
   push_shard(side);
   // Step s multiplies shard me + s (the order the peers push in), once its
@@ -187,7 +186,7 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
   // The shard landed during the step before, so the wait costs a launch.
   for (int s = 0; s < world; ++s) {
     const int q = schedule::wrap(me + s, world);
-    if (s > 0) overlap_->wait_from(arrived + q * chunks_, static_cast<int>(chunks_), q, stream, !memset);
+    if (s > 0) overlap_->wait_from(arrived + q * chunks_, static_cast<int>(chunks_), q, stream, flags_consumed());
     step_gemm_->run(shard_args(q), stream);
     if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM (shard ", q, ")"));
   }

@@ -105,6 +105,13 @@ class AgGemm {
  private:
   void run_fused(const void* b, void* c, cudaStream_t stream);
   void run_plain_steps(const void* b, void* c, cudaStream_t stream);
+  /// Starts a fused run (Overlap::begin) and returns the side stream. Our
+  /// flags of the last run were zeroed by whoever waited on them (the hooked
+  /// GEMM or the waits between plain steps: flags_consumed()), or are
+  /// zeroed now, by a memset (WEFT_FLAG_RESET=memset).
+  cudaStream_t begin_fused_run(cudaStream_t stream);
+  /// True unless WEFT_FLAG_RESET=memset: the waits zero the flags they saw.
+  bool flags_consumed() const;
   /// On the side stream: our shard to every peer, chunk by chunk, each chunk's flag raised there.
   void push_shard(cudaStream_t side);
   /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
