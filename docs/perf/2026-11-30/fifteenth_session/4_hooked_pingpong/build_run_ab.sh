@@ -1,5 +1,6 @@
 #!/bin/bash
 # The hooked pingpong GEMM without and with the fourteenth session's setmaxnreg patch (.deps/setmax), 2 rounds each.
+# .deps/setmax: include/ and src/gemm/ copied there, with docs/perf/2026-11-30/fourteenth_session/7_setmaxnreg_ab/setmaxnreg.patch applied (patch -p1).
 set -eu
 cd "$(dirname "$0")"
 export PATH="$PATH:/usr/local/cuda/bin"

@@ -6,7 +6,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 C="-std=c++20 --expt-relaxed-constexpr -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -I../cutlass/include -I../cutlass/util/include -I../../include"
 t0=$SECONDS
 for v in asis split; do
-  I=-I../../src/gemm; [ $v = split ] && I=-I../hookvar/src/gemm
+  I=-I../../src/gemm; [ $v = split ] && I="-I../hookvar/src/gemm -DPROBE_SPLIT"
   mkdir -p $v
   for f in k_plain.cu k_evt.cu k_hooked.cu k_hooked_evt.cu main.cu; do
     (nvcc $C $I -Xptxas -v -c $f -o $v/${f%.cu}.o > $v/${f%.cu}.log 2>&1 || grep -v C7507 $v/${f%.cu}.log | head -20) &
