@@ -121,7 +121,8 @@ GemmArgs AgGemm::fused_args(const void* b, void* c) const {
                             .ready_end = (me + 1) * shard_rows_,
                             .flags_per_rank = static_cast<int>(chunks_),
                             .waited_ns = overlap_->tile_wait_counter(),
-                            // Once every tile saw them. Tuning never waits.
+                            // The GEMM zeroes its flags once every tile saw
+                            // them (flags_consumed()). Tuning never waits.
                             .consume = flags_consumed()};
   return args;
 }
