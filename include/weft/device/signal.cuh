@@ -21,9 +21,8 @@ namespace weft::dev {
 namespace detail {
 /// Records a timed-out wait in the World's report and traps. Two waiters that
 /// time out at once may interleave their fields; either report names a real stuck wait.
-static __device__ __noinline__ void report_wait_timeout(const World& w, const std::uint64_t* flag, Cmp cmp,
-                                                 std::uint64_t expected, std::uint64_t observed,
-                                                 std::uint64_t waited_ns, int from) {
+WEFT_DEVICE void write_wait_report(const World& w, const std::uint64_t* flag, Cmp cmp, std::uint64_t expected,
+                                   std::uint64_t observed, std::uint64_t waited_ns, int from) {
   if (WaitReport* r = w.wait_report) {
     volatile WaitReport* vr = r;
     if (vr->hit == 0) {
@@ -42,14 +41,17 @@ static __device__ __noinline__ void report_wait_timeout(const World& w, const st
   }
   __trap();
 }
-}  // namespace detail
+/// The same, out of line: keeps the cold path out of the callers' spin loops.
+static __device__ __noinline__ void report_wait_timeout(const World& w, const std::uint64_t* flag, Cmp cmp,
+                                                        std::uint64_t expected, std::uint64_t observed,
+                                                        std::uint64_t waited_ns, int from) {
+  write_wait_report(w, flag, cmp, expected, observed, waited_ns, from);
+}
 
-/// Spins until (*flag CMP value) holds, then returns the value seen.
-/// One thread; acquire at `scope` (use Scope::sys for flags that peers write).
-/// Blocks; bounded by w.wait_timeout_ns (then reports and traps, naming
-/// `from`, the rank expected to signal, if the caller knows it).
-WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, Cmp cmp,
-                                     std::uint64_t value, Scope scope, int from = -1) {
+/// wait_until's body; kNoCall writes the timeout report inline instead of calling out.
+template <bool kNoCall>
+WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, Cmp cmp, std::uint64_t value,
+                                     Scope scope, int from) {
   std::uint64_t v = ld_acquire(flag, scope);
   if (!compare(v, cmp, value)) {
     std::uint64_t start = 0;
@@ -59,8 +61,10 @@ WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, 
       if (w.wait_timeout_ns != 0 && (++spins & 1023u) == 0) {
         std::uint64_t now = globaltimer_ns();
         if (start == 0) start = now;
-        else if (now - start > w.wait_timeout_ns)
-          detail::report_wait_timeout(w, flag, cmp, value, v, now - start, from);
+        else if (now - start > w.wait_timeout_ns) {
+          if constexpr (kNoCall) write_wait_report(w, flag, cmp, value, v, now - start, from);
+          else report_wait_timeout(w, flag, cmp, value, v, now - start, from);
+        }
       }
     } while (!compare(v, cmp, value));
     // The relaxed spin saw the value; an acquire load of the same flag reads
@@ -72,6 +76,26 @@ WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, 
     (void)ld_acquire(flag, scope);
   }
   return v;
+}
+}  // namespace detail
+
+/// Spins until (*flag CMP value) holds, then returns the value seen.
+/// One thread; acquire at `scope` (use Scope::sys for flags that peers write).
+/// Blocks; bounded by w.wait_timeout_ns (then reports and traps, naming
+/// `from`, the rank expected to signal, if the caller knows it).
+WEFT_DEVICE std::uint64_t wait_until(const World& w, const std::uint64_t* flag, Cmp cmp,
+                                     std::uint64_t value, Scope scope, int from = -1) {
+  return detail::wait_until<false>(w, flag, cmp, value, scope, from);
+}
+
+/// wait_until for kernels that must make no function call: the timeout
+/// report is written inline. A kernel that sets its warps' register budgets
+/// (setmaxnreg, as CUTLASS's warp-specialised GEMMs do) loses them to any
+/// remaining call: ptxas then ignores setmaxnreg for the whole kernel
+/// (warning C7507). Same arguments, ordering and bound as wait_until.
+WEFT_DEVICE std::uint64_t wait_until_no_call(const World& w, const std::uint64_t* flag, Cmp cmp,
+                                             std::uint64_t value, Scope scope, int from = -1) {
+  return detail::wait_until<true>(w, flag, cmp, value, scope, from);
 }
 
 /// Warp-cooperative wait: every lane of the warp calls it with the same
