@@ -65,6 +65,9 @@ if has gpu; then
     run_logged "provoked hang, world 2" gpu_wait_timeout.log env WEFT_TEST_PROVOKE_TIMEOUT=1 WEFT_WAIT_TIMEOUT=2 WEFT_CHECK_CALLS=0 \
       "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter='WaitTimeout.*'
     grep -E "provoked|PASSED|FAILED" "$OUT/gpu_wait_timeout.log" | head -n 5
+    run_logged "provoked GEMM hang, world 1" gpu_wait_timeout_gemm.log env WEFT_TEST_PROVOKE_TIMEOUT=gemm WEFT_WAIT_TIMEOUT=2 \
+      WEFT_CHECK_CALLS=0 "$BUILD/weftrun" -n 1 --timeout 120 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter='WaitTimeout.*'
+    grep -E "provoked|PASSED|FAILED" "$OUT/gpu_wait_timeout_gemm.log" | head -n 5
     # weftrun must report a rank killed mid-run within 10 s.
     t0=$(date +%s%N)
     "$BUILD/weftrun" -n 2 -- bash -c 'if [ "$WEFT_RANK" = 1 ]; then sleep 2; kill -9 $$; fi; sleep 60' \

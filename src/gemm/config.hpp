@@ -12,9 +12,16 @@
 
 namespace weft::gemm_detail {
 
-/// The hooked scheduler's run-time settings (see tile_hooks.cuh): what tiles
-/// wait for, and where they report their stored rows. A plain
-/// aggregate: kernel parameter and host value alike.
+/// Which load collective's producer warp waits for the flags (tile_hooks.cuh).
+enum class WaitIn : int {
+  none,      ///< no wait
+  mainloop,  ///< before the TMA loads of a tile's A rows (AllGather + GEMM)
+  epilogue,  ///< before the TMA load of a tile's source rows (GEMM + ReduceScatter)
+};
+
+/// A hooked configuration's run-time settings (see tile_hooks.cuh): what
+/// tiles wait for, the tile order's rotation, and where tiles report their
+/// stored rows. A plain aggregate: kernel parameter and host value alike.
 struct TileWaitParams {
   dev::World world{};                    ///< for the wait's timeout report
   const std::uint64_t* flags = nullptr;  ///< flags[i] covers rows [i*rows_per_flag, (i+1)*rows_per_flag)
@@ -26,7 +33,7 @@ struct TileWaitParams {
   std::int64_t rotate_rows = 0;          ///< start the tile order at the tile holding this row
   int flags_per_rank = 0;                ///< > 0: flag i is signalled by rank i / flags_per_rank
   int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
-  int wait_warp = -1;                    ///< the warp (in the CTA) that waits: 0 mainloop, 2 epilogue, -1 none
+  WaitIn wait_in = WaitIn::none;         ///< the collective whose producer warp waits
   unsigned long long* waited_ns = nullptr;  ///< optional: per flag, nanoseconds spent waiting on it, summed over tiles (RowSignals)
   std::uint64_t* exits = nullptr;        ///< RowSignals::consume: CTAs past their last wait (the last zeroes the flags)
   std::uint64_t* done = nullptr;         ///< rows stored: see weft::RowsDone

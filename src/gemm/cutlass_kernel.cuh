@@ -21,8 +21,9 @@ namespace weft::gemm_detail {
 
 /// `Source` = void: D = A x B. Source = Out: D = A x B + source, except on
 /// Problem::no_source_* rows (source_rows.cuh).
-/// Scheduler = HookedSchedulerTag: the tile order rotates and one warp waits
-/// on row flags (tile_hooks.cuh); cooperative kernels also report stored rows.
+/// Scheduler = HookedSchedulerTag: the tile order rotates, the producer warp of
+/// one load collective waits on row flags (tile_hooks.cuh: the mainloop's for
+/// A rows, the epilogue's for source rows), and cooperative kernels report stored rows.
 template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative,
           class Scheduler = cutlass::gemm::PersistentScheduler, class Source = void>
 struct Kernel {
@@ -40,15 +41,19 @@ struct Kernel {
   static constexpr int kAlignOut = 16 / sizeof(Out);
   using Fusion = std::conditional_t<kWithSource, AddSourceOutsideRows<Out>,
                                     cutlass::epilogue::fusion::LinearCombination<Out, float, Source, float>>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using BuiltEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, Source, cutlass::layout::RowMajor, kAlignOut, Out,
       cutlass::layout::RowMajor, kAlignOut, EpiSchedule, Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  // Hooked configurations wait in their load collectives (tile_hooks.cuh):
+  // the mainloop's for A rows, the epilogue's for source rows.
+  using Epilogue = std::conditional_t<kHooked && kWithSource, WaitingEpilogue<BuiltEpilogue>, BuiltEpilogue>;
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, cutlass::layout::RowMajor, kAlignIn, In, LayoutB,
       kAlignIn, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainSchedule>::CollectiveOp;
+  using Mainloop = std::conditional_t<kHooked, WaitingMainloop<BuiltMainloop>, BuiltMainloop>;
   // The hooked scheduler reports a tile once at most one tile's worth of TMA
   // store groups (one per epilogue sub-tile) is in flight, and finds the
   // storing warp where the cooperative kernel puts it.
@@ -61,7 +66,7 @@ struct Kernel {
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue, KernelScheduler>;
   static_assert(!kHooked || GemmKernel::NumLoadWarpGroups == 1,
-                "the hooked scheduler's waiting warps are warps 0 and 2 of the one load warpgroup, its store warp CTA warp 4");
+                "the hooked scheduler's store warp is CTA warp 4, after the one load warpgroup");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments arguments(const Problem& p) {
@@ -71,26 +76,31 @@ struct Kernel {
     auto sd = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, cute::make_shape(m, n, 1));
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = p.sm_count;
-    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                  {m, n, k, 1},
-                                  {static_cast<const In*>(p.a), sa, static_cast<const In*>(p.b), sb},
-                                  {{},
-                                   static_cast<const Out*>(kWithSource ? p.source : nullptr),
-                                   sd,
-                                   static_cast<Out*>(p.c),
-                                   sd},
-                                  hw};
-    if constexpr (kWithSource) args.epilogue.thread.op_0 = NoSourceRows{p.no_source_begin, p.no_source_end};
-    else args.epilogue.thread.alpha = 1.0f;  // beta stays 0
+    typename BuiltMainloop::Arguments mainloop{static_cast<const In*>(p.a), sa, static_cast<const In*>(p.b), sb};
+    typename BuiltEpilogue::Arguments epilogue{
+        {}, static_cast<const Out*>(kWithSource ? p.source : nullptr), sd, static_cast<Out*>(p.c), sd};
+    if constexpr (kWithSource) epilogue.thread.op_0 = NoSourceRows{p.no_source_begin, p.no_source_end};
+    else epilogue.thread.alpha = 1.0f;  // beta stays 0
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {m, n, k, 1}, {}, {}, hw};
+    if constexpr (std::is_same_v<Mainloop, BuiltMainloop>) args.mainloop = mainloop;
+    else args.mainloop = {mainloop, waits_in(p, WaitIn::mainloop)};
+    if constexpr (std::is_same_v<Epilogue, BuiltEpilogue>) args.epilogue = epilogue;
+    else args.epilogue = {epilogue, waits_in(p, WaitIn::epilogue)};
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
     if constexpr (kHooked) args.scheduler.wait = p.wait;
     return args;
   }
+  /// The run's waits for the collective `in`; none for the other: only the warp that waits gets the flags.
+  static TileWaitParams waits_in(const Problem& p, WaitIn in) {
+    return p.wait.wait_in == in ? p.wait : TileWaitParams{};
+  }
   static std::size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
   static const char* check(const Problem& p) {
     if (kWithSource && !p.source) return "this configuration adds a source matrix, and none was given";
+    if (kHooked && !kWithSource && p.wait.flags && p.wait.wait_in == WaitIn::epilogue)
+      return "waiting for source rows needs a configuration that adds a source";
     if (kHooked && p.raster == 1 && (p.wait.done || p.wait.rotate_rows))
       return "hooked runs that rotate the tile order or report stored rows keep the row-major order (raster along N)";
     return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";

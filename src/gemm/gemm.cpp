@@ -233,7 +233,9 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.waited_ns = sig.waited_ns;
     w.exits = sig.flags && sig.consume ? exits_ : nullptr;
     // The mainloop producer loads A; the epilogue producer loads the source.
-    w.wait_warp = options_.hook == GemmHook::wait_a_rows ? 0 : options_.hook == GemmHook::wait_source_rows ? 2 : -1;
+    w.wait_in = options_.hook == GemmHook::wait_a_rows        ? gemm_detail::WaitIn::mainloop
+                : options_.hook == GemmHook::wait_source_rows ? gemm_detail::WaitIn::epilogue
+                                                               : gemm_detail::WaitIn::none;
     w.done = x.done.counters;
     w.rows_per_done = x.done.rows_per_counter;
   }

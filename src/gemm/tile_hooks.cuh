@@ -1,27 +1,32 @@
 // tile_hooks.cuh (private) - the GEMM's communication hooks: a tile scheduler that rotates the tile
-// order, makes one warp wait, per tile, for the rows that tile reads to have arrived, and reports
-// each tile's rows once its stores are complete.
+// order and reports each tile's rows once its stores are complete, and the two
+// load collectives that wait, per tile, for the rows that tile reads to have arrived.
 //
-// CUTLASS's persistent kernels ask their tile scheduler for every tile, in
-// every warp (mainloop producer, epilogue producer, consumers): the
-// cooperative kernel through fetch_next_work, the pingpong kernel through
-// advance_to_next_work then get_current_work (its two consumer warpgroups
-// take alternate tiles). Wrapping the static persistent scheduler is
-// therefore enough to put a wait exactly where a tile's data is first read,
-// without touching the kernel (both kernels give the same warps these roles):
-//   - RowWait::a_rows: the mainloop producer warp waits before its TMA loads
-//     of A (AllGather + GEMM: the rows of a remote shard);
-//   - RowWait::source_rows: the epilogue producer warp waits before its TMA
-//     load of the C source (GEMM + ReduceScatter: the partial sum from the
-//     previous rank), so the tile's mainloop runs meanwhile.
+// Waiting (RowWait): CUTLASS's warp-specialised kernels load a tile's inputs
+// in one producer warp each, through their collectives' load(): the mainloop's
+// (A and B) and the epilogue's (the C source). Wrapping those two collectives
+// puts a wait exactly where a tile's data is first read, without touching the
+// kernel:
+//   - WaitingMainloop: the mainloop producer waits before its TMA loads of A
+//     (AllGather + GEMM: the rows of a remote shard);
+//   - WaitingEpilogue: the epilogue producer waits before its TMA load of the
+//     C source (GEMM + ReduceScatter: the partial sum from the previous rank),
+//     so the tile's mainloop runs meanwhile.
 // The other warps never wait: they are fed through shared memory by the one
-// that did. The rotation starts the order at a chosen row tile (the rank's own
-// shard first); it is a multiple of the cluster's M extent, so the CTAs of a
-// cluster keep sharing their B tile. Plans keep the row-major tile order
-// (along N), so rows are consumed, and stored, in the order they travel; a
-// plan that neither rotates nor reports may walk along M too
-// (GemmOptions::any_tile_order). With RowSignals::waited_ns the waiting lane
-// adds the time it spent on each flag to that flag's counter (diagnostics).
+// that did. The waits used to sit in the tile scheduler, which every warp
+// inlines: the consumers' code then changed shape too, and the pingpong
+// kernel ran 2-7 % slower with nothing waited for (PERF.md, sixteenth
+// session). In the collectives only the waiting warp holds the code, and all
+// of it is inline (dev::wait_until_no_call): one call in the kernel and ptxas
+// ignores setmaxnreg (C7507).
+//
+// Scheduling (HookedScheduler): the rotation starts the order at a chosen row
+// tile (the rank's own shard first); it is a multiple of the cluster's M
+// extent, so the CTAs of a cluster keep sharing their B tile. Plans keep the
+// row-major tile order (along N), so rows are consumed, and stored, in the
+// order they travel; a plan that neither rotates nor reports may walk along M
+// too (GemmOptions::any_tile_order). With RowSignals::waited_ns the waiting
+// lane adds the time it spent on each flag to that flag's counter (diagnostics).
 //
 // Reporting (RowsDone, cooperative kernel only): the consumers ask for their next tile right after the
 // epilogue has issued the TMA stores of this one. The warp that issued them
@@ -44,6 +49,193 @@
 
 namespace weft::gemm_detail {
 
+/// One collective's waits: the run's TileWaitParams plus the problem's extent,
+/// in 32 bits (flag arithmetic on 64-bit values costs a division subroutine
+/// per tile in a warp held to 40 registers).
+struct RowWait {
+  TileWaitParams w{};  ///< flags == nullptr: this collective never waits
+  int rows = 0;        ///< M: rows past it belong to no flag
+  int cols = 0;        ///< N
+  int rows_per_flag = 1, cols_per_flag = 0;  ///< TileWaitParams's, clamped to M and N (same flag indices)
+
+  /// The wait settings for a problem of rows x cols; `w` as the run gave it.
+  static RowWait make(const TileWaitParams& w, std::int64_t rows, std::int64_t cols) {
+    RowWait r;
+    r.w = w;
+    r.rows = static_cast<int>(rows);
+    r.cols = static_cast<int>(cols);
+    r.rows_per_flag = static_cast<int>(std::max<std::int64_t>(1, std::min(w.rows_per_flag, rows)));
+    r.cols_per_flag = static_cast<int>(std::max<std::int64_t>(0, std::min(w.cols_per_flag, cols)));
+    return r;
+  }
+
+  /// The rank that raises flag f (for the timeout report).
+  CUTLASS_DEVICE int raiser(int f) const { return w.flags_per_rank > 0 ? f / w.flags_per_rank : w.from_rank; }
+
+  /// True if flag f (by rows) covers only rows present from the start: no tile waits for it.
+  CUTLASS_DEVICE bool ready_flag(int f) const {
+    const std::int64_t f_row0 = static_cast<std::int64_t>(f) * rows_per_flag;
+    return cols_per_flag == 0 && f_row0 >= w.ready_begin && f_row0 + rows_per_flag <= w.ready_end;
+  }
+
+  /// The wait on flag f, and (RowSignals::waited_ns) its time: the flag's
+  /// counter takes -start before the wait and +end after it (wrapping arithmetic).
+  CUTLASS_DEVICE void wait_flag(int f) const {
+    const bool timed = w.waited_ns && threadIdx.x % 32 == 0;
+    if (timed) atomicAdd(w.waited_ns + f, 0ull - dev::globaltimer_ns());
+    dev::wait_until_no_call(w.world, w.flags + f, dev::Cmp::ge, w.value, dev::Scope::sys, raiser(f));
+    if (timed) atomicAdd(w.waited_ns + f, dev::globaltimer_ns());
+  }
+
+  /// Every lane of the calling warp returns once the flags of the tile at
+  /// rows [row0, row0 + tile_m) and columns [col0, col0 + tile_n) are raised
+  /// (clipped to the problem); rows present from the start wait for nothing.
+  CUTLASS_DEVICE void wait_for_tile(int row0, int tile_m, int col0, int tile_n) const {
+    if (!w.flags) return;
+    const int row1 = min(row0 + tile_m, rows);  // the last tile may run past M
+    if (row0 >= row1 || (row0 >= w.ready_begin && row1 <= w.ready_end)) return;
+    bool waited = false;
+    if (cols_per_flag > 0) {  // flags by column band: the source arrives band by band, every row at once
+      const int col1 = min(col0 + tile_n, cols);
+      for (int f = col0 / cols_per_flag; f * cols_per_flag < col1; ++f) {
+        wait_flag(f);
+        waited = true;
+      }
+    } else {
+      for (int f = row0 / rows_per_flag; f * rows_per_flag < row1; ++f) {
+        if (ready_flag(f)) continue;
+        wait_flag(f);
+        waited = true;
+      }
+    }
+    // The rows came from a copy engine or a peer; the TMA loads that read
+    // them next belong to the async proxy.
+    if (waited) dev::fence_proxy_async_global();
+  }
+
+  /// RowSignals::consume, by the waiting warp of each CTA, once, after its
+  /// last wait: when the last CTA's warp counts itself out, every tile has
+  /// seen its flags raised, so its lanes make sure of each flag that may be
+  /// waited on (already up: reads only) and set them all back to 0, then the
+  /// count. No peer raises one again before the next run's "free", which
+  /// follows this kernel in stream order.
+  CUTLASS_DEVICE void count_out() const {
+    if (!w.flags || !w.exits) return;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    std::uint64_t before = 0;
+    if (lane == 0) before = dev::atomic_add(w.exits, 1, dev::Scope::gpu, dev::Order::acq_rel);
+    before = __shfl_sync(0xffffffffu, before, 0);
+    const std::uint64_t ctas = static_cast<std::uint64_t>(gridDim.x) * gridDim.y * gridDim.z;
+    if (before != ctas - 1) return;
+    dev::fence_acq_rel(dev::Scope::gpu);  // every lane sees what the other CTAs did before counting out
+    const int count = cols_per_flag > 0 ? (cols + cols_per_flag - 1) / cols_per_flag
+                                        : (rows + rows_per_flag - 1) / rows_per_flag;
+    auto* flags = const_cast<std::uint64_t*>(w.flags);  // the caller handed them over (RowSignals::consume)
+    for (int f = lane; f < count; f += 32) {
+      if (ready_flag(f)) continue;  // never raised
+      dev::wait_until_no_call(w.world, flags + f, dev::Cmp::ge, w.value, dev::Scope::sys, raiser(f));
+      dev::st_relaxed(flags + f, 0, dev::Scope::sys);
+    }
+    __syncwarp();
+    if (lane == 0) dev::st_relaxed(w.exits, 0, dev::Scope::gpu);
+  }
+};
+
+/// CUTLASS's mainloop collective `Base`, whose producer warp first waits for
+/// the A rows of each tile (RowWait; none unless the run's flags are set).
+template <class Base>
+struct WaitingMainloop : Base {
+  struct Arguments : Base::Arguments {
+    TileWaitParams wait{};
+  };
+  struct Params : Base::Params {
+    RowWait wait{};
+  };
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args, void* workspace) {
+    Params p;
+    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem, args, workspace);
+    p.wait = RowWait::make(args.wait, cute::get<0>(problem), cute::get<1>(problem));
+    return p;
+  }
+
+  /// Base::load for the tile at blk_coord (m, n, _, l), once its A rows are present.
+  template <class Pipeline, class State, class LoadInputs, class BlockCoord, class... Rest>
+  CUTLASS_DEVICE void load(Params const& params, Pipeline pipeline, State state, LoadInputs const& inputs,
+                           BlockCoord const& blk_coord, Rest&&... rest) {
+    constexpr int kTileM = cute::size<0>(typename Base::TileShape{});
+    constexpr int kTileN = cute::size<1>(typename Base::TileShape{});
+    params.wait.wait_for_tile(static_cast<int>(cute::get<0>(blk_coord)) * kTileM, kTileM,
+                              static_cast<int>(cute::get<1>(blk_coord)) * kTileN, kTileN);
+    Base::load(params, pipeline, state, inputs, blk_coord, static_cast<Rest&&>(rest)...);
+  }
+
+  /// Base::load_init; keeps the waits for load_tail, which is not given the
+  /// parameters. Every thread of every CTA calls it, tiles or none.
+  template <class ProblemShapeMNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShapeMNKL const& problem, Params const& params) {
+    wait_ = &params.wait;
+    return Base::load_init(problem, params);
+  }
+
+  /// Base::load_tail, after this CTA counted out of the run's flags.
+  template <class Pipeline, class State>
+  CUTLASS_DEVICE void load_tail(Pipeline pipeline, State state) {
+    wait_->count_out();
+    Base::load_tail(pipeline, state);
+  }
+
+ private:
+  RowWait const* wait_ = nullptr;  // in the kernel's (grid-constant) parameters
+};
+
+/// CUTLASS's epilogue collective `Base`, whose producer warp first waits for
+/// the source rows of each tile (RowWait; none unless the run's flags are set),
+/// and counts its CTA out after the last (RowSignals::consume).
+template <class Base>
+struct WaitingEpilogue : Base {
+  struct Arguments : Base::Arguments {
+    TileWaitParams wait{};
+  };
+  struct Params : Base::Params {
+    RowWait wait{};
+  };
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args,
+                                                  void* workspace) {
+    Params p;
+    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem, args, workspace);
+    p.wait = RowWait::make(args.wait, cute::get<0>(problem), cute::get<1>(problem));
+    return p;
+  }
+
+  CUTLASS_HOST_DEVICE WaitingEpilogue(Params const& params, typename Base::TensorStorage& shared)
+      : Base(params, shared), wait_(params.wait) {}
+
+  /// Base::load for the tile at tile_coord (m, n, k, l), once its source rows are present.
+  template <class Pipeline, class State, class ProblemShape, class TileShape, class TileCoord, class... Rest>
+  CUTLASS_DEVICE auto load(Pipeline pipeline, State state, ProblemShape problem, TileShape tile, TileCoord tile_coord,
+                           Rest&&... rest) {
+    constexpr int kTileM = cute::size<0>(TileShape{});
+    constexpr int kTileN = cute::size<1>(TileShape{});
+    wait_.wait_for_tile(static_cast<int>(cute::get<0>(tile_coord)) * kTileM, kTileM,
+                        static_cast<int>(cute::get<1>(tile_coord)) * kTileN, kTileN);
+    return Base::load(pipeline, state, problem, tile, tile_coord, static_cast<Rest&&>(rest)...);
+  }
+
+  /// Base::load_tail, after this CTA counted out of the run's flags.
+  template <class Pipeline, class State>
+  CUTLASS_DEVICE auto load_tail(Pipeline pipeline, State state) {
+    wait_.count_out();
+    return Base::load_tail(pipeline, state);
+  }
+
+ private:
+  RowWait const& wait_;  // in the kernel's (grid-constant) parameters
+};
+
 /// What a configuration names to get the hooked scheduler (cutlass_kernel.cuh
 /// turns it into HookedSchedulerFor<its epilogue's store count>).
 struct HookedSchedulerTag {};
@@ -62,16 +254,17 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
  public:
   struct Arguments : BaseArguments {
-    TileWaitParams wait{};
+    TileWaitParams wait{};  ///< its rotate_rows and done, rows_per_done
   };
   struct Params : BaseParams {
-    TileWaitParams wait{};
     int tile_m = 0;
     int rotate_tiles = 0;
     int tiles_m = 0;  ///< row tiles, rounded up to the cluster's M extent
-    int rows = 0;     ///< M: rows past it belong to no flag
+    int rows = 0;     ///< M: rows past it are stored by no tile
     int tile_n = 0;
     int cols = 0;     ///< N
+    std::uint64_t* done = nullptr;  ///< RowsDone's counters, or nullptr
+    std::int64_t rows_per_done = 1;
   };
 
   template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
@@ -84,11 +277,12 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     BaseParams& base_params = p;
     base_params = Base::to_underlying_arguments(problem, tile, cluster, hw, base_args, workspace, epilogue_subtile,
                                                 ktile_start_alignment_count);
-    p.wait = args.wait;
     p.tile_m = cute::size<0>(tile);
     p.rows = static_cast<int>(cute::get<0>(problem));
     p.tile_n = cute::size<1>(tile);
     p.cols = static_cast<int>(cute::get<1>(problem));
+    p.done = args.wait.done;
+    p.rows_per_done = args.wait.rows_per_done;
     const int cluster_m = cute::size<0>(cluster);
     p.tiles_m = static_cast<int>(p.problem_tiles_m_) * cluster_m;
     const int rot = static_cast<int>(args.wait.rotate_rows / p.tile_m);
@@ -102,14 +296,14 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
-    return hooked(Base::get_current_work());
+    return rotated(Base::get_current_work());
   }
   /// Called by every warp after its part of tile `work`: the consumers call
   /// it right after the epilogue issued the tile's stores.
   CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
     Base::advance_to_next_work();
-    WorkTileInfo next = hooked(Base::get_current_work());
-    if (p_->wait.done && static_cast<int>(threadIdx.x / 32) == kStoreWarp) report_stored(work, next);
+    WorkTileInfo next = rotated(Base::get_current_work());
+    if (p_->done && static_cast<int>(threadIdx.x / 32) == kStoreWarp) report_stored(work, next);
     return cute::make_tuple(next, true);
   }
   template <class Pipeline, class PipelineState>
@@ -118,8 +312,8 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   }
   /// The pingpong kernel's way to ask (after advance_to_next_work). Hides the
   /// base's; the cooperative kernel never calls it, and nothing here calls
-  /// it unqualified, so no tile is rotated or waited for twice.
-  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return hooked(Base::get_current_work()); }
+  /// it unqualified, so no tile is rotated twice.
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return rotated(Base::get_current_work()); }
 
  private:
   /// The warp whose lanes issue the epilogue's TMA stores: the first warp of
@@ -155,7 +349,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
   /// True if row tiles m1 and m2 cover the same first and last band.
   CUTLASS_DEVICE bool same_bands(int m1, int m2) const {
-    const std::int64_t per = p_->wait.rows_per_done;
+    const std::int64_t per = p_->rows_per_done;
     auto first = [&](int m) { return static_cast<std::int64_t>(m) * p_->tile_m / per; };
     auto last = [&](int m) {
       const std::int64_t row1 = std::min<std::int64_t>((static_cast<std::int64_t>(m) + 1) * p_->tile_m, p_->rows);
@@ -171,108 +365,21 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     const std::int64_t cols = std::min<std::int64_t>(p_->tile_n, p_->cols - static_cast<std::int64_t>(n) * p_->tile_n);
     if (row0 >= row1 || cols <= 0) return;  // a tile past M (cluster padding) stores nothing
     dev::fence_proxy_async_global();  // the rows were written by the async proxy (TMA)
-    const std::int64_t per = p_->wait.rows_per_done;
+    const std::int64_t per = p_->rows_per_done;
     for (std::int64_t band = row0 / per; band * per < row1; ++band)
-      dev::red_release(p_->wait.done + band, static_cast<std::uint64_t>(rows_in_band(row0, row1, band, per) * cols),
+      dev::red_release(p_->done + band, static_cast<std::uint64_t>(rows_in_band(row0, row1, band, per) * cols),
                        dev::Scope::sys);
   }
 
-  /// The wait on flag f, and (RowSignals::waited_ns) its time: the flag's
-  /// counter takes -start before the wait and +end after it (wrapping
-  /// arithmetic). Out of line: inline, the wait with its timeout report made
-  /// the cooperative hooked kernel spill 24 bytes (48 with the timing), out
-  /// of line it spills none (ptxas -v, 128x256x64 c2x1).
-  static __noinline__ __device__ void wait_flag(const TileWaitParams& w, std::int64_t f, int from) {
-    const bool timed = w.waited_ns && threadIdx.x % 32 == 0;
-    if (timed) atomicAdd(w.waited_ns + f, 0ull - dev::globaltimer_ns());
-    dev::wait_until(w.world, w.flags + f, dev::Cmp::ge, w.value, dev::Scope::sys, from);
-    if (timed) atomicAdd(w.waited_ns + f, dev::globaltimer_ns());
-  }
-
-  /// The rank that raises flag f (for the timeout report).
-  CUTLASS_DEVICE static int raiser(const TileWaitParams& w, std::int64_t f) {
-    return w.flags_per_rank > 0 ? static_cast<int>(f / w.flags_per_rank) : w.from_rank;
-  }
-
-  /// True if flag f (by rows) covers only rows present from the start: no tile waits for it.
-  CUTLASS_DEVICE static bool ready_flag(const TileWaitParams& w, std::int64_t f) {
-    const std::int64_t f_row0 = f * w.rows_per_flag;
-    return w.cols_per_flag == 0 && f_row0 >= w.ready_begin && f_row0 + w.rows_per_flag <= w.ready_end;
-  }
-
-  /// RowSignals::consume, by the waiting warp of each CTA, once. That warp
-  /// asks for a tile past its CTA's last only after every wait it makes, so
-  /// when the last CTA's warp counts itself out, every tile has seen its
-  /// flags raised: its lanes make sure of each flag that may be waited on
-  /// (already up: reads only) and set them all back to 0, then the count. No
-  /// peer raises one again before the next run's "free", which follows this
-  /// kernel in stream order. Static and out of line, as wait_flag.
-  static __noinline__ __device__ void leave(const Params& p) {
-    const TileWaitParams& w = p.wait;
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    std::uint64_t before = 0;
-    if (lane == 0) before = dev::atomic_add(w.exits, 1, dev::Scope::gpu, dev::Order::acq_rel);
-    before = __shfl_sync(0xffffffffu, before, 0);
-    const std::uint64_t ctas = static_cast<std::uint64_t>(gridDim.x) * gridDim.y * gridDim.z;
-    if (before != ctas - 1) return;
-    dev::fence_acq_rel(dev::Scope::gpu);  // every lane sees what the other CTAs did before counting out
-    const bool by_columns = w.cols_per_flag > 0;
-    const std::int64_t count = by_columns ? (p.cols + w.cols_per_flag - 1) / w.cols_per_flag
-                                          : (p.rows + w.rows_per_flag - 1) / w.rows_per_flag;
-    auto* flags = const_cast<std::uint64_t*>(w.flags);  // the caller handed them over (RowSignals::consume)
-    for (std::int64_t f = lane; f < count; f += 32) {
-      if (ready_flag(w, f)) continue;  // never raised
-      dev::wait_until(w.world, flags + f, dev::Cmp::ge, w.value, dev::Scope::sys, raiser(w, f));
-      dev::st_relaxed(flags + f, 0, dev::Scope::sys);
-    }
-    __syncwarp();
-    if (lane == 0) dev::st_relaxed(w.exits, 0, dev::Scope::gpu);
-  }
-
-  CUTLASS_DEVICE WorkTileInfo hooked(WorkTileInfo work) const {
-    if (!work.is_valid()) {
-      if (p_->wait.exits && !left_ && static_cast<int>(threadIdx.x / 32) == p_->wait.wait_warp) {
-        left_ = true;
-        leave(*p_);
-      }
-      return work;
-    }
-    if (p_->rotate_tiles) work.M_idx = (work.M_idx + p_->rotate_tiles) % p_->tiles_m;
-    const TileWaitParams& w = p_->wait;
-    if (w.flags && static_cast<int>(threadIdx.x / 32) == w.wait_warp) {
-      const std::int64_t row0 = static_cast<std::int64_t>(work.M_idx) * p_->tile_m;
-      const std::int64_t row1 = std::min<std::int64_t>(row0 + p_->tile_m, p_->rows);  // the last tile may run past M
-      if (row0 < row1 && (row0 < w.ready_begin || row1 > w.ready_end)) {
-        bool waited = false;
-        if (w.cols_per_flag > 0) {  // flags by column band: the source arrives band by band, every row at once
-          const std::int64_t col0 = static_cast<std::int64_t>(work.N_idx) * p_->tile_n;
-          const std::int64_t col1 = std::min<std::int64_t>(col0 + p_->tile_n, p_->cols);
-          for (std::int64_t f = col0 / w.cols_per_flag; f * w.cols_per_flag < col1; ++f) {
-            wait_flag(w, f, raiser(w, f));
-            waited = true;
-          }
-        } else {
-          for (std::int64_t f = row0 / w.rows_per_flag; f * w.rows_per_flag < row1; ++f) {
-            if (ready_flag(w, f)) continue;
-            wait_flag(w, f, raiser(w, f));
-            waited = true;
-          }
-        }
-        // The rows came from a copy engine or a peer; the TMA loads that read
-        // them next belong to the async proxy.
-        if (waited) dev::fence_proxy_async_global();
-      }
-    }
+  CUTLASS_DEVICE WorkTileInfo rotated(WorkTileInfo work) const {
+    if (work.is_valid() && p_->rotate_tiles) work.M_idx = (work.M_idx + p_->rotate_tiles) % p_->tiles_m;
     return work;
   }
 
   // The kernel's own (grid-constant) parameters, read in place: a copy in
-  // every thread kept ~30 registers live across the mainloop, and passing the
-  // World to the timeout report by reference put that copy on the stack (the
-  // hooked kernels spilled where the plain ones did not, and ran 1-4 % slower).
+  // every thread kept ~30 registers live across the mainloop.
   const Params* p_ = nullptr;
   int pending_m_ = -1, pending_n_ = 0;  // the last tile this thread's stores were issued for, unreported
-  mutable bool left_ = false;            // this thread counted its CTA out (leave)
 };
 
 }  // namespace weft::gemm_detail

@@ -21,7 +21,7 @@ __global__ void wait_all_kernel(dev::World w, std::uint64_t* flags, int count, i
     const int from = first_rank + i / per_rank;
     if (from == w.rank) continue;
     dev::wait_until(w, flags + i, dev::Cmp::ge, 1, dev::Scope::sys, from);
-    // As HookedScheduler::leave(): no peer raises this flag again before our next run's "free".
+    // As RowWait::count_out(): no peer raises this flag again before our next run's "free".
     if (consume) dev::st_relaxed(flags + i, 0, dev::Scope::sys);
   }
 }

@@ -1,21 +1,32 @@
 // A rank that skips a collective must not leave the others hanging: their
 // device waits end, past WEFT_WAIT_TIMEOUT, in an error that names the rank
 // that never signalled, the flag and the values. Trapping leaves the waiting
-// ranks' CUDA contexts unusable, so this test runs only in processes of its own
-// (WEFT_TEST_PROVOKE_TIMEOUT=1; scripts/gpu_session.sh and CTest's
-// gpu_wait_timeout do that).
+// ranks' CUDA contexts unusable, so each test runs only in a process of its own:
+// WEFT_TEST_PROVOKE_TIMEOUT=1 runs the collective's, =gemm the GEMM's
+// (scripts/gpu_session.sh and CTest's gpu_wait_timeout, gpu_wait_timeout_gemm).
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 
 #include "gpu_test.hpp"
 #include "weft/core/error.hpp"
+#include "weft/gemm/gemm.hpp"
 #include "weft/ops/all_reduce.hpp"
 
 using namespace weft;
 using weft::test::ctx;
 
+namespace {
+/// WEFT_TEST_PROVOKE_TIMEOUT, or "" if unset.
+std::string provoked() {
+  const char* v = std::getenv("WEFT_TEST_PROVOKE_TIMEOUT");
+  return v ? v : "";
+}
+}  // namespace
+
 TEST(WaitTimeout, ARankThatSkipsAnAllReduceIsNamed) {
-  if (!std::getenv("WEFT_TEST_PROVOKE_TIMEOUT"))
+  if (provoked().empty() || provoked() == "gemm")
     GTEST_SKIP() << "runs only with WEFT_TEST_PROVOKE_TIMEOUT=1, in processes of their own";
   WEFT_NEED_RANKS(2);
   ASSERT_GT(ctx().wait_timeout().count(), 0) << "set WEFT_WAIT_TIMEOUT to a short bound for this test";
@@ -40,4 +51,51 @@ TEST(WaitTimeout, ARankThatSkipsAnAllReduceIsNamed) {
     std::printf("[ info ] provoked hang reported after %.2f s: %s\n", waited, message.c_str());
   }
   ctx().host_barrier("timeout test done");
+}
+
+// The GEMM's own waits (a hooked pingpong kernel waiting for its source rows,
+// the wait GEMM + ReduceScatter makes) report the same way: they are written
+// inline (dev::wait_until_no_call), so this is the path that test covers.
+TEST(WaitTimeout, AGemmWhoseSourceRowsNeverArriveNamesTheFlag) {
+  if (provoked() != "gemm")
+    GTEST_SKIP() << "runs only with WEFT_TEST_PROVOKE_TIMEOUT=gemm, in a process of its own";
+  ASSERT_GT(ctx().wait_timeout().count(), 0) << "set WEFT_WAIT_TIMEOUT to a short bound for this test";
+  const std::int64_t m = 512, n = 512, k = 256, rows_per_flag = 128;
+  GemmOptions o{m, n, k};
+  o.hook = GemmHook::wait_source_rows;
+  std::string pingpong;
+  for (const std::string& c : Gemm(o).configurations())
+    if (c.find("pingpong") != std::string::npos) pingpong = c;
+  ASSERT_FALSE(pingpong.empty()) << "no hooked pingpong configuration adds a source";
+  o.config = pingpong;
+  Gemm gemm(o);
+  SymmetricBuffer flags(ctx().heap(), m / rows_per_flag * 8, "u64", "test.timeout.gemm_rows");
+  void *a, *b, *c, *src;
+  for (void** p : {&a, &b, &c, &src}) WEFT_CUDA(cudaMalloc(p, m * std::max(n, k) * 2));
+  cudaStream_t s = test::stream();
+  for (void* p : {a, b, src}) WEFT_CUDA(cudaMemsetAsync(p, 0x3c, m * std::max(n, k) * 2, s));
+  WEFT_CUDA(cudaMemsetAsync(flags.get(), 0, m / rows_per_flag * 8, s));  // raised by nobody
+  GemmArgs args{.a = a, .b = b, .c = c, .source = src};
+  args.signals = RowSignals{.world = &ctx().world(),
+                            .flags = static_cast<std::uint64_t*>(flags.get()),
+                            .rows_per_flag = rows_per_flag,
+                            .value = 1,
+                            .from_rank = ctx().rank()};
+  gemm.prepare(args, s);  // tuning never waits
+  WEFT_CUDA(cudaStreamSynchronize(s));
+  auto t0 = std::chrono::steady_clock::now();
+  std::string message;
+  gemm.run(args, s);
+  try {
+    ctx().synchronize(s);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(message.find(str("device wait timed out: rank ", ctx().rank())), std::string::npos) << message;
+  EXPECT_NE(message.find(str("rank ", ctx().rank(), " never signalled it")), std::string::npos) << message;
+  EXPECT_NE(message.find("test.timeout.gemm_rows"), std::string::npos) << message;
+  EXPECT_LT(waited, ctx().wait_timeout().count() / 1000.0 + 10.0) << "reported too late";
+  std::printf("[ info ] provoked GEMM hang (%s) reported after %.2f s: %s\n", pingpong.c_str(), waited,
+              message.c_str());
 }
