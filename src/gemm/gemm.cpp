@@ -6,7 +6,6 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <tuple>
 
 #include "config.hpp"
 #include "tune_cache.hpp"
@@ -260,41 +259,9 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     p.workspace = workspace_;
     return c.cfg->run(p, stream);
   };
-  // Each candidate's `runs` back-to-back launches, captured once into a CUDA
-  // graph and timed as one graph launch. Launched one by one, a GEMM of
-  // ~0.1 ms took as long to enqueue as to run (CUTLASS's host-side setup
-  // and the launch: ~0.1 ms), so every candidate timed alike and the choice
-  // at 1024 x 8192 x 4096, GEMM + ReduceScatter's step at 2048 rows, was
-  // close to random: the 128x128 pingpong kernel at 0.092-0.103 ms where the
-  // cooperative 128x256 ran 0.088 (weft-bench gemm, held), and the operator
-  // 6-8 % slower for it (PERF.md, sixteenth session). The plans run their
-  // GEMMs from graphs too.
-  struct Graphs {  // destroyed on every way out, a throwing launch included
-    std::map<std::tuple<const gemm_detail::Config*, int, int, int>, cudaGraphExec_t> execs;
-    ~Graphs() {
-      for (auto& [key, e] : execs) cudaGraphExecDestroy(e);
-    }
-  } graphs;
-  auto graph_of = [&](const Candidate& c, int runs) {
-    cudaGraphExec_t& exec = graphs.execs[{c.cfg, c.swizzle, c.raster, runs}];
-    if (exec) return exec;
-    // Relaxed: the launches allocate nothing (the warm-up reserved the
-    // workspace), but a cuBLAS candidate's handle may query the device.
-    WEFT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-    const char* why = "";
-    for (int r = 0; r < runs && !*why; ++r) why = launch(c);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // always, so the stream leaves capture
-    WEFT_REQUIRE(!*why, "Gemm ", describe(options_), ": ", c.cfg->name, " ran in its warm-up, but not captured: ", why);
-    WEFT_CUDA(ended);
-    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    WEFT_CUDA(made);
-    return exec;
-  };
-  // One pass: each candidate's graph, in order or reversed, with an event
-  // between candidates and no host wait inside the pass, so the GPU never
-  // idles and launch latency stays out of the times.
+  // One pass: `runs` back-to-back launches of each candidate, in order or
+  // reversed, with an event between candidates and no host wait inside the
+  // pass, so the GPU never idles and launch latency stays out of the times.
   // Passes alternate direction: under the power cap the clocks fall as the
   // GPU heats (the H200s here spend most busy time capped, 1250-1600 MHz), so
   // a candidate always timed early would look faster than one timed late; a
@@ -313,11 +280,10 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
       marks.push_back(e);
     }
     const std::size_t n = cs.size();
-    std::vector<cudaGraphExec_t> execs;
-    for (std::size_t i = 0; i < n; ++i) execs.push_back(graph_of(cs[reversed ? n - 1 - i : i], runs));
     WEFT_CUDA(cudaEventRecord(marks[0], stream));
     for (std::size_t i = 0; i < n; ++i) {
-      WEFT_CUDA(cudaGraphLaunch(execs[i], stream));
+      const Candidate& c = cs[reversed ? n - 1 - i : i];
+      for (int r = 0; r < runs; ++r) launch(c);
       WEFT_CUDA(cudaEventRecord(marks[i + 1], stream));
     }
     WEFT_CUDA(cudaEventSynchronize(marks[n]));
