@@ -18,15 +18,15 @@
 // kernel ran 2-7 % slower with nothing waited for (PERF.md, sixteenth
 // session). In the collectives only the waiting warp holds the code, and all
 // of it is inline (dev::wait_until_no_call): one call in the kernel and ptxas
-// ignores setmaxnreg (C7507).
+// ignores setmaxnreg (C7507). With RowSignals::waited_ns the waiting lane adds
+// the time it spent on each flag to that flag's counter (diagnostics).
 //
 // Scheduling (HookedScheduler): the rotation starts the order at a chosen row
 // tile (the rank's own shard first); it is a multiple of the cluster's M
 // extent, so the CTAs of a cluster keep sharing their B tile. Plans keep the
 // row-major tile order (along N), so rows are consumed, and stored, in the
 // order they travel; a plan that neither rotates nor reports may walk along M
-// too (GemmOptions::any_tile_order). With RowSignals::waited_ns the waiting
-// lane adds the time it spent on each flag to that flag's counter (diagnostics).
+// too (GemmOptions::any_tile_order).
 //
 // Reporting (RowsDone, cooperative kernel only): the consumers ask for their next tile right after the
 // epilogue has issued the TMA stores of this one. The warp that issued them

@@ -70,7 +70,7 @@ TEST(WaitTimeout, AGemmWhoseSourceRowsNeverArriveNamesTheFlag) {
   o.config = pingpong;
   Gemm gemm(o);
   SymmetricBuffer flags(ctx().heap(), m / rows_per_flag * 8, "u64", "test.timeout.gemm_rows");
-  void *a, *b, *c, *src;
+  void *a, *b, *c, *src;  // not freed: the trap leaves this process's CUDA context unusable
   for (void** p : {&a, &b, &c, &src}) WEFT_CUDA(cudaMalloc(p, m * std::max(n, k) * 2));
   cudaStream_t s = test::stream();
   for (void* p : {a, b, src}) WEFT_CUDA(cudaMemsetAsync(p, 0x3c, m * std::max(n, k) * 2, s));

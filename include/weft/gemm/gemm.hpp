@@ -112,8 +112,11 @@ struct GemmOptions {
   /// size heuristic only (false). Graph capture always uses the heuristic.
   bool autotune = true;
   /// Force a configuration by name (see Gemm::configurations); empty = choose.
-  /// "NAME, swizzle S along M" (or N), as config() prints it, also forces the
-  /// tile scheduler's swizzle and raster order: nothing is tuned.
+  /// Nothing is tuned then: "NAME" alone runs it with the tile scheduler's
+  /// defaults (swizzle 1; the raster order CUTLASS's heuristic picks, along N
+  /// for hooked plans); "NAME, swizzle S along M" (or N), as config() prints
+  /// it, sets both. A forced configuration is first launched by the first
+  /// run, not by prepare().
   std::string config;
   /// The communication hook (bf16, with the configurations compiled for it).
   GemmHook hook = GemmHook::none;
