@@ -177,7 +177,10 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
     raster_ = forced_raster;
     return;
   }
-  if (candidates_.size() == 1 || !o.autotune) {
+  // One candidate (a bare NAME, or one compiled configuration) still goes
+  // through tune(): its scheduler settings are timed, and prepare() launches
+  // it once, as CUDA's lazy loading needs before a plan enqueues waits on it.
+  if (!o.autotune) {
     // Heuristic: a narrow tile when M alone cannot fill the GPU with wide ones.
     const gemm_detail::Config* best = candidates_.front();
     for (const auto* c : candidates_) {

@@ -3,6 +3,7 @@
 // primitives are overlap.hpp's, the ring order schedule.hpp's.
 #include "weft/ops/gemm_rs.hpp"
 
+#include "../gemm/config.hpp"
 #include "../gemm/row_bands.hpp"
 #include "overlap.hpp"
 #include "schedule.hpp"
@@ -14,6 +15,25 @@ using ops_detail::Overlap;
 
 namespace {
 constexpr std::int64_t kOneLaunchBlockRows = 512;  // tile rows x cluster rows, at most
+
+/// `o` for a ring step: CUTLASS's cooperative 128x256 c2x1 kernel (a bare name:
+/// its tile-scheduler settings are tuned), where one is compiled for the step's types,
+/// layout and hook. Timed alone, back to back, the tuner finds the 128x128
+/// pingpong kernel about as fast and often takes it; in the ring, one step
+/// after another, the cooperative steps ran GEMM+ReduceScatter at K = 8192
+/// 1.2-4.8 % faster (M = 8192 down to 2048; at 2048 rows the steps' GEMMs
+/// alone, nothing sent, 0.186 against 0.190-0.196 ms): PERF.md, sixteenth
+/// session. Why the tuner's timing cannot see it is open (docs/NOTES.md).
+GemmOptions cooperative_step(GemmOptions o) {
+  const char* kind = o.hook == GemmHook::wait_source_rows ? " hooked+source" : o.hook == GemmHook::none ? "" : " hooked";
+  const std::string name = str("128x256x64 c2x1 cooperative", kind);
+  for (const auto* c : gemm_detail::all_configs())
+    if (c->name == name && c->input == o.input && c->output == o.output && c->b_layout == o.b_layout) {
+      o.config = name;
+      break;
+    }
+  return o;
+}
 }  // namespace
 
 std::vector<Overlap::Fused> ops_detail::fused_ways(const GemmRs& plan,
@@ -72,7 +92,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
     if (per_step) {
       GemmOptions first = g;
       if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
-      first_gemm_ = std::make_unique<Gemm>(first);
+      first_gemm_ = std::make_unique<Gemm>(cooperative_step(first));
     }
     if (steps > 0) {
       staging_ = SymmetricBuffer(ctx_->heap(), all_bytes, "bf16", "gemm_rs.staging");
@@ -83,19 +103,19 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_source_rows;
       if (per_step || plain_first) {  // the steps after the first
-        step_gemm_ = std::make_unique<Gemm>(hooked);
+        step_gemm_ = std::make_unique<Gemm>(cooperative_step(hooked));
         // The last step, unless a caller ships it (GemmAr), sends nothing on:
         // its tiles may walk in any order (along M too, and in the pingpong
         // kernel, whose epilogue with its source load runs under the other
         // warpgroup's mainloop). Its sources mostly arrived during the steps before.
         GemmOptions last = hooked;
         last.any_tile_order = true;
-        last_gemm_ = std::make_unique<Gemm>(last);
+        last_gemm_ = std::make_unique<Gemm>(cooperative_step(last));
       }
       if (plain_first) {
         // Its block leaves once the whole step is stored: the plain GEMM may
         // walk its tiles in any order (or be cuBLAS's), and reports nothing.
-        plain_first_gemm_ = std::make_unique<Gemm>(g);
+        plain_first_gemm_ = std::make_unique<Gemm>(cooperative_step(g));
         WEFT_CUDA(cudaEventCreateWithFlags(&first_step_done_, cudaEventDisableTiming));
         // The steps after it are the per-step ring's, but at 2 ranks the
         // last step's source leaves the previous rank only as the step
@@ -107,7 +127,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
             if (o.n % bands == 0 && o.n / bands % 256 == 0) band_cols_ = o.n / bands;
           GemmOptions last = hooked;
           last.any_tile_order = band_cols_ > 0;
-          ordered_last_gemm_ = std::make_unique<Gemm>(last);
+          ordered_last_gemm_ = std::make_unique<Gemm>(cooperative_step(last));
         }
       }
       if (one) {

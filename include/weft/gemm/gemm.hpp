@@ -112,11 +112,9 @@ struct GemmOptions {
   /// size heuristic only (false). Graph capture always uses the heuristic.
   bool autotune = true;
   /// Force a configuration by name (see Gemm::configurations); empty = choose.
-  /// Nothing is tuned then: "NAME" alone runs it with the tile scheduler's
-  /// defaults (swizzle 1; the raster order CUTLASS's heuristic picks, along N
-  /// for hooked plans); "NAME, swizzle S along M" (or N), as config() prints
-  /// it, sets both. A forced configuration is first launched by the first
-  /// run, not by prepare().
+  /// "NAME" alone: the tile scheduler's swizzle and raster order are still
+  /// tuned. "NAME, swizzle S along M" (or N), as config() prints it, sets
+  /// both: nothing is tuned, and the first run launches it first.
   std::string config;
   /// The communication hook (bf16, with the configurations compiled for it).
   GemmHook hook = GemmHook::none;
