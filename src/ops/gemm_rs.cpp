@@ -80,7 +80,9 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   const std::uint64_t all_bytes = static_cast<std::uint64_t>(o.m * o.n * 2);
   const int steps = world - 1;
   GemmOptions g = gemm_options(block_rows_, o.n, o.k, o.dtype, o.b_layout);
-  g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
+  // Unhooked GEMMs take cuBLAS where it is faster: the sequential path's, and
+  // a ring step's where no cooperative step is compiled for its types (cooperative_step).
+  g.allow_cublas = true;
   g.agree = ops_detail::slowest_rank(ctx_);
   if (o.mode != OverlapMode::sequential) {
     const bool any = o.way == FusedWay::automatic;
@@ -114,7 +116,8 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
       }
       if (plain_first) {
         // Its block leaves once the whole step is stored: the plain GEMM may
-        // walk its tiles in any order (or be cuBLAS's), and reports nothing.
+        // walk its tiles in any order (or be cuBLAS's, where cooperative_step
+        // finds no configuration), and reports nothing.
         plain_first_gemm_ = std::make_unique<Gemm>(cooperative_step(g));
         WEFT_CUDA(cudaEventCreateWithFlags(&first_step_done_, cudaEventDisableTiming));
         // The steps after it are the per-step ring's, but at 2 ranks the
