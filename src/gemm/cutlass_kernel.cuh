@@ -89,7 +89,11 @@ struct Kernel {
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
-    if constexpr (kHooked) args.scheduler.wait = p.wait;
+    if constexpr (kHooked) {
+      args.scheduler.rotate_rows = p.wait.rotate_rows;
+      args.scheduler.done = p.wait.done;
+      args.scheduler.rows_per_done = p.wait.rows_per_done;
+    }
     return args;
   }
   /// The run's waits for the collective `in`; none for the other: only the warp that waits gets the flags.

@@ -114,7 +114,18 @@ bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
          (h != GemmHook::report_rows || c.reports);
 }
 
+/// True if configuration `c` computes what `o` asks: its types, B layout and hook.
+bool serves(const gemm_detail::Config& c, const GemmOptions& o) {
+  return c.input == o.input && c.output == o.output && c.b_layout == o.b_layout && hook_matches(c, o.hook);
+}
+
 }  // namespace
+
+bool gemm_detail::has_configuration(const GemmOptions& o, const std::string& name) {
+  for (const auto* c : all_configs())
+    if (c->name == name && serves(*c, o)) return true;
+  return false;
+}
 
 Gemm::Gemm(const GemmOptions& options) : options_(options) {
   const GemmOptions& o = options_;
@@ -149,9 +160,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   if (o.allow_cublas && o.hook == GemmHook::none)
     for (const auto* c : gemm_detail::cublas_configs()) pool.push_back(c);
   for (const auto* c : pool)
-    if (c->input == o.input && c->output == o.output && c->b_layout == o.b_layout && hook_matches(*c, o.hook) &&
-        (name.empty() || name == c->name))
-      candidates_.push_back(c);
+    if (serves(*c, o) && (name.empty() || name == c->name)) candidates_.push_back(c);
   if (candidates_.empty()) {
     std::string have;
     for (const auto* c : gemm_detail::all_configs())

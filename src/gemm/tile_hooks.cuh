@@ -141,10 +141,12 @@ struct RowWait {
   }
 };
 
-/// CUTLASS's mainloop collective `Base`, whose producer warp first waits for
-/// the A rows of each tile (RowWait; none unless the run's flags are set).
+/// A CUTLASS load collective `Base` whose arguments carry the run's
+/// TileWaitParams and whose parameters the RowWait made of them: what
+/// WaitingMainloop and WaitingEpilogue share.
 template <class Base>
-struct WaitingMainloop : Base {
+struct WithRowWait : Base {
+  using Base::Base;
   struct Arguments : Base::Arguments {
     TileWaitParams wait{};
   };
@@ -153,12 +155,20 @@ struct WaitingMainloop : Base {
   };
 
   template <class ProblemShape>
-  static Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args, void* workspace) {
+  static constexpr Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args,
+                                                  void* workspace) {
     Params p;
     static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem, args, workspace);
     p.wait = RowWait::make(args.wait, cute::get<0>(problem), cute::get<1>(problem));
     return p;
   }
+};
+
+/// CUTLASS's mainloop collective `Base`, whose producer warp first waits for
+/// the A rows of each tile (RowWait; none unless the run's flags are set).
+template <class Base>
+struct WaitingMainloop : WithRowWait<Base> {
+  using typename WithRowWait<Base>::Params;
 
   /// Base::load for the tile at blk_coord (m, n, _, l), once its A rows are present.
   template <class Pipeline, class State, class LoadInputs, class BlockCoord, class... Rest>
@@ -194,25 +204,11 @@ struct WaitingMainloop : Base {
 /// the source rows of each tile (RowWait; none unless the run's flags are set),
 /// and counts its CTA out after the last (RowSignals::consume).
 template <class Base>
-struct WaitingEpilogue : Base {
-  struct Arguments : Base::Arguments {
-    TileWaitParams wait{};
-  };
-  struct Params : Base::Params {
-    RowWait wait{};
-  };
-
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args,
-                                                  void* workspace) {
-    Params p;
-    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem, args, workspace);
-    p.wait = RowWait::make(args.wait, cute::get<0>(problem), cute::get<1>(problem));
-    return p;
-  }
+struct WaitingEpilogue : WithRowWait<Base> {
+  using typename WithRowWait<Base>::Params;
 
   CUTLASS_HOST_DEVICE WaitingEpilogue(Params const& params, typename Base::TensorStorage& shared)
-      : Base(params, shared), wait_(params.wait) {}
+      : WithRowWait<Base>(params, shared), wait_(params.wait) {}
 
   /// Base::load for the tile at tile_coord (m, n, k, l), once its source rows are present.
   template <class Pipeline, class State, class ProblemShape, class TileShape, class TileCoord, class... Rest>
@@ -254,7 +250,11 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 
  public:
   struct Arguments : BaseArguments {
-    TileWaitParams wait{};  ///< its rotate_rows and done, rows_per_done
+    // TileWaitParams's fields that scheduling reads; the waits are the
+    // load collectives' (WithRowWait).
+    std::int64_t rotate_rows = 0;   ///< start the tile order at the tile holding this row
+    std::uint64_t* done = nullptr;  ///< RowsDone's counters, or nullptr
+    std::int64_t rows_per_done = 1;
   };
   struct Params : BaseParams {
     int tile_m = 0;
@@ -281,11 +281,11 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     p.rows = static_cast<int>(cute::get<0>(problem));
     p.tile_n = cute::size<1>(tile);
     p.cols = static_cast<int>(cute::get<1>(problem));
-    p.done = args.wait.done;
-    p.rows_per_done = args.wait.rows_per_done;
+    p.done = args.done;
+    p.rows_per_done = args.rows_per_done;
     const int cluster_m = cute::size<0>(cluster);
     p.tiles_m = static_cast<int>(p.problem_tiles_m_) * cluster_m;
-    const int rot = static_cast<int>(args.wait.rotate_rows / p.tile_m);
+    const int rot = static_cast<int>(args.rotate_rows / p.tile_m);
     p.rotate_tiles = p.tiles_m > 0 ? (rot - rot % cluster_m) % p.tiles_m : 0;
     return p;
   }

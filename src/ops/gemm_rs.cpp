@@ -27,11 +27,7 @@ constexpr std::int64_t kOneLaunchBlockRows = 512;  // tile rows x cluster rows, 
 GemmOptions cooperative_step(GemmOptions o) {
   const char* kind = o.hook == GemmHook::wait_source_rows ? " hooked+source" : o.hook == GemmHook::none ? "" : " hooked";
   const std::string name = str("128x256x64 c2x1 cooperative", kind);
-  for (const auto* c : gemm_detail::all_configs())
-    if (c->name == name && c->input == o.input && c->output == o.output && c->b_layout == o.b_layout) {
-      o.config = name;
-      break;
-    }
+  if (gemm_detail::has_configuration(o, name)) o.config = name;
   return o;
 }
 }  // namespace
