@@ -96,6 +96,7 @@ const Config* config_bf16_bf16_nk_256x128x64_c1x2_cooperative();
 const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative();
 const Config* config_bf16_bf16_nk_128x128x64_c2x1_cooperative();
 const Config* config_bf16_bf16_nk_64x256x64_c1x1_pingpong();
+const Config* config_bf16_bf16_nk_144x256x64_c1x2_cooperative_swapped();
 const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative();
 const Config* config_bf16_bf16_kn_64x256x64_c1x1_pingpong();
 const Config* config_bf16_fp32_nk_128x256x64_c2x1_cooperative();

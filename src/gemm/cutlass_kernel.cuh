@@ -24,13 +24,23 @@ namespace weft::gemm_detail {
 /// Scheduler = HookedSchedulerTag: the tile order rotates, the producer warp of
 /// one load collective waits on row flags (tile_hooks.cuh: the mainloop's for
 /// A rows, the epilogue's for source rows), and cooperative kernels report stored rows.
+/// kSwapAB (plain, B as [N, K] only): CUTLASS computes D^T = B x A^T, so its
+/// tile's M runs along our N and its N along our M, where wgmma takes any
+/// multiple of 8: a TN of 144 covers M = 1000 in 7 tile rows (1008), where
+/// 128-row tiles need 8 (1024) and leave the last wave 39 % full at N = 14336
+/// (cuBLAS's choice there: 256x144, cluster 2x1, in its column-major view).
+/// Its tile scheduler's M and N (swizzle, raster) are ours swapped too.
 template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative,
-          class Scheduler = cutlass::gemm::PersistentScheduler, class Source = void>
+          class Scheduler = cutlass::gemm::PersistentScheduler, class Source = void, bool kSwapAB = false>
 struct Kernel {
   static constexpr bool kHooked = std::is_same_v<Scheduler, HookedSchedulerTag>;
   static constexpr bool kWithSource = !std::is_void_v<Source>;
-  static constexpr int kClusterM = CM;
-  static constexpr int kClusterN = CN;
+  static_assert(!kSwapAB || (!kHooked && !kWithSource && std::is_same_v<LayoutB, cutlass::layout::ColumnMajor>),
+                "swapped operands: plain kernels with B as [N, K] only (A [M, K] is then K-major as B^T's operand)");
+  // D^T column-major is D row-major.
+  using LayoutD = std::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  static constexpr int kClusterM = kSwapAB ? CN : CM;  // CTAs per cluster along our M (Config::cluster_m)
+  static constexpr int kClusterN = kSwapAB ? CM : CN;
   using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
   using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
   using MainSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
@@ -43,8 +53,8 @@ struct Kernel {
                                     cutlass::epilogue::fusion::LinearCombination<Out, float, Source, float>>;
   using BuiltEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Source, cutlass::layout::RowMajor, kAlignOut, Out,
-      cutlass::layout::RowMajor, kAlignOut, EpiSchedule, Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Source, LayoutD, kAlignOut, Out, LayoutD,
+      kAlignOut, EpiSchedule, Fusion>::CollectiveOp;
   // Hooked configurations wait in their load collectives (tile_hooks.cuh):
   // the mainloop's for A rows, the epilogue's for source rows.
   using Epilogue = std::conditional_t<kHooked && kWithSource, WaitingEpilogue<BuiltEpilogue>, BuiltEpilogue>;
@@ -53,6 +63,11 @@ struct Kernel {
       kAlignIn, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainSchedule>::CollectiveOp;
+  // One wgmma spans the tile's N. A width that is not a power of two (144)
+  // needs CuTe's extended shapes (CMakeLists.txt); without them CuTe falls
+  // back to 16-wide wgmmas, and the swapped 144x256 tile ran at half speed.
+  static_assert(cute::size<1>(typename BuiltMainloop::TiledMma::AtomShape_MNK{}) == TN,
+                "wgmma narrower than the tile: build with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
   using Mainloop = std::conditional_t<kHooked, WaitingMainloop<BuiltMainloop>, BuiltMainloop>;
   // The hooked scheduler reports a tile once at most one tile's worth of TMA
   // store groups (one per epilogue sub-tile) is in flight, and finds the
@@ -70,13 +85,16 @@ struct Kernel {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments arguments(const Problem& p) {
-    const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+    // Swapped, CUTLASS's problem is N x M x K with B first (kSwapAB).
+    const int m = static_cast<int>(kSwapAB ? p.n : p.m), n = static_cast<int>(kSwapAB ? p.m : p.n);
+    const int k = static_cast<int>(p.k);
     auto sa = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, cute::make_shape(m, k, 1));
     auto sb = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, cute::make_shape(n, k, 1));
     auto sd = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, cute::make_shape(m, n, 1));
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = p.sm_count;
-    typename BuiltMainloop::Arguments mainloop{static_cast<const In*>(p.a), sa, static_cast<const In*>(p.b), sb};
+    typename BuiltMainloop::Arguments mainloop{static_cast<const In*>(kSwapAB ? p.b : p.a), sa,
+                                               static_cast<const In*>(kSwapAB ? p.a : p.b), sb};
     typename BuiltEpilogue::Arguments epilogue{
         {}, static_cast<const Out*>(kWithSource ? p.source : nullptr), sd, static_cast<Out*>(p.c), sd};
     if constexpr (kWithSource) epilogue.thread.op_0 = NoSourceRows{p.no_source_begin, p.no_source_end};

@@ -24,6 +24,7 @@ const std::vector<const Config*>& all_configs() {
       config_bf16_bf16_nk_256x128x64_c2x1_cooperative(),
       config_bf16_bf16_nk_128x128x64_c2x1_cooperative(),
       config_bf16_bf16_nk_64x256x64_c1x1_pingpong(),
+      config_bf16_bf16_nk_144x256x64_c1x2_cooperative_swapped(),
       config_bf16_bf16_kn_128x256x64_c2x1_cooperative(),
       config_bf16_bf16_kn_64x256x64_c1x1_pingpong(),
       config_bf16_fp32_nk_128x256x64_c2x1_cooperative(),
