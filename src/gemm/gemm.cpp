@@ -255,23 +255,26 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
   return p;
 }
 
-void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
+const char* Gemm::launch_unhooked(const GemmArgs& args, const gemm_detail::Config& cfg, int swizzle, int raster,
+                                  cudaStream_t stream) {
   GemmArgs local = args;
-  local.signals.flags = nullptr;  // tuning never waits: every row counts as present ...
-  local.done.counters = nullptr;  // ... and reports nothing
+  local.signals.flags = nullptr;  // tuning and warm-up never wait: every row counts as present ...
+  local.done.counters = nullptr;  // ... and report nothing
+  gemm_detail::Problem p = problem(local, swizzle, raster);
+  if (const char* why = cfg.check(p); *why) return why;
+  reserve_workspace(cfg.workspace(p));
+  p.workspace = workspace_;
+  return cfg.run(p, stream);
+}
+
+void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   struct Candidate {
     const gemm_detail::Config* cfg;
     int swizzle, raster;
     float ms = 0;
   };
   // One launch of candidate `c`: "" or why it cannot run.
-  auto launch = [&](const Candidate& c) {
-    gemm_detail::Problem p = problem(local, c.swizzle, c.raster);
-    if (const char* why = c.cfg->check(p); *why) return why;
-    reserve_workspace(c.cfg->workspace(p));
-    p.workspace = workspace_;
-    return c.cfg->run(p, stream);
-  };
+  auto launch = [&](const Candidate& c) { return launch_unhooked(args, *c.cfg, c.swizzle, c.raster, stream); };
   // One pass: `runs` back-to-back launches of each candidate, in order or
   // reversed, with an event between candidates and no host wait inside the
   // pass, so the GPU never idles and launch latency stays out of the times.
@@ -452,11 +455,23 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
 }
 
 void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {
-  if (chosen_) return;
+  if (launched_) return;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
-  if (capturing == cudaStreamCaptureStatusNone) tune(args, stream);
-  else chosen_ = candidates_.front();
+  if (capturing != cudaStreamCaptureStatusNone) {  // nothing can be timed or warmed inside a capture
+    if (!chosen_) chosen_ = candidates_.front();
+    return;
+  }
+  if (!chosen_) {
+    tune(args, stream);  // launches every candidate it times, or the cached choice
+  } else {
+    // Chosen before any launch (forced by full name, or the size heuristic):
+    // launched once now all the same, for CUDA's lazy loading (see
+    // take_cached in tune()), before the caller enqueues waits on this GEMM.
+    if (const char* why = launch_unhooked(args, *chosen_, swizzle_, raster_, stream); *why)
+      WEFT_FAIL("Gemm ", describe(options_), ": the configuration '", config(), "' cannot run: ", why);
+  }
+  launched_ = true;
 }
 
 void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {

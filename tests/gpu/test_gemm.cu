@@ -147,6 +147,9 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
 TEST(Gemm, AConfigStringForcesTheConfigurationAndItsSchedulerSettings) {
   // GemmOptions::config = "NAME, swizzle S along M|N" (what config() prints):
   // no tuning, exactly that kernel and tile order, and the product right.
+  // prepare() launches the chosen kernel once (CUDA's lazy loading must not
+  // happen behind a plan's waits), so C holds the product after it alone;
+  // the same for the size heuristic (autotune off).
   Cublas cb;
   cudaStream_t s = test::stream();
   GemmOptions o{1000, 1032, 512};
@@ -165,13 +168,27 @@ TEST(Gemm, AConfigStringForcesTheConfigurationAndItsSchedulerSettings) {
       EXPECT_EQ(gemm.config(), o.config) << "chosen at construction, before any run";
       bench::fill_uniform(a, o.m * o.k, "bf16", bench::fresh_seed(ctx().rank(), 41 + ran), s);
       bench::fill_uniform(b, o.n * o.k, "bf16", bench::fresh_seed(ctx().rank(), 61 + ran), s);
+      reference(cb.h, o, a, b, ref);
+      bench::poison(c, o.m * o.n * 2, 0xFF, s);
+      gemm.prepare(GemmArgs{.a = a, .b = b, .c = c}, s);
+      EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << o.config << ", by prepare()";
       bench::poison(c, o.m * o.n * 2, 0xFF, s);
       gemm.run(a, b, c, s);
-      reference(cb.h, o, a, b, ref);
       EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << o.config;
       ++ran;
     }
   EXPECT_GE(ran, 2);
+  {
+    GemmOptions heuristic{1000, 1032, 512};
+    heuristic.autotune = false;
+    Gemm gemm(heuristic);
+    EXPECT_TRUE(gemm.prepared()) << "the size heuristic chooses at construction";
+    bench::fill_uniform(a, o.m * o.k, "bf16", bench::fresh_seed(ctx().rank(), 97), s);
+    reference(cb.h, heuristic, a, b, ref);
+    bench::poison(c, o.m * o.n * 2, 0xFF, s);
+    gemm.prepare(GemmArgs{.a = a, .b = b, .c = c}, s);
+    EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << gemm.config() << ", by prepare()";
+  }
   o.config = Gemm(GemmOptions{1000, 1032, 512}).configurations().front() + ", swizzle 3 along M";
   try {
     Gemm bad(o);

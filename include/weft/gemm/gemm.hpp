@@ -114,7 +114,8 @@ struct GemmOptions {
   /// Force a configuration by name (see Gemm::configurations); empty = choose.
   /// "NAME" alone: the tile scheduler's swizzle and raster order are still
   /// tuned. "NAME, swizzle S along M" (or N), as config() prints it, sets
-  /// both: nothing is tuned, and the first run launches it first.
+  /// both: nothing is tuned, and prepare() (or the first run) launches it
+  /// once with the hook's waits off, as tuning would have.
   std::string config;
   /// The communication hook (bf16, with the configurations compiled for it).
   GemmHook hook = GemmHook::none;
@@ -174,7 +175,12 @@ class Gemm {
   /// the run's signals and done counters: nothing waits on them or is
   /// reported while tuning, but they say how many rows move together, and
   /// the tuner keeps swizzle bands no taller than that (or than the rows
-  /// already present, for wait_a_rows).
+  /// already present, for wait_a_rows). A configuration chosen without
+  /// timing (forced by its full name, or autotune off) is launched once here
+  /// all the same: CUDA loads a kernel at its first launch, and that load,
+  /// behind a stream wait on this GEMM's own reports, would never finish.
+  /// Inside a graph capture nothing is launched (the heuristic's choice or
+  /// the first candidate is taken); prepare outside the capture first.
   void prepare(const GemmArgs& args, cudaStream_t stream);
   /// True once the configuration is chosen (tuned, forced, or by the size heuristic).
   bool prepared() const { return chosen_ != nullptr; }
@@ -196,6 +202,10 @@ class Gemm {
 
  private:
   void tune(const GemmArgs& args, cudaStream_t stream);
+  /// One launch of `cfg` on these operands with the hook's waits and reports
+  /// off: "" or why it cannot run.
+  const char* launch_unhooked(const GemmArgs& args, const gemm_detail::Config& cfg, int swizzle, int raster,
+                              cudaStream_t stream);
   gemm_detail::Problem problem(const GemmArgs& args, int swizzle, int raster) const;
   void reserve_workspace(std::size_t bytes);
 
@@ -207,6 +217,7 @@ class Gemm {
   std::size_t workspace_bytes_ = 0;
   int sm_count_ = 0;
   bool from_cache_ = false;
+  bool launched_ = false;  // prepare() launched chosen_ (or every candidate) once, outside graph capture
   std::uint64_t* exits_ = nullptr;  // hooked plans: CTAs past their last wait (RowSignals::consume), 0 between runs
 };
 
