@@ -16,6 +16,7 @@ namespace weft {
 /// CUDA/NCCL/driver call, a timeout, a peer that went away).
 class Error : public std::runtime_error {
  public:
+  /// `what` is the whole message: what failed, on which rank, what was expected.
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 

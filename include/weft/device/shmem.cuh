@@ -60,6 +60,7 @@ WEFT_DEVICE void putmem_warp(const World& w, void* dest, const void* src, std::s
   dev::copy_warp(w.symm_at(dest, pe), src, bytes);
   __syncwarp();
 }
+/// Warp-cooperative putmem_nbi: no warp sync; dest is complete on `pe` after quiet().
 WEFT_DEVICE void putmem_nbi_warp(const World& w, void* dest, const void* src, std::size_t bytes, int pe) {
   dev::copy_warp(w.symm_at(dest, pe), src, bytes);
 }
@@ -68,6 +69,7 @@ WEFT_DEVICE void putmem_block(const World& w, void* dest, const void* src, std::
   dev::copy_block(w.symm_at(dest, pe), src, bytes);
   __syncthreads();
 }
+/// Block-cooperative putmem_nbi: no block sync; dest is complete on `pe` after quiet().
 WEFT_DEVICE void putmem_nbi_block(const World& w, void* dest, const void* src, std::size_t bytes, int pe) {
   dev::copy_block(w.symm_at(dest, pe), src, bytes);
 }
@@ -86,6 +88,7 @@ WEFT_DEVICE void getmem_warp(const World& w, void* dest, const void* src, std::s
   dev::copy_warp(dest, w.symm_at(src, pe), bytes);
   __syncwarp();
 }
+/// Warp-cooperative getmem_nbi: no warp sync; dest is filled after quiet().
 WEFT_DEVICE void getmem_nbi_warp(const World& w, void* dest, const void* src, std::size_t bytes, int pe) {
   dev::copy_warp(dest, w.symm_at(src, pe), bytes);
 }
@@ -94,6 +97,7 @@ WEFT_DEVICE void getmem_block(const World& w, void* dest, const void* src, std::
   dev::copy_block(dest, w.symm_at(src, pe), bytes);
   __syncthreads();
 }
+/// Block-cooperative getmem_nbi: no block sync; dest is filled after quiet().
 WEFT_DEVICE void getmem_nbi_block(const World& w, void* dest, const void* src, std::size_t bytes, int pe) {
   dev::copy_block(dest, w.symm_at(src, pe), bytes);
 }
@@ -122,6 +126,8 @@ WEFT_DEVICE void putmem_signal(const World& w, void* dest, const void* src, std:
   putmem(w, dest, src, bytes, pe);
   signal_op(w, sig, value, op, pe);
 }
+/// putmem_signal under its OpenSHMEM non-blocking name: the signal already
+/// orders the data, so it is the blocking form.
 WEFT_DEVICE void putmem_signal_nbi(const World& w, void* dest, const void* src, std::size_t bytes,
                                    std::uint64_t* sig, std::uint64_t value, dev::SignalOp op, int pe) {
   putmem_signal(w, dest, src, bytes, sig, value, op, pe);
@@ -136,6 +142,7 @@ WEFT_DEVICE void putmem_signal_warp(const World& w, void* dest, const void* src,
   if ((threadIdx.x & 31u) == 0) signal_op(w, sig, value, op, pe);
   __syncwarp();
 }
+/// putmem_signal_warp under its non-blocking name (the same ordering).
 WEFT_DEVICE void putmem_signal_nbi_warp(const World& w, void* dest, const void* src, std::size_t bytes,
                                         std::uint64_t* sig, std::uint64_t value, dev::SignalOp op, int pe) {
   putmem_signal_warp(w, dest, src, bytes, sig, value, op, pe);
@@ -148,6 +155,7 @@ WEFT_DEVICE void putmem_signal_block(const World& w, void* dest, const void* src
   if (dev::block_thread() == 0) signal_op(w, sig, value, op, pe);
   __syncthreads();
 }
+/// putmem_signal_block under its non-blocking name (the same ordering).
 WEFT_DEVICE void putmem_signal_nbi_block(const World& w, void* dest, const void* src, std::size_t bytes,
                                          std::uint64_t* sig, std::uint64_t value, dev::SignalOp op, int pe) {
   putmem_signal_block(w, dest, src, bytes, sig, value, op, pe);
@@ -163,10 +171,12 @@ WEFT_DEVICE void quiet(const World&) { dev::fence_sc(Scope::sys); }
 /// Stores one value into symmetric `dest` on `pe` (shmem_int_p and friends).
 template <class T>
 WEFT_DEVICE void p(const World& w, T* dest, T value, int pe) { *w.symm_at(dest, pe) = value; }
+/// p() for int (shmem_int_p).
 WEFT_DEVICE void int_p(const World& w, int* dest, int value, int pe) { p(w, dest, value, pe); }
 /// Loads one value from symmetric `src` on `pe`.
 template <class T>
 WEFT_DEVICE T g(const World& w, const T* src, int pe) { return *w.symm_at(src, pe); }
+/// g() for int (shmem_int_g).
 WEFT_DEVICE int int_g(const World& w, const int* src, int pe) { return g(w, src, pe); }
 
 /// Atomic fetch-and-add on symmetric `dest` on `pe`; relaxed, system scope.
@@ -189,6 +199,8 @@ WEFT_DEVICE std::uint64_t atomic_fetch(const World& w, const std::uint64_t* src,
 
 // ---- barriers (block form: every thread of one block per PE calls) ---------
 namespace detail {
+/// Every PE's block has arrived: each thread raises this PE's flag on some
+/// PEs, then waits for theirs at the new epoch (system scope, acquire).
 WEFT_DEVICE void block_rendezvous(const World& w) {
   __shared__ std::uint64_t epoch;
   if (dev::block_thread() == 0) epoch = ++*w.barrier_epoch;  // local counter; one block at a time

@@ -74,6 +74,13 @@ class Overlap;
 /// (epochs: no resets), graph-capturable once its path is chosen.
 class AgGemm {
  public:
+  /// Plans AllGather + GEMM for `options` on every rank of `ctx` (collective:
+  /// every rank constructs it with the same options, or the call check
+  /// names the rank that differs). Allocates the gathered A and the arrival
+  /// flags in the symmetric heap and builds the GEMMs its modes need; the
+  /// path is chosen (and the GEMMs tuned) on the first run(). Throws
+  /// weft::Error naming what was expected on bad options (bf16, M a multiple
+  /// of the world size, Gemm's rules on N and K: multiples of 8).
   AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& options);
   ~AgGemm();
   AgGemm(const AgGemm&) = delete;
@@ -95,8 +102,10 @@ class AgGemm {
   /// "sequential" (weft's all-gather, then the GEMM), "sequential, NCCL"
   /// (NCCL's), or "" before the first run.
   std::string path() const;
-  /// The first automatic run's measurements (ms, slowest rank), else 0.
+  /// The first automatic run's measurement of the fused path (ms, slowest
+  /// rank), else 0.
   float measured_fused_ms() const;
+  /// The same for the sequential path (all-gather, then the GEMM), else 0.
   float measured_sequential_ms() const;
   /// The GEMM configuration the path uses.
   std::string gemm_config() const;

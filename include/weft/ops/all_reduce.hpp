@@ -72,6 +72,7 @@ class AllReduce {
   AllReduceVariant variant() const { return variant_; }
   /// SMs (thread blocks) the plan occupies while it runs.
   int sms_used() const { return blocks_; }
+  /// Elements per rank, their type, and their size in bytes, as planned.
   std::uint64_t count() const { return count_; }
   DType dtype() const { return dtype_; }
   std::uint64_t bytes() const { return count_ * dtype_size(dtype_); }

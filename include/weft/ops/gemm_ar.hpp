@@ -36,6 +36,12 @@ struct GemmArOptions {
 /// A planned GEMM + AllReduce. Collective construction; runs many times.
 class GemmAr {
  public:
+  /// Plans GEMM + AllReduce for `options` on every rank of `ctx` (collective:
+  /// same options on every rank, checked). Allocates its staging and flags in
+  /// the symmetric heap and builds the GEMMs its modes need; the path is
+  /// chosen on the first run(). Throws weft::Error naming what was expected
+  /// on bad options (bf16, M a multiple of the world size, Gemm's rules on N
+  /// and K: multiples of 8).
   GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& options);
   ~GemmAr();
   GemmAr(const GemmAr&) = delete;
@@ -50,8 +56,10 @@ class GemmAr {
   /// (the GEMM, then weft's all-reduce), "sequential, NCCL" (NCCL's), or ""
   /// before the first run.
   std::string path() const;
-  /// The first automatic run's measurements (ms, slowest rank), else 0.
+  /// The first automatic run's measurement of the fused path (ms, slowest
+  /// rank), else 0.
   float measured_fused_ms() const;
+  /// The same for the sequential path (the GEMM, then the all-reduce), else 0.
   float measured_sequential_ms() const;
   /// The GEMM configuration(s) the path uses.
   std::string gemm_config() const;

@@ -80,6 +80,12 @@ struct GemmRsOptions {
 /// (epochs: no resets), graph-capturable once its path is chosen.
 class GemmRs {
  public:
+  /// Plans GEMM + ReduceScatter for `options` on every rank of `ctx`
+  /// (collective: same options on every rank, checked). Allocates its staging
+  /// and flags in the symmetric heap and builds the GEMMs its modes need; the
+  /// path is chosen on the first run(). Throws weft::Error naming what was
+  /// expected on bad options (bf16, M a multiple of the world size, Gemm's
+  /// rules on N and K: multiples of 8).
   GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& options);
   ~GemmRs();
   GemmRs(const GemmRs&) = delete;
@@ -96,8 +102,10 @@ class GemmRs {
   /// (the GEMM, then weft's reduce-scatter), "sequential, NCCL" (NCCL's), or
   /// "" before the first run.
   std::string path() const;
-  /// The first automatic run's measurements (ms, slowest rank), else 0.
+  /// The first automatic run's measurement of the fused path (ms, slowest
+  /// rank), else 0.
   float measured_fused_ms() const;
+  /// The same for the sequential path (the GEMM, then the reduce-scatter), else 0.
   float measured_sequential_ms() const;
   /// The chosen path's GEMM configurations, or "" before the first run.
   std::string gemm_config() const;

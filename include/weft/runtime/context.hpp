@@ -51,11 +51,15 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
+  /// This process's rank, its world size, how it was launched, and its team
+  /// (nodes, GPUs, links).
   int rank() const { return team_.rank; }
   int world_size() const { return team_.world_size; }
   const LaunchEnv& launch_env() const { return env_; }
   const Team& team() const { return team_; }
+  /// The ranks' key-value store (bootstrap exchanges, call checks).
   Store& store() { return *store_; }
+  /// The symmetric heap every collective buffer lives in.
   SymmetricHeap& heap() { return *heap_; }
   /// The NCCL communicator over all ranks (throws if created without one).
   ncclComm_t nccl() const;
@@ -115,9 +119,11 @@ class SymmetricBuffer {
   SymmetricBuffer(SymmetricBuffer&& o) noexcept;
   SymmetricBuffer& operator=(SymmetricBuffer&& o) noexcept;
 
+  /// This rank's address of the buffer (nullptr when empty), untyped or as T*.
   void* get() const { return ptr_; }
   template <class T>
   T* as() const { return static_cast<T*>(ptr_); }
+  /// Its size in bytes, as allocated on every rank.
   std::uint64_t bytes() const { return bytes_; }
 
  private:
@@ -146,6 +152,7 @@ class SignalArray {
   SignalArray(SignalArray&&) noexcept;
   SignalArray& operator=(SignalArray&&) noexcept;
 
+  /// This rank's flags (symmetric: peers reach them through the heap), and how many.
   std::uint64_t* flags() const { return buffer_.as<std::uint64_t>(); }
   std::uint64_t count() const { return count_; }
   /// The device-side epoch for kernels (dev::epoch_begin / dev::epoch_end).

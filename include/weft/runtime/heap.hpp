@@ -34,6 +34,9 @@ class HeapAllocator {
   /// The live block containing [offset, offset + bytes), as (start, size), if any.
   std::optional<std::pair<std::uint64_t, std::uint64_t>> find_block(std::uint64_t offset,
                                                                      std::uint64_t bytes = 1) const;
+  /// Bookkeeping, for reports and tests: the heap's size, its block
+  /// alignment, bytes held by live blocks, the largest block alloc() could
+  /// still return, and how many blocks are live.
   std::uint64_t capacity() const { return capacity_; }
   std::uint64_t alignment() const { return alignment_; }
   std::uint64_t bytes_in_use() const { return in_use_; }
@@ -54,6 +57,8 @@ struct HeapRequest {
   std::string type;            ///< element type name ("bf16", "u64", "bytes")
   std::string name;            ///< what the buffer is for ("all_gather.output")
 
+  /// A length-prefixed binary blob for the store, and back; deserialize throws
+  /// weft::Error on a truncated blob.
   std::string serialize() const;
   static HeapRequest deserialize(const std::string& blob);
   std::string describe() const;  ///< "alloc of 1048576 bytes of bf16 for 'x'"
@@ -95,7 +100,7 @@ class SymmetricHeap {
   virtual char* base() const = 0;                 ///< this rank's heap
   virtual std::uint64_t capacity() const = 0;     ///< bytes per rank
   virtual char* const* peer_bases_device() const = 0;  ///< device array [world] of mapped bases
-  virtual const HeapAllocator& allocator() const = 0;
+  virtual const HeapAllocator& allocator() const = 0;  ///< the offsets' bookkeeping (same on every rank)
 };
 
 }  // namespace weft

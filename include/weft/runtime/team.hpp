@@ -47,6 +47,7 @@ struct Team {
   /// Collective. Throws if no GPU is visible or two ranks of a node would share one.
   static Team discover(const LaunchEnv& env, Store& store);
 
+  /// True when every rank runs on this node (NVLink/IPC only, no NVSHMEM needed).
   bool single_node() const { return num_nodes == 1; }
 };
 
