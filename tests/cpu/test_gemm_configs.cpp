@@ -1,0 +1,82 @@
+// The compiled GEMM configurations, on the CPU: plans force kernels by name
+// (GemmOptions::config; GemmRs's ring steps), so a name must say what its
+// kernel is - tile, cluster, schedule, hook - and name one kernel per types
+// and layout. A forced name that stopped resolving would fall back to the
+// tuner's pick without a word, so the ring steps' names are checked too.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "gemm/config.hpp"
+#include "weft/gemm/gemm.hpp"
+
+namespace {
+
+using weft::BLayout;
+using weft::DType;
+using weft::GemmHook;
+using weft::GemmOptions;
+using weft::gemm_detail::all_configs;
+using weft::gemm_detail::has_configuration;
+
+TEST(GemmConfigs, NamesSayTileClusterScheduleAndHook) {
+  // "TMxTNxTK cCMxCN cooperative|pingpong[ swapped| stream-K][ hooked[+...source...]]"
+  const std::regex name_re(
+      R"(^(\d+)x(\d+)x(\d+) c(\d+)x(\d+) (cooperative|pingpong)( swapped| stream-K)?( hooked(\+[a-z]*source[a-z0-9-]*)?)?$)");
+  int checked = 0;
+  for (const auto* c : all_configs()) {
+    SCOPED_TRACE(c->name);
+    std::cmatch m;
+    ASSERT_TRUE(std::regex_match(c->name, m, name_re)) << "a configuration name outside the convention";
+    EXPECT_EQ(std::stoi(m[1]), c->tile_m);
+    EXPECT_EQ(std::stoi(m[2]), c->tile_n);
+    EXPECT_EQ(std::stoi(m[4]), c->cluster_m);
+    EXPECT_EQ(std::stoi(m[5]), c->cluster_n);
+    EXPECT_EQ(m[8].matched, c->hooked) << "\" hooked\" in the name, and only there";
+    EXPECT_EQ(m[9].matched, c->with_source) << "\"source\" in the name, and only there";
+    // Only the cooperative kernel's single store warp can report stored rows.
+    EXPECT_EQ(c->reports, c->hooked && m[6] == "cooperative");
+    EXPECT_FALSE(c->cublas);
+    ++checked;
+  }
+  EXPECT_GE(checked, 20) << "fewer compiled configurations than main has had since the sixteenth session";
+}
+
+TEST(GemmConfigs, EachNameIsOneKernelPerTypesAndLayout) {
+  std::set<std::tuple<DType, DType, BLayout, std::string>> seen;
+  for (const auto* c : all_configs())
+    EXPECT_TRUE(seen.insert({c->input, c->output, c->b_layout, c->name}).second)
+        << c->name << " twice for the same types and B layout: forcing it by name would be ambiguous";
+}
+
+TEST(GemmConfigs, TheRingStepsForcedNamesResolve) {
+  // GemmRs's cooperative_step: "128x256x64 c2x1 cooperative" plus " hooked" or
+  // " hooked+source" by hook; B [N, K] and [K, N] (a Linear's weight either way).
+  const std::string base = "128x256x64 c2x1 cooperative";
+  for (BLayout layout : {BLayout::nk, BLayout::kn}) {
+    GemmOptions o;
+    o.m = 4096, o.n = 8192, o.k = 4096;
+    o.b_layout = layout;
+    SCOPED_TRACE(layout == BLayout::nk ? "B [N, K]" : "B [K, N]");
+    o.hook = GemmHook::none;
+    EXPECT_TRUE(has_configuration(o, base));
+    EXPECT_FALSE(has_configuration(o, base + " hooked+source")) << "a source kernel must not serve a plain GEMM";
+    o.hook = GemmHook::wait_source_rows;
+    EXPECT_TRUE(has_configuration(o, base + " hooked+source"));
+    EXPECT_FALSE(has_configuration(o, base)) << "a plain kernel cannot wait for source rows";
+    if (layout == BLayout::nk) {
+      o.hook = GemmHook::report_rows;
+      EXPECT_TRUE(has_configuration(o, base + " hooked"));
+    }
+  }
+  GemmOptions fp16;
+  fp16.m = 4096, fp16.n = 8192, fp16.k = 4096;
+  fp16.input = fp16.output = DType::fp16;
+  EXPECT_FALSE(has_configuration(fp16, "128x256x64 c2x1 cooperative hooked+source"))
+      << "the hooked kernels are bf16 only";
+}
+
+}  // namespace
