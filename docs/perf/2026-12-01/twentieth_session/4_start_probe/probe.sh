@@ -1,5 +1,6 @@
 #!/bin/bash
-# Twentieth session, call 5 (1 x H200, fresh), branch start-probe (main + src/gemm/start_probe.cuh, built with
+# Twentieth session, calls 5-7 (1 x H200, fresh each; call 7: the first 4 tiles' mainloops and the gaps between
+# them, at 2048 and 4096 rows), branch start-probe (main + src/gemm/start_probe.cuh, built with
 # -DWEFT_START_PROBE; carry [".deps"]): per CTA, SM cycles from the mainloop's load_init to the producer's first
 # tile load, the consumers' first mainloop start and end, and the epilogue producer's first source load; medians
 # over CTAs per launch. Hooked (waiting for A rows, none late) against hooked+source, 128x256x64 c2x1 cooperative,
@@ -13,7 +14,7 @@ echo "built at $((SECONDS - t0)) s"
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv
 C='128x256x64 c2x1 cooperative'
 for r in 1 2; do
-  for shape in 1024,8192,4096 2048,8192,4096; do
+  for shape in 2048,8192,4096 4096,8192,4096; do
     for layout in nk kn; do
       if [ $layout = nk ]; then
         WEFT_START_PROBE=1 $B/weftrun -n 1 --timeout 120 -- $B/weft-bench gemm --no-hold --samples 8 --shapes $shape \
@@ -25,5 +26,5 @@ for r in 1 2; do
       { grep start-probe /tmp/sp.log | tail -n 3; grep -E "^ +[0-9]+ +[0-9]+ +[0-9]+ " /tmp/sp.log; } | sed "s/^/$r $layout $shape: /"
     done
   done
-done | tee "$OUT/start_probe.txt"
+done | tee "$OUT/start_probe_tiles.txt"
 echo "done at $((SECONDS - t0)) s"
