@@ -6,6 +6,7 @@
 #include "../gemm/config.hpp"
 #include "../gemm/row_bands.hpp"
 #include "overlap.hpp"
+#include "ring_step.hpp"
 #include "schedule.hpp"
 #include "weft/core/error.hpp"
 
@@ -25,12 +26,16 @@ constexpr std::int64_t kOneLaunchBlockRows = 512;  // tile rows x cluster rows, 
 /// alone, nothing sent, 0.186 against 0.190-0.196 ms): PERF.md, sixteenth
 /// session. Why the tuner's timing cannot see it is open (docs/NOTES.md).
 GemmOptions cooperative_step(GemmOptions o) {
-  const char* kind = o.hook == GemmHook::wait_source_rows ? " hooked+source" : o.hook == GemmHook::none ? "" : " hooked";
-  const std::string name = str("128x256x64 c2x1 cooperative", kind);
+  const std::string name = ops_detail::ring_step_config(o.hook);
   if (gemm_detail::has_configuration(o, name)) o.config = name;
   return o;
 }
 }  // namespace
+
+std::string ops_detail::ring_step_config(GemmHook hook) {
+  const char* kind = hook == GemmHook::wait_source_rows ? " hooked+source" : hook == GemmHook::none ? "" : " hooked";
+  return str("128x256x64 c2x1 cooperative", kind);
+}
 
 std::vector<Overlap::Fused> ops_detail::fused_ways(const GemmRs& plan,
                                                    const std::function<void(cudaStream_t, FusedWay)>& enqueue) {

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "gemm/config.hpp"
+#include "ops/ring_step.hpp"
 #include "weft/gemm/gemm.hpp"
 
 namespace {
@@ -53,30 +54,31 @@ TEST(GemmConfigs, EachNameIsOneKernelPerTypesAndLayout) {
 }
 
 TEST(GemmConfigs, TheRingStepsForcedNamesResolve) {
-  // GemmRs's cooperative_step: "128x256x64 c2x1 cooperative" plus " hooked" or
-  // " hooked+source" by hook; B [N, K] and [K, N] (a Linear's weight either way).
-  const std::string base = "128x256x64 c2x1 cooperative";
+  // The names GemmRs's ring steps force (ops_detail::ring_step_config), for
+  // B [N, K] and [K, N] (a Linear's weight either way).
+  using weft::ops_detail::ring_step_config;
+  const std::string plain = ring_step_config(GemmHook::none), source = ring_step_config(GemmHook::wait_source_rows);
+  EXPECT_NE(plain, source);
   for (BLayout layout : {BLayout::nk, BLayout::kn}) {
     GemmOptions o;
     o.m = 4096, o.n = 8192, o.k = 4096;
     o.b_layout = layout;
     SCOPED_TRACE(layout == BLayout::nk ? "B [N, K]" : "B [K, N]");
     o.hook = GemmHook::none;
-    EXPECT_TRUE(has_configuration(o, base));
-    EXPECT_FALSE(has_configuration(o, base + " hooked+source")) << "a source kernel must not serve a plain GEMM";
+    EXPECT_TRUE(has_configuration(o, plain));
+    EXPECT_FALSE(has_configuration(o, source)) << "a source kernel must not serve a plain GEMM";
     o.hook = GemmHook::wait_source_rows;
-    EXPECT_TRUE(has_configuration(o, base + " hooked+source"));
-    EXPECT_FALSE(has_configuration(o, base)) << "a plain kernel cannot wait for source rows";
+    EXPECT_TRUE(has_configuration(o, source));
+    EXPECT_FALSE(has_configuration(o, plain)) << "a plain kernel cannot wait for source rows";
     if (layout == BLayout::nk) {
       o.hook = GemmHook::report_rows;
-      EXPECT_TRUE(has_configuration(o, base + " hooked"));
+      EXPECT_TRUE(has_configuration(o, ring_step_config(GemmHook::report_rows)));
     }
   }
   GemmOptions fp16;
   fp16.m = 4096, fp16.n = 8192, fp16.k = 4096;
   fp16.input = fp16.output = DType::fp16;
-  EXPECT_FALSE(has_configuration(fp16, "128x256x64 c2x1 cooperative hooked+source"))
-      << "the hooked kernels are bf16 only";
+  EXPECT_FALSE(has_configuration(fp16, source)) << "the hooked kernels are bf16 only";
 }
 
 }  // namespace
