@@ -4,7 +4,8 @@
 # -DWEFT_START_PROBE; carry [".deps"]): per CTA, SM cycles from the mainloop's load_init to the producer's first
 # tile load, the consumers' first mainloop start and end, and the epilogue producer's first source load; medians
 # over CTAs per launch. Hooked (waiting for A rows, none late) against hooked+source, 128x256x64 c2x1 cooperative,
-# B [N, K] and [K, N], 1024 and 2048 x 8192 x 4096. --no-hold: the probe synchronises after each launch.
+# B [N, K] and [K, N], 2048 and 4096 x 8192 x 4096 as run in call 7 (calls 5-6 ran 1024 and 2048 rows: the shape
+# loop below then read `1024,8192,4096 2048,8192,4096`). --no-hold: the probe synchronises after each launch.
 set -u
 export PATH="$PATH:/usr/local/cuda/bin" NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 B=build-gpu; t0=$SECONDS
