@@ -54,6 +54,9 @@ struct Problem {
   const void* source = nullptr;  ///< configurations with a source: D = A x B + source ([M, N], output type)
   std::int64_t no_source_begin = 0;  ///< ... except on rows [no_source_begin, no_source_end): D = A x B (GemmArgs)
   std::int64_t no_source_end = 0;
+  void* add_into = nullptr;      ///< configurations that add rows: rows [add_begin, add_end) of A x B are added
+  std::int64_t add_begin = 0;    ///< into add_into (its row 0 is row add_begin), the others stored into c
+  std::int64_t add_end = 0;
   TileWaitParams wait{};         ///< hooked configurations only
 };
 
@@ -75,6 +78,7 @@ struct Config {
   /// Launches on `stream`; returns a CUTLASS status text on failure, "" on success.
   const char* (*run)(const Problem&, cudaStream_t stream);
   bool cublas = false;  ///< cuBLAS, not a weft kernel (only where GemmOptions::allow_cublas)
+  bool adds_rows = false;  ///< GemmHook::add_rows: some rows are added into another matrix (add_rows.cuh)
 };
 
 /// cuBLAS as tuner candidates, one per type and layout (cublas_config.cpp).
@@ -112,5 +116,7 @@ const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked();
 const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source();
 const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong();
 const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source();
+const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_add();
+const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_add();
 
 }  // namespace weft::gemm_detail

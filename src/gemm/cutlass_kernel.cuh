@@ -19,6 +19,10 @@
 
 namespace weft::gemm_detail {
 
+// add_rows.cuh: included by the configurations that add rows (kAddRows), before this file.
+template <class Base>
+struct StoreOrAddEpilogue;
+
 /// `Source` = void: D = A x B. Source = Out: D = A x B + source, except on
 /// Problem::no_source_* rows (source_rows.cuh).
 /// Scheduler = HookedSchedulerTag: the tile order rotates, the producer warp of
@@ -30,13 +34,20 @@ namespace weft::gemm_detail {
 /// 128-row tiles need 8 (1024) and leave the last wave 39 % full at N = 14336
 /// (cuBLAS's choice there: 256x144, cluster 2x1, in its column-major view).
 /// Its tile scheduler's M and N (swizzle, raster) are ours swapped too.
+/// kAddRows (hooked, cooperative, no source): the tiles of Problem::add_* rows
+/// are added into Problem::add_into by TMA reduce-add, the others stored to C
+/// (add_rows.cuh); their mainloop producer waits on the row flags.
 template <class In, class Out, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kCooperative,
-          class Scheduler = cutlass::gemm::PersistentScheduler, class Source = void, bool kSwapAB = false>
+          class Scheduler = cutlass::gemm::PersistentScheduler, class Source = void, bool kSwapAB = false,
+          bool kAddRows = false>
 struct Kernel {
+  static constexpr bool kAddsRows = kAddRows;
   static constexpr bool kHooked = std::is_same_v<Scheduler, HookedSchedulerTag>;
   static constexpr bool kWithSource = !std::is_void_v<Source>;
   static_assert(!kSwapAB || (!kHooked && !kWithSource && std::is_same_v<LayoutB, cutlass::layout::ColumnMajor>),
                 "swapped operands: plain kernels with B as [N, K] only (A [M, K] is then K-major as B^T's operand)");
+  static_assert(!kAddRows || (kHooked && kCooperative && !kWithSource),
+                "added rows: hooked cooperative kernels (they report stored rows) without a source");
   // D^T column-major is D row-major.
   using LayoutD = std::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   static constexpr int kClusterM = kSwapAB ? CN : CM;  // CTAs per cluster along our M (Config::cluster_m)
@@ -57,7 +68,8 @@ struct Kernel {
       kAlignOut, EpiSchedule, Fusion>::CollectiveOp;
   // Hooked configurations wait in their load collectives (tile_hooks.cuh):
   // the mainloop's for A rows, the epilogue's for source rows.
-  using Epilogue = std::conditional_t<kHooked && kWithSource, WaitingEpilogue<BuiltEpilogue>, BuiltEpilogue>;
+  using Epilogue = std::conditional_t<kHooked && kWithSource, WaitingEpilogue<BuiltEpilogue>,
+                                      std::conditional_t<kAddRows, StoreOrAddEpilogue<BuiltEpilogue>, BuiltEpilogue>>;
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, cutlass::layout::RowMajor, kAlignIn, In, LayoutB,
       kAlignIn, float, TileShape, ClusterShape,
@@ -102,7 +114,8 @@ struct Kernel {
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm, {m, n, k, 1}, {}, {}, hw};
     if constexpr (std::is_same_v<Mainloop, BuiltMainloop>) args.mainloop = mainloop;
     else args.mainloop = {mainloop, waits_in(p, WaitIn::mainloop)};
-    if constexpr (std::is_same_v<Epilogue, BuiltEpilogue>) args.epilogue = epilogue;
+    if constexpr (kAddRows) args.epilogue = Epilogue::arguments(epilogue, p.add_into, p.add_begin, p.add_end);
+    else if constexpr (std::is_same_v<Epilogue, BuiltEpilogue>) args.epilogue = epilogue;
     else args.epilogue = {epilogue, waits_in(p, WaitIn::epilogue)};
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;
@@ -123,6 +136,9 @@ struct Kernel {
     if (kWithSource && !p.source) return "this configuration adds a source matrix, and none was given";
     if (kHooked && !kWithSource && p.wait.flags && p.wait.wait_in == WaitIn::epilogue)
       return "waiting for source rows needs a configuration that adds a source";
+    if (!kAddRows && p.add_begin != p.add_end) return "adding rows into another matrix needs a configuration that adds";
+    if (kAddRows && p.add_begin != p.add_end && (p.add_begin % TM || (p.add_end % TM && p.add_end != p.m)))
+      return "the added rows must be whole row tiles of this configuration";
     if (kHooked && p.raster == 1 && (p.wait.done || p.wait.rotate_rows))
       return "hooked runs that rotate the tile order or report stored rows keep the row-major order (raster along N)";
     return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";
@@ -140,7 +156,7 @@ struct Kernel {
 template <class K>
 constexpr Config make_config(DType in, DType out, BLayout layout, const char* name, int tm, int tn) {
   return Config{in,          out,        layout,         name,         tm,       tn,         K::kClusterM, K::kClusterN, K::kHooked,
-                K::kWithSource, K::kReports, &K::workspace, &K::check, &K::run, false};
+                K::kWithSource, K::kReports, &K::workspace, &K::check, &K::run, false, K::kAddsRows};
 }
 
 }  // namespace weft::gemm_detail

@@ -39,6 +39,8 @@ const std::vector<const Config*>& all_configs() {
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked(),
       config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source(),
       config_bf16_bf16_nk_128x128x64_c1x2_pingpong(),
+      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_add(),
+      config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_add(),
       // Last, so that a hooked plan's first candidate (the pick under graph
       // capture, untuned) is one that can report too.
       config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source(),
@@ -66,6 +68,7 @@ const char* hook_name(GemmHook h) {
     case GemmHook::wait_a_rows: return ", waiting on A rows";
     case GemmHook::wait_source_rows: return ", + source waiting on its rows";
     case GemmHook::report_rows: return ", reporting stored rows";
+    case GemmHook::add_rows: return ", adding rows into a partial sum";
   }
   return "";
 }
@@ -112,7 +115,8 @@ std::string device_name() {
 
 bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
   return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows) &&
-         (h != GemmHook::report_rows || c.reports);
+         c.adds_rows == (h == GemmHook::add_rows) &&
+         ((h != GemmHook::report_rows && h != GemmHook::add_rows) || c.reports);
 }
 
 /// True if configuration `c` computes what `o` asks: its types, B layout and hook.
@@ -174,7 +178,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   int device = 0;
   WEFT_CUDA(cudaGetDevice(&device));
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-  if (o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows) {
+  if (o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows || o.hook == GemmHook::add_rows) {
     WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&exits_), sizeof(*exits_)));
     WEFT_CUDA(cudaMemset(exits_, 0, sizeof(*exits_)));
   }
@@ -230,6 +234,9 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
   p.source = x.source;
   p.no_source_begin = x.no_source_begin;
   p.no_source_end = x.no_source_end;
+  p.add_into = x.add_into;
+  p.add_begin = x.add_begin;
+  p.add_end = x.add_end;
   if (options_.hook != GemmHook::none) {
     gemm_detail::TileWaitParams& w = p.wait;
     const RowSignals& sig = x.signals;
@@ -246,7 +253,10 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.waited_ns = sig.waited_ns;
     w.exits = sig.flags && sig.consume ? exits_ : nullptr;
     // The mainloop producer loads A; the epilogue producer loads the source.
-    w.wait_in = options_.hook == GemmHook::wait_a_rows        ? gemm_detail::WaitIn::mainloop
+    // Added rows wait before their A loads too: their adds come a mainloop
+    // later, and that producer warp is the one a hooked kernel lets wait.
+    w.wait_in = options_.hook == GemmHook::wait_a_rows || options_.hook == GemmHook::add_rows
+                    ? gemm_detail::WaitIn::mainloop
                 : options_.hook == GemmHook::wait_source_rows ? gemm_detail::WaitIn::epilogue
                                                                : gemm_detail::WaitIn::none;
     w.done = x.done.counters;
@@ -260,6 +270,9 @@ const char* Gemm::launch_unhooked(const GemmArgs& args, const gemm_detail::Confi
   GemmArgs local = args;
   local.signals.flags = nullptr;  // tuning and warm-up never wait: every row counts as present ...
   local.done.counters = nullptr;  // ... and report nothing
+  if (local.add_into)  // ... and write nothing outside C: the added rows add onto C's own rows
+    local.add_into = static_cast<char*>(local.c) +
+                     local.add_begin * options_.n * static_cast<std::int64_t>(dtype_size(options_.output));
   gemm_detail::Problem p = problem(local, swizzle, raster);
   if (const char* why = cfg.check(p); *why) return why;
   reserve_workspace(cfg.workspace(p));
@@ -342,7 +355,8 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   //   swizzle of 1 or 2, so each chunk is stored, and sent, while the GEMM
   //   goes on rather than with its last wave.
   const bool rows_leave_early =
-      !any_order && (options_.hook == GemmHook::wait_source_rows || options_.hook == GemmHook::report_rows);
+      !any_order && (options_.hook == GemmHook::wait_source_rows || options_.hook == GemmHook::report_rows ||
+                     options_.hook == GemmHook::add_rows);
   const std::vector<int> swizzles = rows_leave_early ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4, 8};
   std::int64_t band_rows = std::numeric_limits<std::int64_t>::max();
   if (options_.hook == GemmHook::wait_a_rows && args.signals.flags && !any_order)
@@ -506,6 +520,26 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  ") read no source, so nothing may wait for theirs: mark them ready (RowSignals::ready_begin, ready_end = [",
                  x.signals.ready_begin, ", ", x.signals.ready_end, "))");
   }
+  if (options_.hook == GemmHook::add_rows) {
+    const std::int64_t m = options_.m;
+    auto bound = [&](std::int64_t row) { return row >= 0 && row <= m && (row % kTallestTileRows == 0 || row == m); };
+    WEFT_REQUIRE(x.add_begin <= x.add_end && bound(x.add_begin) && bound(x.add_end),
+                 "Gemm::run: the added rows [", x.add_begin, ", ", x.add_end,
+                 ") must be whole row tiles: bounds in [0, M = ", m, "], multiples of ", kTallestTileRows, " or M");
+    WEFT_REQUIRE(x.add_begin == x.add_end || (x.add_into && (reinterpret_cast<std::uintptr_t>(x.add_into) & 15u) == 0),
+                 "Gemm::run: the added rows need add_into, a 16-byte aligned device pointer; got ", x.add_into);
+    // Rows that wait wait for the partial sum they add onto.
+    const RowSignals& sig = x.signals;
+    const bool before_ok = sig.ready_begin <= 0 || (x.add_begin <= 0 && sig.ready_begin <= x.add_end);
+    const bool after_ok = sig.ready_end >= m || (x.add_begin <= sig.ready_end && m <= x.add_end);
+    WEFT_REQUIRE(!sig.flags || (before_ok && after_ok), "Gemm::run: rows outside the ready rows [", sig.ready_begin,
+                 ", ", sig.ready_end, ") wait for a partial sum, so they must be among the added rows [", x.add_begin,
+                 ", ", x.add_end, ")");
+  } else {
+    WEFT_REQUIRE(x.add_begin == x.add_end && !x.add_into,
+                 "Gemm::run: rows to add into a partial sum (GemmArgs::add_*) were given to a plan built without "
+                 "GemmHook::add_rows");
+  }
   WEFT_REQUIRE(!options_.any_tile_order || (!x.done.counters && x.first_row == 0),
                "Gemm::run: a plan built with GemmOptions::any_tile_order may walk its tiles in any order, so its runs "
                "can neither report stored rows (GemmArgs::done) nor rotate the order (GemmArgs::first_row = ",
@@ -518,7 +552,8 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
   WEFT_REQUIRE(!x.signals.consume || x.signals.flags,
                "Gemm::run: RowSignals::consume asks the GEMM to reset its flags, but no flags were given");
   if (x.signals.flags) {
-    WEFT_REQUIRE(options_.hook == GemmHook::wait_a_rows || options_.hook == GemmHook::wait_source_rows,
+    WEFT_REQUIRE(options_.hook == GemmHook::wait_a_rows || options_.hook == GemmHook::wait_source_rows ||
+                     options_.hook == GemmHook::add_rows,
                  "Gemm::run: row signals were given to a plan whose hook waits for nothing");
     WEFT_REQUIRE(x.signals.world, "Gemm::run: row signals need the World (for the wait's bound and report)");
     WEFT_REQUIRE(x.signals.rows_per_flag > 0, "Gemm::run: rows_per_flag must be positive, got ",
@@ -534,8 +569,9 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                "tuner keeps to configurations that report, or force a cooperative one");
   // The epilogue decides by a tile's first row: a range of whole 256-row
   // bands holds whole tiles only where the tile height divides 256.
-  WEFT_REQUIRE(x.no_source_begin == x.no_source_end || kTallestTileRows % chosen_->tile_m == 0,
-               "Gemm::run: rows without a source need tiles whose height divides ", kTallestTileRows, "; '",
+  WEFT_REQUIRE((x.no_source_begin == x.no_source_end && x.add_begin == x.add_end) ||
+                   kTallestTileRows % chosen_->tile_m == 0,
+               "Gemm::run: rows without a source, or added rows, need tiles whose height divides ", kTallestTileRows, "; '",
                chosen_->name, "' has ", chosen_->tile_m);
   gemm_detail::Problem p = problem(x, swizzle_, raster_);
   const char* why = chosen_->check(p);

@@ -33,7 +33,10 @@ GemmOptions cooperative_step(GemmOptions o) {
 }  // namespace
 
 std::string ops_detail::ring_step_config(GemmHook hook) {
-  const char* kind = hook == GemmHook::wait_source_rows ? " hooked+source" : hook == GemmHook::none ? "" : " hooked";
+  const char* kind = hook == GemmHook::wait_source_rows ? " hooked+source"
+                     : hook == GemmHook::add_rows       ? " hooked+add"
+                     : hook == GemmHook::none           ? ""
+                                                        : " hooked";
   return str("128x256x64 c2x1 cooperative", kind);
 }
 

@@ -13,7 +13,7 @@ namespace weft::ops_detail {
 
 /// The configuration a ring step with `hook` asks for: CUTLASS's cooperative
 /// 128x256 c2x1 kernel, plain (GemmHook::none), hooked+source
-/// (wait_source_rows) or hooked (the other hooks). A bare name: its
+/// (wait_source_rows), hooked+add (add_rows) or hooked (the other hooks). A bare name: its
 /// tile-scheduler settings are tuned.
 std::string ring_step_config(GemmHook hook);
 

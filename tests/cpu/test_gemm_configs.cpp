@@ -24,9 +24,9 @@ using weft::gemm_detail::all_configs;
 using weft::gemm_detail::has_configuration;
 
 TEST(GemmConfigs, NamesSayTileClusterScheduleAndHook) {
-  // "TMxTNxTK cCMxCN cooperative|pingpong[ swapped| stream-K][ hooked[+...source...]]"
+  // "TMxTNxTK cCMxCN cooperative|pingpong[ swapped| stream-K][ hooked[+...source...|+add]]"
   const std::regex name_re(
-      R"(^(\d+)x(\d+)x(\d+) c(\d+)x(\d+) (cooperative|pingpong)( swapped| stream-K)?( hooked(\+[a-z]*source[a-z0-9-]*)?)?$)");
+      R"(^(\d+)x(\d+)x(\d+) c(\d+)x(\d+) (cooperative|pingpong)( swapped| stream-K)?( hooked(?:(\+[a-z]*source[a-z0-9-]*)|(\+add))?)?$)");
   int checked = 0;
   for (const auto* c : all_configs()) {
     SCOPED_TRACE(c->name);
@@ -38,6 +38,7 @@ TEST(GemmConfigs, NamesSayTileClusterScheduleAndHook) {
     EXPECT_EQ(std::stoi(m[5]), c->cluster_n);
     EXPECT_EQ(m[8].matched, c->hooked) << "\" hooked\" in the name, and only there";
     EXPECT_EQ(m[9].matched, c->with_source) << "\"source\" in the name, and only there";
+    EXPECT_EQ(m[10].matched, c->adds_rows) << "\"+add\" in the name, and only there";
     // Only the cooperative kernel's single store warp can report stored rows.
     EXPECT_EQ(c->reports, c->hooked && m[6] == "cooperative");
     EXPECT_FALSE(c->cublas);
@@ -74,6 +75,16 @@ TEST(GemmConfigs, TheRingStepsForcedNamesResolve) {
       o.hook = GemmHook::report_rows;
       EXPECT_TRUE(has_configuration(o, ring_step_config(GemmHook::report_rows)));
     }
+  }
+  // GemmRs's one-launch way at 2 ranks adds its own block onto the peer's partial sum.
+  for (BLayout layout : {BLayout::nk, BLayout::kn}) {
+    GemmOptions o;
+    o.m = 4096, o.n = 8192, o.k = 4096;
+    o.b_layout = layout;
+    o.hook = GemmHook::add_rows;
+    EXPECT_TRUE(has_configuration(o, ring_step_config(GemmHook::add_rows)));
+    o.hook = GemmHook::report_rows;
+    EXPECT_FALSE(has_configuration(o, ring_step_config(GemmHook::add_rows))) << "an adding kernel only adds";
   }
   GemmOptions fp16;
   fp16.m = 4096, fp16.n = 8192, fp16.k = 4096;

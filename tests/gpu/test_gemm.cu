@@ -425,3 +425,148 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
   for (void* p : {a, b, c, src, static_cast<void*>(ref), static_cast<void*>(flags), static_cast<void*>(wait_ns)})
     cudaFree(p);
 }
+
+namespace {
+float bf16_to_float(std::uint16_t h) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+std::uint16_t float_to_bf16_rn(float v) {  // round to nearest even (finite values)
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+}  // namespace
+
+TEST(Gemm, AddedRowsWaitForTheirPartialSumThenAddOntoItInOneRounding) {
+  // GemmHook::add_rows, as GemmRs's one-launch way runs it at 2 ranks: the
+  // stored rows go to C, the added rows wait for their flags, then add onto
+  // the partial sum a copy engine wrote into add_into meanwhile. The partial
+  // sum starts as NaNs with its flags at 0 and arrives 20 ms after the GEMM
+  // started: a tile that added before its flag would carry the NaNs. The sum
+  // must be bf16(P + bf16(A x B)), one rounding, bit for bit, where bf16(A x B)
+  // is the plain kernel's output (the same tile, the same accumulation order).
+  // Both B layouts; the added rows last (first_row 0) and first (rotated, as rank 0 runs it).
+  cudaStream_t s = test::stream(), late;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
+  const std::int64_t m = 1024, n = 1032, k = 512, half = 512, rows_per_flag = 128, flags_n = m / rows_per_flag;
+  void *a, *b, *c, *d, *into;
+  std::uint64_t *flags, *done;
+  unsigned long long* wait_ns;
+  WEFT_CUDA(cudaMalloc(&a, m * k * 2));
+  WEFT_CUDA(cudaMalloc(&b, n * k * 2));
+  WEFT_CUDA(cudaMalloc(&c, m * n * 2));
+  WEFT_CUDA(cudaMalloc(&d, m * n * 2));
+  WEFT_CUDA(cudaMalloc(&into, half * n * 2));
+  WEFT_CUDA(cudaMalloc(&flags, flags_n * 8));
+  WEFT_CUDA(cudaMalloc(&done, flags_n * 8));
+  WEFT_CUDA(cudaMalloc(&wait_ns, flags_n * 8));
+  std::uint16_t* partial = nullptr;  // pinned, so the late copy is a copy engine's
+  std::uint64_t* ones = nullptr;
+  WEFT_CUDA(cudaMallocHost(&partial, half * n * 2));
+  WEFT_CUDA(cudaMallocHost(&ones, flags_n * 8));
+  for (std::int64_t i = 0; i < flags_n; ++i) ones[i] = 1;
+  int tried = 0;
+  for (BLayout layout : {BLayout::nk, BLayout::kn})
+    for (bool added_first : {false, true}) {
+      const std::string name = str(layout == BLayout::nk ? "B [N, K]" : "B [K, N]", added_first ? ", added rows first" : "");
+      const std::int64_t add_begin = added_first ? 0 : half, stored_begin = added_first ? half : 0;
+      GemmOptions plain_o{m, n, k, DType::bf16, DType::bf16, layout};
+      plain_o.config = "128x256x64 c2x1 cooperative, swizzle 1 along N";
+      Gemm plain(plain_o);
+      GemmOptions o{m, n, k, DType::bf16, DType::bf16, layout};
+      o.hook = GemmHook::add_rows;
+      Gemm gemm(o);
+      EXPECT_NE(gemm.configurations().at(0).find("hooked+add"), std::string::npos) << name;
+      bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(ctx().rank(), 201 + tried), s);
+      bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(ctx().rank(), 211 + tried), s);
+      bench::fill_uniform(into, half * n, "bf16", bench::fresh_seed(ctx().rank(), 221 + tried), s);
+      WEFT_CUDA(cudaMemcpyAsync(partial, into, half * n * 2, cudaMemcpyDeviceToHost, s));
+      plain.run(a, b, d, s);  // bf16(A x B), the same tile's accumulation
+      GemmArgs args{.a = a,
+                    .b = b,
+                    .c = c,
+                    .signals = RowSignals{.world = &ctx().world(),
+                                          .flags = flags,
+                                          .rows_per_flag = rows_per_flag,
+                                          .value = 1,
+                                          .ready_begin = stored_begin,
+                                          .ready_end = stored_begin + half,
+                                          .from_rank = ctx().rank(),
+                                          .waited_ns = wait_ns},
+                    .done = RowsDone{.counters = done, .rows_per_counter = rows_per_flag},
+                    .first_row = stored_begin,
+                    .add_into = into,
+                    .add_begin = add_begin,
+                    .add_end = add_begin + half};
+      gemm.prepare(args, s);  // tuning never waits and writes only into C
+      bench::poison(into, half * n * 2, 0xFF, s);  // NaNs until the flags say otherwise
+      bench::poison(c, m * n * 2, 0xFF, s);
+      WEFT_CUDA(cudaMemsetAsync(flags, 0, flags_n * 8, s));
+      WEFT_CUDA(cudaMemsetAsync(done, 0, flags_n * 8, s));
+      WEFT_CUDA(cudaMemsetAsync(wait_ns, 0, flags_n * 8, s));
+      WEFT_CUDA(cudaStreamSynchronize(s));
+      gemm.run(args, s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      WEFT_CUDA(cudaMemcpyAsync(into, partial, half * n * 2, cudaMemcpyHostToDevice, late));
+      WEFT_CUDA(cudaMemcpyAsync(flags + add_begin / rows_per_flag, ones, half / rows_per_flag * 8,
+                                cudaMemcpyHostToDevice, late));
+      WEFT_CUDA(cudaStreamSynchronize(late));
+      WEFT_CUDA(cudaStreamSynchronize(s));
+      std::vector<std::uint16_t> got_c(m * n), got_d(m * n), got_into(half * n);
+      WEFT_CUDA(cudaMemcpy(got_c.data(), c, m * n * 2, cudaMemcpyDeviceToHost));
+      WEFT_CUDA(cudaMemcpy(got_d.data(), d, m * n * 2, cudaMemcpyDeviceToHost));
+      WEFT_CUDA(cudaMemcpy(got_into.data(), into, half * n * 2, cudaMemcpyDeviceToHost));
+      long long stored_wrong = 0, untouched_wrong = 0, sum_wrong = 0;
+      for (std::int64_t r = 0; r < m; ++r)
+        for (std::int64_t j = 0; j < n; ++j) {
+          const std::int64_t i = r * n + j;
+          if (r >= add_begin && r < add_begin + half) {
+            untouched_wrong += got_c[i] != 0xFFFF;  // C's added rows are never written
+            const std::int64_t q = (r - add_begin) * n + j;
+            sum_wrong += got_into[q] != float_to_bf16_rn(bf16_to_float(partial[q]) + bf16_to_float(got_d[i]));
+          } else {
+            stored_wrong += got_c[i] != got_d[i];
+          }
+        }
+      EXPECT_EQ(stored_wrong, 0) << name << ": stored rows that differ from the plain kernel's";
+      EXPECT_EQ(untouched_wrong, 0) << name << ": elements of C's added rows that were written";
+      EXPECT_EQ(sum_wrong, 0) << name << ": sums that are not bf16(partial + bf16(A x B))";
+      std::vector<std::uint64_t> counted(flags_n);
+      std::vector<unsigned long long> ns(flags_n);
+      WEFT_CUDA(cudaMemcpy(counted.data(), done, flags_n * 8, cudaMemcpyDeviceToHost));
+      WEFT_CUDA(cudaMemcpy(ns.data(), wait_ns, flags_n * 8, cudaMemcpyDeviceToHost));
+      for (std::int64_t f = 0; f < flags_n; ++f)
+        EXPECT_EQ(counted[f], static_cast<std::uint64_t>(rows_per_flag * n)) << name << ": band " << f << "'s report";
+      EXPECT_GE(ns[add_begin / rows_per_flag], 10'000'000ull) << name << ": the first added rows' wait";
+      ++tried;
+    }
+  EXPECT_EQ(tried, 4);
+  // A plan that adds refuses rows that wait without being added onto, and bounds inside a tile.
+  GemmOptions o{m, n, k};
+  o.hook = GemmHook::add_rows;
+  Gemm gemm(o);
+  GemmArgs bad{.a = a, .b = b, .c = c, .add_into = into, .add_begin = 512, .add_end = 1024};
+  bad.signals = RowSignals{.world = &ctx().world(), .flags = flags, .rows_per_flag = 128, .ready_begin = 256,
+                           .ready_end = 512};
+  GemmArgs part_tile{.a = a, .b = b, .c = c, .add_into = into, .add_begin = 128, .add_end = 1024};
+  const std::pair<GemmArgs, const char*> refused[] = {{bad, "must be among the added rows"},
+                                                      {part_tile, "must be whole row tiles"}};
+  for (const auto& [args, why] : refused) {
+    try {
+      gemm.run(args, s);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  WEFT_CUDA(cudaStreamSynchronize(s));
+  cudaFreeHost(partial);
+  cudaFreeHost(ones);
+  cudaStreamDestroy(late);
+  for (void* p : {a, b, c, d, into, static_cast<void*>(flags), static_cast<void*>(done), static_cast<void*>(wait_ns)})
+    cudaFree(p);
+}

@@ -67,18 +67,31 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
       WEFT_CUDA(cudaMalloc(&source, c_n * dtype_size(out)));
       WEFT_CUDA(cudaMemsetAsync(source, 0, c_n * dtype_size(out), stream));
     }
+    // add_rows: the lower half of the rows (whole 256-row tiles) is added
+    // into C's own rows there, zeroed before the checked run, so the
+    // reference stays A x B; the timed runs keep adding (nothing waited for).
+    const std::int64_t add_begin = o.hook == GemmHook::add_rows ? o.m / 2 / 256 * 256 : 0;
+    const std::int64_t add_end = o.hook == GemmHook::add_rows ? o.m : 0;
+    char* add_into = o.hook == GemmHook::add_rows ? static_cast<char*>(c) + add_begin * o.n * dtype_size(out) : nullptr;
     auto run_weft = [&] {
       gemm.run(GemmArgs{.a = a,
                         .b = b,
                         .c = c,
                         .source = source,
                         .no_source_begin = args.no_source_begin,
-                        .no_source_end = args.no_source_end},
+                        .no_source_end = args.no_source_end,
+                        .add_into = add_into,
+                        .add_begin = add_begin,
+                        .add_end = add_end},
                stream);
     };
-    poison(c, c_n * dtype_size(out), 0xFF, stream);  // NaN pattern: unwritten elements fail the check
+    auto poison_c = [&] {  // NaN pattern: unwritten elements fail the check; added rows start at 0
+      poison(c, c_n * dtype_size(out), 0xFF, stream);
+      if (add_into) WEFT_CUDA(cudaMemsetAsync(add_into, 0, (add_end - add_begin) * o.n * dtype_size(out), stream));
+    };
+    poison_c();
     run_weft();  // first run tunes
-    poison(c, c_n * dtype_size(out), 0xFF, stream);
+    poison_c();
     run_weft();
     // fp32-output reference (fp32 accumulation)
     require_cublas(cublas_gemm(handle, o.m, o.n, o.k, o.input, DType::fp32, o.b_layout, a, b, c32), "cublasGemmEx");

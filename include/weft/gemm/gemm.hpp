@@ -39,7 +39,16 @@ enum class GemmHook {
   none,          ///< a plain persistent GEMM
   wait_a_rows,   ///< before loading a tile's rows of A, wait for their flags (AllGather + GEMM)
   wait_source_rows,  ///< D = A x B + S; before loading a tile's rows of S, wait for their flags (GEMM + ReduceScatter)
-  report_rows    ///< no wait: only report stored rows (a ring step whose output is sent on)
+  report_rows,   ///< no wait: only report stored rows (a ring step whose output is sent on)
+  /// Rows [GemmArgs::add_begin, add_end) of A x B are added into
+  /// GemmArgs::add_into, whose rows already hold a partial sum, by TMA
+  /// reduce-add (one bf16 rounding of the two bf16 values); the other rows
+  /// are stored into C. A tile of the added rows first waits, in the
+  /// mainloop's producer warp, for the flags of its rows (GemmArgs::signals:
+  /// the partial sum has landed), and every tile reports its rows once its
+  /// stores or adds are complete (GemmArgs::done). GEMM + ReduceScatter at 2
+  /// ranks in one launch (GemmRs, FusedWay::one_launch_add).
+  add_rows
 };
 
 /// Flags that say which rows of A (wait_a_rows) or of the source (wait_source_rows)
@@ -100,6 +109,14 @@ struct GemmArgs {
   /// multiples of 256 (the tallest tile) or M; rows that signals wait on must
   /// not be among them (mark them ready).
   std::int64_t no_source_begin = 0, no_source_end = 0;
+  /// add_rows: rows [add_begin, add_end) of A x B are added into add_into
+  /// (row add_begin of the product onto add_into's row 0, same row stride as
+  /// C), not stored into C. Both bounds multiples of 256 (the tallest tile)
+  /// or M; add_into 16-byte aligned. Rows that wait (outside the signals'
+  /// ready rows) must be among them: the partial sum they wait for is what
+  /// they add onto.
+  void* add_into = nullptr;
+  std::int64_t add_begin = 0, add_end = 0;
 };
 
 /// What a Gemm plan is built for.
