@@ -86,7 +86,8 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   // Each chunk of our block goes to every peer as soon as the ring's last step
   // has stored it, while the rest of the block computes.
   // With one launch the ring's GEMM stores every block's partial sum in out
-  // (each leaves before its owner's final block arrives there).
+  // (each leaves before its owner's final block arrives there); adding in one
+  // launch, out is where the peer's partial sum of our block lands.
   reduce_->run_fused(a, b, mine, stream, way, [&](cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value) {
     for (std::int64_t c = 0; c < chunks_; ++c)
       for (int turn = 1; turn < world; ++turn) {
@@ -96,7 +97,7 @@ void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                                         peer_arrived + me * chunks_, side);
         if (Overlap::recording()) Overlap::mark(side, str("side: own chunk ", c, " sent to ", peer));
       }
-  }, one_launch ? out : nullptr);
+  }, one_launch || way == FusedWay::one_launch_add ? out : nullptr);
   if (world == 1) return;
   // The wait is the flags' only reader: it zeroes them as it sees them (no
   // reset after it), unless WEFT_FLAG_RESET=memset asks for the old way.

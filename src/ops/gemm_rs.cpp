@@ -9,6 +9,7 @@
 #include "ring_step.hpp"
 #include "schedule.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
 
 namespace weft {
 
@@ -53,6 +54,7 @@ const char* path_name(FusedWay way) {
     case FusedWay::ring_per_step: return "fused";
     case FusedWay::ring_one_launch: return "fused, one launch";
     case FusedWay::ring_plain_first: return "fused, plain first step";
+    case FusedWay::one_launch_add: return "fused, one launch, adding";
     case FusedWay::automatic: break;
   }
   return "fused, automatic";
@@ -79,6 +81,12 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   const bool one_launch_possible = world > 1 && block_rows_ % kOneLaunchBlockRows == 0;
   WEFT_REQUIRE(o.way != FusedWay::ring_one_launch || one_launch_possible,
                "GemmRs: FusedWay::ring_one_launch needs 2 or more ranks and M / W a multiple of ", kOneLaunchBlockRows,
+               ", got M / W = ", block_rows_, " on ", world, " rank(s)");
+  // Adding our block onto the peer's partial sum takes exactly one peer, and
+  // whole tiles on both sides of the blocks' boundary.
+  const bool one_launch_add_possible = world == 2 && block_rows_ % kOneLaunchBlockRows == 0;
+  WEFT_REQUIRE(o.way != FusedWay::one_launch_add || one_launch_add_possible,
+               "GemmRs: FusedWay::one_launch_add needs exactly 2 ranks and M / 2 a multiple of ", kOneLaunchBlockRows,
                ", got M / W = ", block_rows_, " on ", world, " rank(s)");
   overlap_ = std::make_unique<Overlap>(ctx_, "gemm_rs", o.mode, str("GemmRs ", o.m, " x ", o.n, " x ", o.k));
   const std::uint64_t all_bytes = static_cast<std::uint64_t>(o.m * o.n * 2);
@@ -141,6 +149,16 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
         hooked.m = o.m;
         whole_gemm_ = std::make_unique<Gemm>(hooked);
       }
+      // Only when asked for: its GEMM's one-lane reduce-add has not run on a
+      // GPU yet (docs/NOTES.md, twenty-second session), and automatic picks a
+      // way by its time alone, so an unchecked way must not be among them.
+      if (o.way == FusedWay::one_launch_add && one_launch_add_possible) {
+        GemmOptions adding = g;
+        adding.m = o.m;
+        adding.hook = GemmHook::add_rows;
+        adding.allow_cublas = false;
+        add_gemm_ = std::make_unique<Gemm>(adding);
+      }
     }
   }
   if (o.mode != OverlapMode::fused) {
@@ -172,6 +190,7 @@ bool GemmRs::builds(FusedWay way) const {
     case FusedWay::ring_per_step: return first_gemm_ != nullptr;
     case FusedWay::ring_one_launch: return whole_gemm_ != nullptr;
     case FusedWay::ring_plain_first: return plain_first_gemm_ != nullptr;
+    case FusedWay::one_launch_add: return add_gemm_ != nullptr;
     case FusedWay::automatic: break;
   }
   return false;
@@ -186,6 +205,7 @@ Gemm* GemmRs::last_step_gemm(FusedWay way) const {
 std::string GemmRs::fused_gemm_config(FusedWay way) const {
   if (!builds(way)) return "";
   if (way == FusedWay::ring_one_launch) return whole_gemm_->config();
+  if (way == FusedWay::one_launch_add) return add_gemm_->config();
   const bool plain_first = way == FusedWay::ring_plain_first;
   const Gemm& first = plain_first ? *plain_first_gemm_ : *first_gemm_;
   if (!step_gemm_) return first.config();
@@ -224,6 +244,10 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   const std::int64_t n = options_.n, k = options_.k;
   WEFT_REQUIRE(builds(way), "GemmRs::run_fused: this plan did not build the fused way '", path_name(way),
                "' (GemmRsOptions::way; builds())");
+  if (way == FusedWay::one_launch_add) {
+    run_one_launch_add(a, b, out, stream, own_block_stored, all_rows);
+    return;
+  }
   const bool one_launch = way == FusedWay::ring_one_launch;
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
   const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);
@@ -385,6 +409,75 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
     }
   }
   overlap_->join(stream);  // our sends are done: the next run may overwrite them
+}
+
+void GemmRs::run_one_launch_add(const void* a, const void* b, void* out, cudaStream_t stream,
+                                const OwnBlockStored& own_block_stored, void* all_rows) {
+  const int me = ctx_->rank(), peer = 1 - me, world = ctx_->world_size();
+  const std::int64_t n = options_.n;
+  const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
+  const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);
+  // The peer's copy engine lands its partial sum of our block in `out`, so
+  // `out` must be the peer's to write: ours in the symmetric heap (or the
+  // caller's all_rows, GemmAr's out). Otherwise the ring runs instead.
+  char* landing = all_rows ? static_cast<char*>(all_rows) + me * block_bytes : static_cast<char*>(out);
+  if (!ctx_->heap().contains(landing, block_bytes)) {
+    const FusedWay ring = plain_first_gemm_ ? FusedWay::ring_plain_first : FusedWay::ring_per_step;
+    WEFT_REQUIRE(builds(ring), "GemmRs::run: FusedWay::one_launch_add needs `out` (", out,
+                 ") in the symmetric heap, the same buffer on every rank: the peer's copy engine writes its partial "
+                 "sum there");
+    if (!said_out_not_symmetric_)
+      WEFT_LOG(warn, "GemmRs ", options_.m, " x ", n, " x ", options_.k, ": `out` (", out,
+               ") is not in the symmetric heap, so the way chosen, '", path_name(FusedWay::one_launch_add),
+               "', cannot land the peer's partial sum there; running '", path_name(ring),
+               "' for such calls (allocate out with ctx->heap().alloc to run the faster way)");
+    said_out_not_symmetric_ = true;
+    run_fused(a, b, out, stream, ring, own_block_stored, nullptr);
+    return;
+  }
+  WEFT_REQUIRE(landing == out, "GemmRs::run_fused: with all_rows, out must be its block ", me);
+  // Where our partial sum of the peer's block goes: the same buffer, the peer's block.
+  char* peer_landing = static_cast<char*>(ctx_->heap().peer_ptr(all_rows ? all_rows : out, peer)) +
+                       (all_rows ? peer * block_bytes : 0);
+  auto* arrived = arrived_.as<std::uint64_t>();  // [block][chunk]: the peer's partial sum of the chunk is in out
+  auto* stored = arrived + world * chunks_;      // [block][chunk]: elements of the chunk our GEMM stored or added
+  const std::uint64_t chunk_stored = gemm_detail::band_stored_value(0, chunk_rows_, block_rows_, n);
+  // The peer's block first: stored into send_ (at its own rows) and sent as
+  // each chunk is complete; then ours, each tile waiting (in its mainloop's
+  // producer) for its chunk of the peer's partial sum, then adding onto it.
+  const GemmArgs args{.a = a,
+                      .b = b,
+                      .c = send_,
+                      .signals = RowSignals{.world = &ctx_->world(),
+                                            .flags = arrived,
+                                            .rows_per_flag = chunk_rows_,
+                                            .value = 1,
+                                            .ready_begin = peer * block_rows_,  // stored, not added: nothing to wait for
+                                            .ready_end = (peer + 1) * block_rows_,
+                                            .from_rank = peer,
+                                            .waited_ns = overlap_->tile_wait_counter()},
+                      .done = RowsDone{.counters = stored, .rows_per_counter = chunk_rows_},
+                      .first_row = peer * block_rows_,
+                      .add_into = out,
+                      .add_begin = me * block_rows_,
+                      .add_end = (me + 1) * block_rows_};
+  add_gemm_->prepare(args, stream);  // tunes on the first run, before any peer waits on us
+  // Our flags and counters of the last run are zeroed; the side stream sends
+  // only once the peer said its `out` is free for this run.
+  cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(2 * world * chunks_));
+  Overlap::mark(stream, "start");
+  auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer)) + peer * chunks_;
+  const char* ours_of_peer = static_cast<const char*>(send_) + peer * block_bytes;
+  for (std::int64_t c = 0; c < chunks_; ++c) {
+    Overlap::push_chunk_when_stored(peer_landing, ours_of_peer, chunk_bytes, c, stored + peer * chunks_, chunk_stored,
+                                    peer_arrived, side);
+    if (Overlap::recording()) Overlap::mark(side, str("side: peer's chunk ", c, " sent"));
+  }
+  // Our block is final chunk by chunk as its adds complete (they report like stores).
+  if (own_block_stored) own_block_stored(side, stored + me * chunks_, chunk_stored);
+  add_gemm_->run(args, stream);
+  Overlap::mark(stream, "GEMM");
+  overlap_->join(stream);  // our sends are done: the next run may overwrite send_
 }
 
 }  // namespace weft

@@ -224,7 +224,7 @@ class Overlap {
 
 /// GemmRs's fused ways, in the order plans list (and, on their first run, tune) them.
 inline constexpr FusedWay kFusedWays[] = {FusedWay::ring_per_step, FusedWay::ring_one_launch,
-                                          FusedWay::ring_plain_first};
+                                          FusedWay::ring_plain_first, FusedWay::one_launch_add};
 
 /// The way whose path name (weft::path_name) is `path`; FusedWay::automatic for any other.
 FusedWay fused_way_of(const std::string& path);

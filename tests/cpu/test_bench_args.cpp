@@ -94,6 +94,8 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).way, FusedWay::automatic);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_ar", "--way", "one_launch"}).way, FusedWay::ring_one_launch);
   EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs", "--way", "plain_first"}).way, FusedWay::ring_plain_first);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs", "--way", "one_launch_add"}).way, FusedWay::one_launch_add);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--hook", "add_rows"}).hook, GemmHook::add_rows);
   EXPECT_EQ(parse_bench_args({"weft-bench", "--way", "plain_steps", "ag_gemm"}).ag_way, AgWay::plain_steps);
   EXPECT_EQ(parse_bench_args({"weft-bench", "ag_gemm"}).ag_way, AgWay::automatic);
   EXPECT_NE(error_of({"ag_gemm", "--way", "per_step"}).find(

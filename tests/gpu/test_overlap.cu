@@ -162,11 +162,14 @@ static void expect_every_reduce_path_matches(bool all_reduce) {
   for (OverlapMode mode : kModes)
     EXPECT_LT(check_gemm_reduce(all_reduce, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
   // Each fused way, where it can run: the ring per step, in one launch (two
-  // ranks or more, M / W a multiple of 512), and with a plain first step (two
-  // ranks or more); blocks of 2048 rows travel in 4 chunks.
+  // ranks or more, M / W a multiple of 512), with a plain first step (two
+  // ranks or more), and in one launch adding (two ranks); blocks of 2048 rows
+  // travel in 4 chunks.
   for (std::int64_t rows : {std::int64_t{512}, std::int64_t{2048}})
-    for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch, FusedWay::ring_plain_first}) {
+    for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch, FusedWay::ring_plain_first,
+                         FusedWay::one_launch_add}) {
       if (way != FusedWay::ring_per_step && w == 1) continue;
+      if (way == FusedWay::one_launch_add && w != 2) continue;
       EXPECT_LT(check_gemm_reduce(all_reduce, rows * w, 8192, 1024, OverlapMode::fused, cb, way), 1e-2)
           << "M / W = " << rows << ", " << static_cast<int>(way);
     }
@@ -175,6 +178,38 @@ static void expect_every_reduce_path_matches(bool all_reduce) {
 TEST(GemmRs, EveryPathMatchesNcclPlusCublas) { expect_every_reduce_path_matches(false); }
 
 TEST(GemmAr, EveryPathMatchesNcclPlusCublas) { expect_every_reduce_path_matches(true); }
+
+// FusedWay::one_launch_add: exactly 2 ranks, and an `out` the peer can write
+// (the symmetric heap); forced, with any other `out` it refuses, naming why.
+TEST(GemmRs, AddingInOneLaunchNeedsTwoRanksAndASymmetricOut) {
+  const int w = ctx().world_size();
+  const std::int64_t m = 1024 * w, n = 1024, k = 512;
+  auto error_of = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const GemmRsOptions o{.m = m, .n = n, .k = k, .mode = OverlapMode::fused, .way = FusedWay::one_launch_add};
+  if (w != 2) {
+    EXPECT_NE(error_of([&] { GemmRs plan(ctx_ptr(), o); }).find("needs exactly 2 ranks"), std::string::npos);
+    return;
+  }
+  GemmRs plan(ctx_ptr(), o);
+  EXPECT_TRUE(plan.builds(FusedWay::one_launch_add));
+  cudaStream_t s = test::stream();
+  void* a = dalloc(m * k * 2);
+  void* b = dalloc(n * k * 2);
+  void* plain_out = dalloc(m / w * n * 2);
+  bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(ctx().rank(), ++salt), s);
+  bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(ctx().rank(), ++salt), s);
+  const std::string why = error_of([&] { plan.run(a, b, plain_out, s); });
+  EXPECT_NE(why.find("in the symmetric heap"), std::string::npos) << why;
+  ctx().synchronize(s);
+  for (void* p : {a, b, plain_out}) cudaFree(p);
+}
 
 // WEFT_FLAG_RESET=memset (the A/B switch): AllGather+GEMM's and
 // GEMM+AllReduce's flags reset by memsets instead of consumed by their readers.
@@ -207,13 +242,25 @@ TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
   bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
   unsigned long long* mismatches = static_cast<unsigned long long*>(dalloc(8));
   // Ops 1 and 2 run their ring a GEMM per step; with two ranks or more, 3
-  // and 4 in one launch, 5 and 6 with a plain first step, 7 is AgGemm's plain steps.
-  for (int op = 0; op < (w > 1 ? 8 : 3); ++op) {
-    const char* names[] = {"AgGemm",         "GemmRs", "GemmAr", "GemmRs, one launch", "GemmAr, one launch",
-                           "GemmRs, plain first step", "GemmAr, plain first step", "AgGemm, plain steps"};
+  // and 4 in one launch, 5 and 6 with a plain first step, 7 is AgGemm's plain
+  // steps; with two ranks, 9 and 10 in one launch adding (8 is skipped).
+  for (int op = 0; op < (w == 2 ? 11 : w > 1 ? 8 : 3); ++op) {
+    if (op == 8) continue;
+    const char* names[] = {"AgGemm",
+                           "GemmRs",
+                           "GemmAr",
+                           "GemmRs, one launch",
+                           "GemmAr, one launch",
+                           "GemmRs, plain first step",
+                           "GemmAr, plain first step",
+                           "AgGemm, plain steps",
+                           "",
+                           "GemmRs, one launch adding",
+                           "GemmAr, one launch adding"};
     const bool ag_op = op == 0 || op == 7;
     const char* name = names[op];
-    const FusedWay way = op >= 5 ? FusedWay::ring_plain_first
+    const FusedWay way = op >= 9   ? FusedWay::one_launch_add
+                         : op >= 5 ? FusedWay::ring_plain_first
                          : op >= 3 ? FusedWay::ring_one_launch
                                    : FusedWay::ring_per_step;
     const std::int64_t out_elems = ag_op ? m * n : op % 2 == 1 ? m / w * n : m * n;

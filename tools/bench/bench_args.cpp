@@ -61,10 +61,12 @@ std::string join(const std::vector<std::string>& v) {
 const VariantName<GemmHook> kHooks[] = {{GemmHook::none, "none"},
                                         {GemmHook::wait_a_rows, "wait_a_rows"},
                                         {GemmHook::report_rows, "report_rows"},
-                                        {GemmHook::wait_source_rows, "wait_source_rows"}};
+                                        {GemmHook::wait_source_rows, "wait_source_rows"},
+                                        {GemmHook::add_rows, "add_rows"}};
 const VariantName<FusedWay> kWays[] = {{FusedWay::ring_per_step, "per_step"},
                                        {FusedWay::ring_one_launch, "one_launch"},
-                                       {FusedWay::ring_plain_first, "plain_first"}};
+                                       {FusedWay::ring_plain_first, "plain_first"},
+                                       {FusedWay::one_launch_add, "one_launch_add"}};
 const VariantName<SampleOrder> kOrders[] = {{SampleOrder::fixed, "fixed"}, {SampleOrder::shuffled, "shuffled"}};
 const VariantName<AgWay> kAgWays[] = {{AgWay::one_gemm, "one_gemm"}, {AgWay::plain_steps, "plain_steps"}};
 
@@ -147,7 +149,8 @@ std::string bench_usage() {
          "                     round, the same on every rank)\n"
          "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
          "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
-         "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch or plain_first;\n"
+         "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch, plain_first or\n"
+         "                     one_launch_add (2 ranks);\n"
          "                     ag_gemm: one_gemm or plain_steps\n"
          "                     (default: the plan times every way it can run)\n"
          "  --soak S           gemm, ag_gemm, gemm_rs, gemm_ar: after timing, run each contender alone, back to back,\n"
@@ -158,7 +161,8 @@ std::string bench_usage() {
          "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
          "  --out T            output type: the input type (default) or fp32\n"
          "  --config NAME      force one GEMM configuration\n"
-         "  --hook H           none (default), wait_a_rows, report_rows or wait_source_rows (adds S = 0):\n"
+         "  --hook H           none (default), wait_a_rows, report_rows, wait_source_rows (adds S = 0) or add_rows\n"
+         "                     (the lower half of the rows added onto zeros):\n"
          "                     the hooked kernels alone (no flag waited on, nothing reported),\n"
          "                     to compare with the plain ones\n"
          "  --any-order        with wait_a_rows or wait_source_rows: the plan allows any tile order\n"

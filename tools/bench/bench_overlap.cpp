@@ -246,6 +246,14 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         Gemm ring_step(ring_options);
         std::unique_ptr<Gemm> whole;
         void* whole_source = nullptr;
+        // Adding in one launch: its GEMM over all M rows, our block added onto C's own rows.
+        const bool adding = plan_path == path_name(FusedWay::one_launch_add);
+        if (adding) {
+          GemmOptions adding_options = gemm_options(M, N, k);
+          adding_options.hook = GemmHook::add_rows;
+          adding_options.config = plan_configs;
+          whole = std::make_unique<Gemm>(adding_options);
+        }
         if (one_launch) {
           GemmOptions whole_options = ring_options;
           whole_options.m = M;
@@ -255,6 +263,18 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           fill_uniform(whole_source, M * N, "bf16", fresh_seed(me, ++salt), stream);
         }
         auto ring_gemms = [&] {
+          if (adding) {
+            const int peer = (me + 1) % world;
+            whole->run(GemmArgs{.a = a,
+                                .b = b,
+                                .c = c_ref,
+                                .first_row = peer * rows_per_rank,
+                                .add_into = static_cast<char*>(c_ref) + me * rows_per_rank * N * 2,
+                                .add_begin = me * rows_per_rank,
+                                .add_end = (me + 1) * rows_per_rank},
+                       stream);
+            return;
+          }
           if (one_launch) {
             whole->run(GemmArgs{.a = a, .b = b, .c = c_ref, .source = whole_source}, stream);
             return;

@@ -20,7 +20,17 @@
 // launch": the same waits and reports, without a kernel boundary and a
 // half-size GEMM per step; the first block's source rows are zeros). Either
 // way block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
-// are bitwise identical (each way with its own bits). Sequential path: a plain GEMM (weft's, or cuBLAS where
+// are bitwise identical (each way with its own bits).
+// At 2 ranks there is also "fused, one launch, adding" (FusedWay::
+// one_launch_add): one GEMM over all M rows, the peer's block first, stored
+// and sent chunk by chunk by copy engine straight into the peer's `out`;
+// then our own block, whose tiles wait for the peer's partial sum of their
+// rows to land in our `out` and add theirs onto it by TMA reduce-add: no
+// source load, no second kernel (the ring's two steps cost 1.07-1.08x the
+// whole GEMM before anything is sent: PERF.md, twenty-first session). The
+// sum, bf16(own) + bf16(peer's) rounded once, is what NCCL's ReduceScatter of
+// the bf16 partial sums gives. It needs `out` in the symmetric heap, the same
+// buffer on every rank. Sequential path: a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster), then weft's ReduceScatter. `automatic` times
 // both on the first run (outside graph capture) and keeps the faster, the same
 // on every rank.
@@ -53,11 +63,21 @@ enum class FusedWay {
   /// The ring per step, its first step a plain GEMM (any tile order, or
   /// cuBLAS: the fastest the tuner finds) whose block leaves once whole,
   /// under the next step's GEMM; needs 2 ranks or more.
-  ring_plain_first
+  ring_plain_first,
+  /// 2 ranks: one persistent GEMM over all M rows, the peer's block first
+  /// (sent by copy engine into the peer's `out` as it is stored), then ours,
+  /// added onto the peer's partial sum in `out` by TMA reduce-add
+  /// (GemmHook::add_rows); needs M / 2 a multiple of 512 and `out` in the
+  /// symmetric heap (the same buffer on every rank). With another `out` a
+  /// run takes the ring (plain first step where built, else per step) and
+  /// says so once. Built only when asked for (not among automatic's ways)
+  /// until its GPU tests have passed (docs/NOTES.md).
+  one_launch_add
 };
 
 /// The path name a fused way runs under (GemmRs::path(), GemmAr::path()):
-/// "fused" (ring_per_step), "fused, one launch", "fused, plain first step";
+/// "fused" (ring_per_step), "fused, one launch", "fused, plain first step",
+/// "fused, one launch, adding" (one_launch_add);
 /// "fused, automatic" for FusedWay::automatic, which no run reports.
 const char* path_name(FusedWay way);
 
@@ -92,13 +112,15 @@ class GemmRs {
   GemmRs& operator=(const GemmRs&) = delete;
 
   /// out [M/W, N] = rows block `rank` of sum_q A_q x B_q, on `stream`. `a`: this
-  /// rank's [M, k]; `b`: [N, k] (nk) or [k, N] (kn); `out`: any device memory.
+  /// rank's [M, k]; `b`: [N, k] (nk) or [k, N] (kn); `out`: any device memory,
+  /// or (for FusedWay::one_launch_add, where peers copy into it) a buffer of
+  /// the symmetric heap, the same one on every rank.
   /// Every rank calls it, in the same order. Throws weft::Error naming what was
   /// expected on bad input.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
   /// "fused" (the ring, a GEMM per step), "fused, one launch", "fused, plain
-  /// first step", "sequential"
+  /// first step", "fused, one launch, adding", "sequential"
   /// (the GEMM, then weft's reduce-scatter), "sequential, NCCL" (NCCL's), or
   /// "" before the first run.
   std::string path() const;
@@ -116,7 +138,8 @@ class GemmRs {
   std::string fused_gemm_config(FusedWay way) const;
   /// True if the plan built this fused way (GemmRsOptions::way, and what the
   /// shape allows: one launch needs 2 ranks or more and M / W a multiple of
-  /// 512; a plain first step, 2 ranks or more).
+  /// 512; a plain first step, 2 ranks or more; one launch adding, exactly 2
+  /// ranks and M / 2 a multiple of 512).
   bool builds(FusedWay way) const;
   const GemmRsOptions& options() const { return options_; }
 
@@ -141,6 +164,9 @@ class GemmRs {
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
   /// The last ring step's GEMM when nobody ships our block, for `way`.
   Gemm* last_step_gemm(FusedWay way) const;
+  /// FusedWay::one_launch_add (run_fused's arguments).
+  void run_one_launch_add(const void* a, const void* b, void* out, cudaStream_t stream,
+                          const OwnBlockStored& own_block_stored, void* all_rows);
 
   std::shared_ptr<Context> ctx_;
   GemmRsOptions options_;
@@ -159,6 +185,9 @@ class GemmRs {
   // (it leaves the previous rank as the step starts): by column band, along
   // M, where band_cols_ > 0, else by row chunk, along N.
   std::unique_ptr<Gemm> plain_first_gemm_, ordered_last_gemm_;
+  // FusedWay::one_launch_add: the GEMM over all M rows that adds our block into out (GemmHook::add_rows).
+  std::unique_ptr<Gemm> add_gemm_;
+  bool said_out_not_symmetric_ = false;  // one_launch_add ran the ring instead, and said so once
   std::int64_t band_cols_ = 0;  // > 0: at 2 ranks, the plain first step's block leaves in column bands this wide
   cudaEvent_t first_step_done_ = nullptr;  // the plain first step's GEMM has finished
   std::unique_ptr<ReduceScatter> reduce_scatter_;
