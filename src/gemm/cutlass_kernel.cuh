@@ -137,8 +137,6 @@ struct Kernel {
     if (kHooked && !kWithSource && p.wait.flags && p.wait.wait_in == WaitIn::epilogue)
       return "waiting for source rows needs a configuration that adds a source";
     if (!kAddRows && p.add_begin != p.add_end) return "adding rows into another matrix needs a configuration that adds";
-    if (kAddRows && p.add_begin != p.add_end && (p.add_begin % TM || (p.add_end % TM && p.add_end != p.m)))
-      return "the added rows must be whole row tiles of this configuration";
     if (kHooked && p.raster == 1 && (p.wait.done || p.wait.rotate_rows))
       return "hooked runs that rotate the tile order or report stored rows keep the row-major order (raster along N)";
     return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";

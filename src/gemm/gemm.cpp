@@ -507,9 +507,11 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  x.source);
   else
     WEFT_REQUIRE(!x.source, "Gemm::run: a source matrix was given to a plan built without one (GemmHook::wait_source_rows)");
+  // A row range a tile picks its epilogue by (no source, added) holds whole
+  // tiles whichever configuration runs: bounds on 256-row lines, or M.
+  const std::int64_t m = options_.m;
+  auto bound = [&](std::int64_t row) { return row >= 0 && row <= m && (row % kTallestTileRows == 0 || row == m); };
   if (x.no_source_begin != x.no_source_end) {
-    const std::int64_t m = options_.m;
-    auto bound = [&](std::int64_t row) { return row >= 0 && row <= m && (row % kTallestTileRows == 0 || row == m); };
     WEFT_REQUIRE(options_.hook == GemmHook::wait_source_rows,
                  "Gemm::run: rows without a source (GemmArgs::no_source_*) were given to a plan that adds none");
     WEFT_REQUIRE(x.no_source_begin < x.no_source_end && bound(x.no_source_begin) && bound(x.no_source_end),
@@ -521,8 +523,6 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  x.signals.ready_begin, ", ", x.signals.ready_end, "))");
   }
   if (options_.hook == GemmHook::add_rows) {
-    const std::int64_t m = options_.m;
-    auto bound = [&](std::int64_t row) { return row >= 0 && row <= m && (row % kTallestTileRows == 0 || row == m); };
     WEFT_REQUIRE(x.add_begin <= x.add_end && bound(x.add_begin) && bound(x.add_end),
                  "Gemm::run: the added rows [", x.add_begin, ", ", x.add_end,
                  ") must be whole row tiles: bounds in [0, M = ", m, "], multiples of ", kTallestTileRows, " or M");

@@ -9,7 +9,6 @@
 #include "ring_step.hpp"
 #include "schedule.hpp"
 #include "weft/core/error.hpp"
-#include "weft/core/log.hpp"
 
 namespace weft {
 
@@ -84,7 +83,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
                ", got M / W = ", block_rows_, " on ", world, " rank(s)");
   // Adding our block onto the peer's partial sum takes exactly one peer, and
   // whole tiles on both sides of the blocks' boundary.
-  const bool one_launch_add_possible = world == 2 && block_rows_ % kOneLaunchBlockRows == 0;
+  const bool one_launch_add_possible = world == 2 && one_launch_possible;
   WEFT_REQUIRE(o.way != FusedWay::one_launch_add || one_launch_add_possible,
                "GemmRs: FusedWay::one_launch_add needs exactly 2 ranks and M / 2 a multiple of ", kOneLaunchBlockRows,
                ", got M / W = ", block_rows_, " on ", world, " rank(s)");
@@ -419,23 +418,12 @@ void GemmRs::run_one_launch_add(const void* a, const void* b, void* out, cudaStr
   const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);
   // The peer's copy engine lands its partial sum of our block in `out`, so
   // `out` must be the peer's to write: ours in the symmetric heap (or the
-  // caller's all_rows, GemmAr's out). Otherwise the ring runs instead.
-  char* landing = all_rows ? static_cast<char*>(all_rows) + me * block_bytes : static_cast<char*>(out);
-  if (!ctx_->heap().contains(landing, block_bytes)) {
-    const FusedWay ring = plain_first_gemm_ ? FusedWay::ring_plain_first : FusedWay::ring_per_step;
-    WEFT_REQUIRE(builds(ring), "GemmRs::run: FusedWay::one_launch_add needs `out` (", out,
-                 ") in the symmetric heap, the same buffer on every rank: the peer's copy engine writes its partial "
-                 "sum there");
-    if (!said_out_not_symmetric_)
-      WEFT_LOG(warn, "GemmRs ", options_.m, " x ", n, " x ", options_.k, ": `out` (", out,
-               ") is not in the symmetric heap, so the way chosen, '", path_name(FusedWay::one_launch_add),
-               "', cannot land the peer's partial sum there; running '", path_name(ring),
-               "' for such calls (allocate out with ctx->heap().alloc to run the faster way)");
-    said_out_not_symmetric_ = true;
-    run_fused(a, b, out, stream, ring, own_block_stored, nullptr);
-    return;
-  }
-  WEFT_REQUIRE(landing == out, "GemmRs::run_fused: with all_rows, out must be its block ", me);
+  // caller's all_rows, GemmAr's out, whose block `me` it is).
+  WEFT_REQUIRE(!all_rows || static_cast<char*>(all_rows) + me * block_bytes == out,
+               "GemmRs::run_fused: with all_rows, out must be its block ", me);
+  WEFT_REQUIRE(ctx_->heap().contains(out, block_bytes), "GemmRs::run: FusedWay::one_launch_add needs `out` (", out,
+               ") in the symmetric heap, the same buffer on every rank: the peer's copy engine writes its partial "
+               "sum there");
   // Where our partial sum of the peer's block goes: the same buffer, the peer's block.
   char* peer_landing = static_cast<char*>(ctx_->heap().peer_ptr(all_rows ? all_rows : out, peer)) +
                        (all_rows ? peer * block_bytes : 0);

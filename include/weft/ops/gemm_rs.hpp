@@ -68,10 +68,9 @@ enum class FusedWay {
   /// (sent by copy engine into the peer's `out` as it is stored), then ours,
   /// added onto the peer's partial sum in `out` by TMA reduce-add
   /// (GemmHook::add_rows); needs M / 2 a multiple of 512 and `out` in the
-  /// symmetric heap (the same buffer on every rank). With another `out` a
-  /// run takes the ring (plain first step where built, else per step) and
-  /// says so once. Built only when asked for (not among automatic's ways)
-  /// until its GPU tests have passed (docs/NOTES.md).
+  /// symmetric heap (the same buffer on every rank); a run with another
+  /// `out` is refused, naming why. Built only when asked for (not among
+  /// automatic's ways) until its GPU tests have passed (docs/NOTES.md).
   one_launch_add
 };
 
@@ -187,7 +186,6 @@ class GemmRs {
   std::unique_ptr<Gemm> plain_first_gemm_, ordered_last_gemm_;
   // FusedWay::one_launch_add: the GEMM over all M rows that adds our block into out (GemmHook::add_rows).
   std::unique_ptr<Gemm> add_gemm_;
-  bool said_out_not_symmetric_ = false;  // one_launch_add ran the ring instead, and said so once
   std::int64_t band_cols_ = 0;  // > 0: at 2 ranks, the plain first step's block leaves in column bands this wide
   cudaEvent_t first_step_done_ = nullptr;  // the plain first step's GEMM has finished
   std::unique_ptr<ReduceScatter> reduce_scatter_;
