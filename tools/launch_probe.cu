@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/gpu_diagnosis.hpp"
 #include "weft/core/driver.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/memory.cuh"
@@ -115,6 +116,8 @@ struct Probe {
 
 int main() {
   try {
+    const weft::GpuDiagnosis gpus = weft::diagnose_gpus();  // names a missing GPU, an old driver, a GPU that is not Hopper
+    WEFT_REQUIRE(gpus.verdict == weft::GpuVerdict::ready, gpus.message);
     Probe p;
     int device = 0;
     WEFT_CUDA(cudaGetDevice(&device));

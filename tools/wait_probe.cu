@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "weft/core/gpu_diagnosis.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/memory.cuh"
 
@@ -85,6 +86,8 @@ __global__ void probe(const std::uint64_t* flags, int way, bool busy, std::uint6
 
 int main() {
   try {
+    const weft::GpuDiagnosis gpus = weft::diagnose_gpus();  // names a missing GPU, an old driver, a GPU that is not Hopper
+    WEFT_REQUIRE(gpus.verdict == weft::GpuVerdict::ready, gpus.message);
     int device = 0, sms = 0;
     WEFT_CUDA(cudaGetDevice(&device));
     WEFT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

@@ -2,25 +2,39 @@
 //
 //   weftrun -n 2 weft-info
 //
-// Rank 0 prints the job (launcher, ranks, nodes), each rank's GPU, whether it
-// supports CUDA VMM with POSIX fd handles, its NVLinks, and the peer-access /
-// link matrix between all ranks. It also maps a small symmetric heap, so a
+// Rank 0 prints the job (launcher, ranks, nodes), each rank's GPU, its SMs
+// (its share under MPS), whether it supports CUDA VMM with POSIX fd handles,
+// its NVLinks, and the peer-access / link matrix between all ranks ("same
+// GPU" for ranks sharing one). It also maps a small symmetric heap, so a
 // successful run shows the native backend works here.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "weft/core/error.hpp"
 #include "weft/runtime/context.hpp"
 
-int main() {
+namespace {
+const char* kUsage =
+    "usage: weftrun -n N [--share-gpu] weft-info\n"
+    "\n"
+    "Prints what this machine offers weft: the job (launcher, ranks, nodes), each rank's GPU, its\n"
+    "SMs (its share when ranks share a GPU under MPS), CUDA VMM support, NVLinks, the link matrix\n"
+    "between ranks, and maps a small symmetric heap to show the native backend works. Exits 1,\n"
+    "saying why on stderr, where no usable GPU is visible.\n";
+}  // namespace
+
+int main(int argc, char** argv) {
   using namespace weft;
-  int gpus = 0;
-  cudaError_t rc = cudaGetDeviceCount(&gpus);
-  if (rc != cudaSuccess || gpus == 0) {
-    std::printf("weft-info: no CUDA GPU is visible (%s).\n", rc == cudaSuccess ? "0 devices" : cudaGetErrorName(rc));
-    return 1;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "weft-info: unknown argument '%s' (it takes none; -h for help)\n", argv[i]);
+    return 2;
   }
   try {
     ContextOptions opts;
@@ -34,15 +48,23 @@ int main() {
     // Each rank describes its own GPU; rank 0 prints them all in rank order.
     std::string mine =
         str("  rank ", t.rank, " (local ", t.local_rank, ", node ", t.node_id, " ", t.hostname[t.rank], "): GPU ",
-            t.device, " ", t.gpu_name[t.rank], ", PCI ", t.pci_bus_id[t.rank], ", ", t.sm_count, " SMs, VMM ",
+            t.device, " ", t.gpu_name[t.rank], ", PCI ", t.pci_bus_id[t.rank], ", ", t.gpu_sm_count, " SMs",
+            t.same_gpu_ranks.size() > 1
+                ? str(" shared by ", t.same_gpu_ranks.size(), " ranks", t.mps_client ? " under MPS" : "",
+                      " (this rank's share: ", t.sm_count, ")")
+                : std::string(),
+            ", VMM ",
             t.vmm_supported ? "yes" : "no", ", VMM POSIX-fd handles ", t.vmm_fd_supported ? "yes" : "no", "\n",
             "      NVLink: ", t.nvlink_summary, "\n");
     auto lines = ctx->store().all_gather(mine, "weft-info");
     if (t.rank == 0) {
       std::printf("weft-info\n");
       std::printf("  job: %s\n", describe(ctx->launch_env()).c_str());
-      std::printf("  nodes: %d, ranks: %d; CUDA driver %d, runtime %d, NCCL %d\n", t.num_nodes, t.world_size, driver,
-                  runtime, nccl);
+      std::printf("  nodes: %d, ranks: %d; CUDA driver %d, runtime %d, NCCL %d%s\n", t.num_nodes, t.world_size, driver,
+                  runtime, nccl, ctx->has_nccl() ? "" : " (not used: ranks share a GPU)");
+      if (t.shares_gpus())
+        std::printf("  GPUs shared: up to %d ranks on one GPU (%s); times measured so are not performance figures\n",
+                    t.ranks_per_gpu, to_string(t.sharing));
       for (auto& l : lines) std::fputs(l.c_str(), stdout);
       std::printf("  peer access / link matrix (row: from rank, column: to rank):\n%10s", "");
       for (int c = 0; c < t.world_size; ++c) std::printf(" %-28s", str("rank ", c).c_str());

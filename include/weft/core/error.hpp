@@ -5,6 +5,7 @@
 // weft::Error; nothing in weft returns error codes to the user.
 #pragma once
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -33,6 +34,12 @@ std::string str(Args&&... args) {
 std::string rank_prefix();
 /// Records this process's rank for rank_prefix(); called by the runtime.
 void set_rank_for_messages(int rank, int world_size);
+/// Sets what the message of every failed CUDA call ends with: note(error
+/// code), the runtime's account of why the GPU stopped (a device wait that
+/// timed out and trapped, naming rank and flag; a fatal error of another rank
+/// sharing the GPU under MPS), or "". A failure then explains itself wherever
+/// the call was. The Context sets it; an empty function clears it.
+void set_cuda_failure_note(std::function<std::string(int)> note);
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg);

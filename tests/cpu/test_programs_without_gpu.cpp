@@ -1,0 +1,74 @@
+// weft's programs on a machine without a GPU: each says plainly why it cannot
+// run and exits non-zero within seconds - never a crash ("terminate called"),
+// never a source location, never silence. And weft-info's help and argument
+// errors. (Where a GPU is visible, the no-GPU cases are skipped: they cannot
+// be checked there.)
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Ran {
+  int code = -1;
+  double seconds = 0;
+  std::string output;  // stdout and stderr together
+  std::string stdout_only;
+};
+
+// `cmd` under coreutils' timeout (killed after limit_s: exit 124).
+Ran run(const std::string& cmd, int limit_s = 20, bool stdout_only = false) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Ran r;
+  const std::string full = "timeout -k 2 " + std::to_string(limit_s) + " " + cmd + (stdout_only ? " 2>/dev/null" : " 2>&1");
+  FILE* p = popen(full.c_str(), "r");
+  std::array<char, 512> buf{};
+  while (p && fgets(buf.data(), buf.size(), p)) r.output += buf.data();
+  const int status = p ? pclose(p) : -1;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+bool gpu_visible() { return run("nvidia-smi -L", 10).code == 0; }
+
+void expect_plain_refusal(const std::string& what, const Ran& r) {
+  EXPECT_EQ(r.code, 1) << what << "\n" << r.output;
+  EXPECT_LT(r.seconds, 10.0) << what;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << what << " crashed:\n" << r.output;
+  EXPECT_EQ(r.output.find(".cpp:"), std::string::npos) << what << " names a source location:\n" << r.output;
+  EXPECT_TRUE(r.output.find("no NVIDIA driver") != std::string::npos ||
+              r.output.find("no CUDA GPU is visible") != std::string::npos)
+      << what << " does not say what is missing:\n" << r.output;
+}
+
+}  // namespace
+
+TEST(ProgramsWithoutAGpu, EachSaysWhatIsMissingAndExitsNonZero) {
+  if (gpu_visible()) GTEST_SKIP() << "a GPU is visible here: the no-GPU messages cannot be checked";
+  const std::string weftrun = WEFTRUN_PATH;
+  expect_plain_refusal("weft-info", run(WEFT_INFO_PATH));
+  for (const char* example : {WEFT_EXAMPLE_01, WEFT_EXAMPLE_02, WEFT_EXAMPLE_07, WEFT_EXAMPLE_08}) {
+    expect_plain_refusal(example, run(example));                                   // alone: a world of one
+    expect_plain_refusal(example, run(weftrun + " -n 2 -- " + example));           // two ranks
+  }
+  expect_plain_refusal("weft-wait-probe", run(WEFT_WAIT_PROBE_PATH));
+  expect_plain_refusal("weft-bench", run(std::string(WEFT_BENCH_PATH) + " all_reduce --bytes 1K"));
+  // weft-info's reason goes to stderr, nothing to stdout.
+  EXPECT_EQ(run(WEFT_INFO_PATH, 20, /*stdout_only=*/true).output, "");
+}
+
+TEST(ProgramsWithoutAGpu, WeftInfoHelpsAndRefusesArguments) {
+  const Ran help = run(std::string(WEFT_INFO_PATH) + " --help");
+  EXPECT_EQ(help.code, 0) << help.output;
+  EXPECT_NE(help.output.find("usage: weftrun -n N [--share-gpu] weft-info"), std::string::npos) << help.output;
+  const Ran bad = run(std::string(WEFT_INFO_PATH) + " --verbose");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("unknown argument '--verbose' (it takes none; -h for help)"), std::string::npos)
+      << bad.output;
+}
