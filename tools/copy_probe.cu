@@ -67,9 +67,10 @@ int main() {
     WEFT_CUDA(cudaMemset(local, 0x5A, kBytes));
     void* remote = ctx->heap().peer_ptr(buf.get(), peer);
 
-    int device = 0, sms = 0, clock_khz = 0;
+    // Every SM this rank may hold: the GPU's, or its share where ranks share the GPU.
+    int device = 0, clock_khz = 0;
+    const int sms = ctx->team().sm_count;
     WEFT_CUDA(cudaGetDevice(&device));
-    WEFT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     WEFT_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
     unsigned long long* flags = nullptr;  // [0] release, [1] blocks started, [2] blocks that gave up
     WEFT_CUDA(cudaMalloc(&flags, 3 * sizeof(*flags)));

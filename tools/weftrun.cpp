@@ -1,8 +1,15 @@
 // weftrun - starts the ranks of a weft job on this node, one process per GPU.
 //
-//   weftrun -n N [--timeout S] [--port P] [--tag-output] [--] program [args...]
+//   weftrun -n N [--share-gpu[=WAY]] [--timeout S] [--port P] [--tag-output] [--] program [args...]
 //
 //   -n, --nproc N     number of ranks to start (required, at least 1); rank i uses GPU i
+//   --share-gpu[=WAY] run more ranks than GPUs: rank i uses GPU i % G, N a multiple of G.
+//                     WAY mps (the default): through NVIDIA MPS - a daemon already running for
+//                     this user, or one weftrun starts in a private directory and stops when the
+//                     job ends; each rank then sizes the grids of its waiting kernels from
+//                     its share of the GPU's SMs.
+//                     WAY timeslice: without MPS (correct, but each wait on another rank costs
+//                     milliseconds). The ranks get WEFT_SHARE_GPU=WAY.
 //   --timeout S       stop the job after S seconds (fractions allowed; 0 = no limit)
 //   --port P          rendezvous port (WEFT_MASTER_PORT) instead of a free one
 //   --tag-output      prefix every line a rank prints (stdout and stderr) with "[rank i] "
@@ -16,6 +23,8 @@
 //   WEFT_JOB_ID       a fresh random hex token, the same for every rank of the job
 //   NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 //                     unless already set: NVLink multicast must never be used on our machines.
+//   with --share-gpu: WEFT_SHARE_GPU, and for a daemon weftrun started,
+//                     CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY.
 //
 // Each rank leads its own process group, so weftrun can stop a rank together with
 // every process it started; ranks die with weftrun (PR_SET_PDEATHSIG) if weftrun
@@ -28,6 +37,11 @@
 // Ctrl-C), and exits. Processes that a rank leaves behind in its group are stopped
 // the same way when the job ends.
 //
+// An MPS daemon that weftrun started is stopped ("quit", then SIGKILL to its
+// process group after 5 s) once every rank is gone, however the job ended, and
+// its directory removed; if weftrun itself is killed outright the daemon gets
+// SIGTERM (PR_SET_PDEATHSIG).
+//
 // Exit status:
 //   0        every rank exited 0
 //   c        the first rank to fail exited with code c (77, "skipped", passes through)
@@ -37,11 +51,13 @@
 //   126      a rank could not be started for another reason (not executable, ...)
 //   128+s    weftrun itself got signal s: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 131 SIGQUIT
 //   2        bad usage
-//   1        weftrun itself failed (fork, pipe, ...)
+//   1        weftrun itself failed (fork, pipe, ...), or --share-gpu could not be set up
+//            (no GPU visible, no MPS, another user's MPS daemon)
 //
-// Self-contained on purpose: links nothing but libc.
+// Self-contained on purpose: links nothing but libc (weft/runtime/gpu_share.hpp is header-only).
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -49,6 +65,7 @@
 #include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +79,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "weft/runtime/gpu_share.hpp"
 
 extern char** environ;
 
@@ -78,11 +97,18 @@ constexpr int kExitUsage = 2;
 constexpr int kExitTimeout = 124;
 
 const char* kUsage =
-    "usage: weftrun -n N [--timeout S] [--port P] [--tag-output] [--] program [args...]\n"
+    "usage: weftrun -n N [--share-gpu[=mps|timeslice]] [--timeout S] [--port P] [--tag-output]\n"
+    "               [--] program [args...]\n"
     "\n"
     "Starts N ranks of program on this node, one per GPU (rank i uses GPU i).\n"
     "\n"
     "  -n, --nproc N   number of ranks (required, at least 1)\n"
+    "  --share-gpu     run more ranks than GPUs, N a multiple of the G GPUs: rank i uses GPU i % G,\n"
+    "                  through NVIDIA MPS (a daemon of yours already running, or one weftrun starts\n"
+    "                  and stops); each rank's waiting kernels keep to its share of the SMs.\n"
+    "                  For correctness runs: times on a shared GPU are not performance figures.\n"
+    "  --share-gpu=timeslice  the same without MPS: correct, but each wait on another rank costs\n"
+    "                  milliseconds\n"
     "  --timeout S     stop the job after S seconds and exit 124 (fractions allowed; 0 = none)\n"
     "  --port P        rendezvous port (WEFT_MASTER_PORT); default: a free port\n"
     "  --tag-output    prefix each line of output with \"[rank i] \"\n"
@@ -92,9 +118,12 @@ const char* kUsage =
     "WEFT_MASTER_ADDR, WEFT_MASTER_PORT, WEFT_JOB_ID, and (unless set) NCCL_NVLS_ENABLE=0,\n"
     "NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1.\n"
     "\n"
+    "With --share-gpu also WEFT_SHARE_GPU and, for a daemon weftrun starts,\n"
+    "CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY.\n"
+    "\n"
     "Exit status: 0 all ranks succeeded; the first failing rank's code (128+signal if it\n"
     "was killed); 124 timeout; 127/126 program could not be started; 130/143 weftrun got\n"
-    "SIGINT/SIGTERM; 2 bad usage.\n";
+    "SIGINT/SIGTERM; 2 bad usage; 1 weftrun failed (or --share-gpu could not be set up).\n";
 
 // ---- output -----------------------------------------------------------------
 
@@ -201,6 +230,7 @@ std::string format_seconds(double s) {
 
 struct Options {
   int nproc = 0;
+  weft::GpuSharing share = weft::GpuSharing::off;  // --share-gpu
   double timeout = 0;  // seconds; 0 = none
   int port = 0;        // 0 = WEFT_MASTER_PORT or a free one
   bool tag_output = false;
@@ -285,10 +315,16 @@ Options parse_args(int argc, char** argv) {
     } else if (name == "--tag-output") {
       no_value();
       o.tag_output = true;
+    } else if (name == "--share-gpu") {
+      // Only the inline form takes a value, so "--share-gpu program" stays unambiguous.
+      auto way = inline_value ? weft::parse_gpu_sharing(value) : std::optional(weft::GpuSharing::mps);
+      if (!way || (*way != weft::GpuSharing::mps && *way != weft::GpuSharing::timeslice))
+        usage_error("--share-gpu takes =mps (the default) or =timeslice (got '" + arg + "')");
+      o.share = *way;
     } else {
       usage_error("unknown option '" + arg +
-                  "' (expected -n N, --timeout S, --port P, --tag-output or -h; put '--' before a "
-                  "program whose name starts with '-')");
+                  "' (expected -n N, --share-gpu, --timeout S, --port P, --tag-output or -h; put '--' "
+                  "before a program whose name starts with '-')");
     }
   }
   for (; i < argc; ++i) o.program.emplace_back(argv[i]);
@@ -360,6 +396,259 @@ int find_free_port() {
   close(fd);
   return port;
 }
+
+// ---- ranks sharing GPUs (--share-gpu) -----------------------------------------------
+
+// The full path of `name` on PATH, or "" if it is not there.
+std::string find_in_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  std::size_t start = 0;
+  while (start <= dirs.size()) {
+    std::size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string dir = dirs.substr(start, end - start);
+    std::string full = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(full.c_str(), X_OK) == 0) return full;
+    start = end + 1;
+  }
+  return "";
+}
+
+struct Ran {
+  int code = -1;       // exit code; -1 when it had to be killed at the limit or could not start
+  std::string output;  // stdout and stderr together
+};
+
+// Runs argv with `env` and `input` on stdin, in a process group of its own,
+// collecting its output; SIGKILLs the group at `limit`. Not for the ranks: the
+// caller must not be reaping children with waitpid(-1) meanwhile.
+Ran run_bounded(const std::vector<std::string>& args, const EnvList& env, const std::string& input,
+                std::chrono::milliseconds limit) {
+  Ran r;
+  int in_pipe[2], out_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0) return r;
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) {
+    close(in_pipe[0]);
+    close(in_pipe[1]);
+    return r;
+  }
+  std::vector<char*> argv, envp;
+  std::vector<std::string> a = args, e = env;
+  for (auto& x : a) argv.push_back(x.data());
+  argv.push_back(nullptr);
+  for (auto& x : e) envp.push_back(x.data());
+  envp.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(in_pipe[0], 0);
+    dup2(out_pipe[1], 1);
+    dup2(out_pipe[1], 2);
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  close(in_pipe[0]);
+  close(out_pipe[1]);
+  if (pid < 0) {
+    close(in_pipe[1]);
+    close(out_pipe[0]);
+    return r;
+  }
+  write_all(in_pipe[1], input);
+  close(in_pipe[1]);
+  const auto deadline = Clock::now() + limit;
+  bool open = true, done = false;
+  int status = 0;
+  while (!done) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) break;
+    if (open) {
+      pollfd pfd{out_pipe[0], POLLIN, 0};
+      if (poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 50))) > 0) {
+        char buf[4096];
+        ssize_t n = read(out_pipe[0], buf, sizeof buf);
+        if (n > 0) r.output.append(buf, static_cast<std::size_t>(n));
+        else if (n == 0 || errno != EINTR) open = false;
+      }
+    } else {
+      usleep(20000);
+    }
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    done = w == pid;
+  }
+  if (!done) {
+    kill(-pid, SIGKILL);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  } else {
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  close(out_pipe[0]);
+  return r;
+}
+
+// Removes a directory tree (the private MPS directory: pipes, sockets, logs).
+void remove_tree(const std::string& dir) {
+  nftw(dir.c_str(), [](const char* p, const struct stat*, int, FTW*) { return remove(p); }, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+// The MPS control daemon of a --share-gpu job: one of this user's that is
+// already running (used, never stopped), or one weftrun starts in a private
+// directory and stops when the job ends.
+class MpsDaemon {
+ public:
+  // Finds or starts the daemon; on failure returns a message saying what to do.
+  std::string start(const EnvList& env) {
+    control_ = find_in_path("nvidia-cuda-mps-control");
+    if (control_.empty())
+      return "sharing a GPU needs NVIDIA MPS, but nvidia-cuda-mps-control is not on PATH (it comes with the "
+             "NVIDIA driver's utilities). Install it, or pass --share-gpu=timeslice to share GPUs without MPS "
+             "(correct, but each wait on another rank costs milliseconds).";
+    // A daemon already serving this user's pipe directory is used as it is.
+    const auto set_dir = env_get(env, "CUDA_MPS_PIPE_DIRECTORY");
+    const std::string pipe_dir = weft::mps_pipe_directory(set_dir ? set_dir->c_str() : nullptr);
+    struct stat st{};
+    if (stat((pipe_dir + "/control").c_str(), &st) == 0) {
+      if (st.st_uid != geteuid())
+        return "an MPS daemon of another user (uid " + std::to_string(st.st_uid) + ") serves " + pipe_dir +
+               ", and MPS serves one user at a time. Set CUDA_MPS_PIPE_DIRECTORY to a directory of your own "
+               "(weftrun then starts a daemon of yours there, if that user's daemon is not holding the GPUs), "
+               "or run the job as that user.";
+      EnvList probe_env = env;
+      env_set(probe_env, "CUDA_MPS_PIPE_DIRECTORY", pipe_dir);
+      if (run_bounded({control_}, probe_env, "get_server_list\n", std::chrono::seconds(5)).code == 0) {
+        say("--share-gpu: using the MPS daemon already running at CUDA_MPS_PIPE_DIRECTORY=" + pipe_dir);
+        return "";
+      }
+    }
+    // Start one of our own: pipe and log directories private to this job.
+    char tmpl[] = "/tmp/weft-mps-XXXXXX";
+    if (!mkdtemp(tmpl)) return std::string("cannot create a directory for the MPS daemon: ") + std::strerror(errno);
+    dir_ = tmpl;
+    const std::string pipes = dir_ + "/pipe", logs = dir_ + "/log";
+    if (mkdir(pipes.c_str(), 0700) != 0 || mkdir(logs.c_str(), 0700) != 0) {
+      std::string why = std::strerror(errno);
+      remove_tree(dir_);
+      dir_.clear();
+      return "cannot create the MPS daemon's directories in " + std::string(tmpl) + ": " + why;
+    }
+    env_ = env;
+    env_set(env_, "CUDA_MPS_PIPE_DIRECTORY", pipes);
+    env_set(env_, "CUDA_MPS_LOG_DIRECTORY", logs);
+    std::vector<std::string> args = {control_, "-f"};  // in the foreground: weftrun holds its pid
+    std::vector<char*> argv, envp;
+    for (auto& x : args) argv.push_back(x.data());
+    argv.push_back(nullptr);
+    for (auto& x : env_) envp.push_back(x.data());
+    envp.push_back(nullptr);
+    const std::string out = logs + "/weftrun-daemon.out";
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);  // weftrun killed outright: the daemon goes too
+      if (getppid() != parent) _exit(1);
+      int devnull = open("/dev/null", O_RDONLY);
+      int log = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (devnull >= 0) dup2(devnull, 0);
+      if (log >= 0) {
+        dup2(log, 1);
+        dup2(log, 2);
+      }
+      execve(argv[0], argv.data(), envp.data());
+      _exit(127);
+    }
+    if (pid < 0) return std::string("cannot start the MPS daemon: fork failed: ") + std::strerror(errno);
+    setpgid(pid, pid);
+    pid_ = group_ = pid;
+    // Ready once its control pipe exists; a daemon that exits first failed.
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < deadline) {
+      if (stat((pipes + "/control").c_str(), &st) == 0) {
+        say("--share-gpu: started an MPS daemon (pid " + std::to_string(pid_) + ", CUDA_MPS_PIPE_DIRECTORY=" +
+            pipes + "); it stops when the job ends");
+        return "";
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        std::string log = read_log(out);
+        remove_tree(dir_);
+        dir_.clear();
+        return "the MPS daemon (" + control_ + " -f) " + describe_status(status) + " at start" +
+               (log.empty() ? std::string(".") : ": " + log);
+      }
+      usleep(20000);
+    }
+    std::string log = read_log(out);
+    stop();
+    return "the MPS daemon did not open its control pipe within 10 s" + (log.empty() ? std::string(".") : ": " + log);
+  }
+
+  // The variables the ranks need to reach our daemon (none for a daemon found running).
+  void export_to(EnvList& env) const {
+    if (dir_.empty()) return;
+    env_set(env, "CUDA_MPS_PIPE_DIRECTORY", *env_get(env_, "CUDA_MPS_PIPE_DIRECTORY"));
+    env_set(env, "CUDA_MPS_LOG_DIRECTORY", *env_get(env_, "CUDA_MPS_LOG_DIRECTORY"));
+  }
+
+  // Whether `pid` is our daemon; if so it has exited (reaped by the caller).
+  bool exited(pid_t pid) {
+    if (pid_ <= 0 || pid != pid_) return false;
+    pid_ = 0;  // reaped: its group may still need stopping
+    return true;
+  }
+
+  // Stops a daemon weftrun started ("quit", SIGKILL to its group after 5 s)
+  // and removes its directory. Returns "" or what could not be stopped.
+  std::string stop() {
+    std::string left;
+    if (pid_ != -1 && !dir_.empty()) {
+      const pid_t group = group_;
+      if (pid_ > 0) run_bounded({control_}, env_, "quit\n", std::chrono::seconds(5));
+      const auto deadline = Clock::now() + std::chrono::seconds(5);
+      while (pid_ > 0 && Clock::now() < deadline) {
+        int status = 0;
+        if (waitpid(pid_, &status, WNOHANG) == pid_) pid_ = 0;
+        else usleep(20000);
+      }
+      if (kill(-group, 0) == 0) {  // the daemon or its servers are still there
+        kill(-group, SIGKILL);
+        usleep(200000);
+        if (pid_ > 0) {
+          int status = 0;
+          if (waitpid(pid_, &status, WNOHANG) == pid_) pid_ = 0;
+        }
+        if (kill(-group, 0) == 0) left = "the MPS daemon's process group " + std::to_string(group) + " survived SIGKILL";
+      }
+      pid_ = -1;
+    }
+    if (!dir_.empty()) {
+      remove_tree(dir_);
+      dir_.clear();
+    }
+    return left;
+  }
+
+ private:
+  std::string control_;  // nvidia-cuda-mps-control
+  std::string dir_;      // our private directory ("" if we did not start the daemon)
+  EnvList env_;          // environment with our pipe and log directories
+  pid_t pid_ = -1;       // our daemon: > 0 running, 0 exited (reaped), -1 none
+  pid_t group_ = -1;     // its process group
+
+  static std::string read_log(const std::string& path) {
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return "";
+    char buf[2048];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    std::string s = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+  }
+};
 
 // ---- output tagging -----------------------------------------------------------
 
@@ -434,9 +723,11 @@ class Job {
     start_ = Clock::now();
     setup_signals();
     build_env();
+    if (opts_.share != weft::GpuSharing::off) share_gpus();
     spawn_all();
     loop();
     drain();
+    stop_sharing();
     return exit_code_;
   }
 
@@ -453,6 +744,43 @@ class Job {
   bool killed_ = false;
   int exit_code_ = 0;
   Clock::time_point kill_at_, give_up_at_;
+  MpsDaemon mps_;
+
+  // --share-gpu: N ranks over the G visible GPUs (rank i on GPU i % G), with
+  // MPS found or started, and each rank's share of its GPU in its environment.
+  void share_gpus() {
+    auto fail = [](const std::string& msg, int code) {
+      say("--share-gpu: " + msg);
+      std::exit(code);
+    };
+    auto cvd = env_get(env_, "CUDA_VISIBLE_DEVICES");
+    const weft::VisibleGpus gpus = weft::count_visible_gpus(cvd ? cvd->c_str() : nullptr);
+    const int n = opts_.nproc, g = gpus.count;
+    if (g == 0) fail("no NVIDIA GPU is visible (" + gpus.why + "), so no rank can run", 1);
+    if (n <= g) return;  // a GPU for every rank: nothing is shared
+    if (n % g != 0)
+      fail(std::to_string(n) + " ranks do not divide evenly over the " + std::to_string(g) +
+               " visible GPUs (rank i uses GPU i % " + std::to_string(g) + "); start a multiple of " +
+               std::to_string(g) + " ranks",
+           kExitUsage);
+    const int per_gpu = n / g;
+    env_set(env_, "WEFT_SHARE_GPU", weft::to_string(opts_.share));
+    if (opts_.share == weft::GpuSharing::timeslice) {
+      say("--share-gpu=timeslice: " + std::to_string(per_gpu) + " ranks per GPU, time-sliced without MPS: "
+          "correct, but each wait on another rank costs milliseconds");
+      return;
+    }
+    if (std::string why = mps_.start(env_); !why.empty()) fail(why, 1);
+    mps_.export_to(env_);
+  }
+
+  // Stops the MPS daemon weftrun started, however the job ended.
+  void stop_sharing() {
+    std::string left = mps_.stop();
+    if (left.empty()) return;
+    say(left);
+    if (exit_code_ == 0) exit_code_ = 1;
+  }
 
   void setup_signals() {
     sigset_t set;
@@ -642,6 +970,13 @@ class Job {
       pid_t p = waitpid(-1, &st, WNOHANG);
       if (p < 0 && errno == EINTR) continue;
       if (p <= 0) return;
+      if (mps_.exited(p)) {
+        if (!stopping_) {
+          say("the MPS daemon weftrun started " + describe_status(st) + " while the ranks ran; stopping them");
+          begin_stop(1);
+        }
+        continue;
+      }
       for (auto& r : ranks_) {
         if (r.pid == p && r.alive) {
           r.alive = false;

@@ -40,7 +40,10 @@ std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
                                                 : env_bytes(env, "WEFT_HEAP_SIZE", std::uint64_t{1} << 30);
   ctx->heap_ = make_native_heap(*ctx->store_, ctx->team_, heap_bytes);
 
-  if (options.create_nccl) {
+  if (options.create_nccl && ctx->team_.shares_gpus()) {
+    WEFT_LOG(info, "no NCCL communicator: ranks share a GPU (", ctx->team_.ranks_per_gpu,
+             " on one), which NCCL refuses; what needs NCCL is left out");
+  } else if (options.create_nccl) {
     ncclUniqueId id{};
     if (ctx->rank() == 0) WEFT_NCCL(ncclGetUniqueId(&id));
     std::string blob = ctx->store_->broadcast(
@@ -71,12 +74,16 @@ std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
   void* report_device = nullptr;
   WEFT_CUDA(cudaHostGetDevicePointer(&report_device, ctx->wait_report_, 0));
   w.wait_report = static_cast<dev::WaitReport*>(report_device);
+  // Every failed CUDA call of this process says why the GPU stopped, where the Context knows.
+  set_cuda_failure_note([raw = ctx.get()](int code) { return raw->failure_note(code); });
   WEFT_LOG(info, "context ready: ", describe(ctx->env_), ", GPU ", ctx->team_.device, " (",
-           ctx->team_.pci_bus_id[ctx->rank()], ")");
+           ctx->team_.pci_bus_id[ctx->rank()], "), ", ctx->team_.sm_count, " of its ", ctx->team_.gpu_sm_count, " SMs",
+           ctx->team_.mps_client ? " (MPS)" : "");
   return ctx;
 }
 
 Context::~Context() {
+  set_cuda_failure_note(nullptr);
   // Release in reverse order of construction; the heap meets its peers first.
   heap_.reset();
   // After a trapped wait this rank's CUDA context is dead: abort NCCL rather than tear it down politely.
@@ -91,7 +98,9 @@ Context::~Context() {
 }
 
 ncclComm_t Context::nccl() const {
-  WEFT_REQUIRE(nccl_, "this Context was created without an NCCL communicator (ContextOptions::create_nccl)");
+  WEFT_REQUIRE(nccl_, team_.shares_gpus()
+                          ? "NCCL is not available in this job: ranks share a GPU, and NCCL refuses two ranks on one GPU"
+                          : "this Context was created without an NCCL communicator (ContextOptions::create_nccl)");
   return nccl_;
 }
 
@@ -109,26 +118,46 @@ void Context::verify_same_call(const std::string& description) {
                "\nEvery rank must make the same collective calls, with the same sizes, in the same order.");
 }
 
+std::string Context::failure_note(int cuda_error) const {
+  const volatile dev::WaitReport* r = wait_report_;
+  if (r && r->hit) {
+    auto cmp = static_cast<dev::Cmp>(r->cmp);
+    std::string flag = r->flag_offset == ~std::uint64_t{0}
+                           ? std::string("a flag outside the symmetric heap")
+                           : "signal " + heap_->describe_offset(r->flag_offset);
+    std::string who = r->peer >= 0 ? str("rank ", r->peer, " never signalled it") : std::string("a peer never signalled");
+    return str("device wait timed out: rank ", r->rank, " (block ", r->block, ") waited ",
+               static_cast<double>(r->waited_ns) / 1e9, " s for ", flag, " to become ", dev::cmp_name(cmp), " ",
+               r->expected, "; it holds ", r->observed, ". ", who,
+               ": check that every rank made the same calls, in the same order "
+               "(WEFT_CHECK_CALLS=1 compares every call across ranks). WEFT_WAIT_TIMEOUT sets the bound; the CUDA "
+               "context of this rank is now unusable.");
+  }
+  // Under MPS a fatal error in any client ends the work of every client on
+  // that GPU: this rank's kernels may have been stopped by another rank's.
+  const bool fatal = cuda_error == cudaErrorLaunchFailure || cuda_error == cudaErrorIllegalAddress ||
+                     cuda_error == cudaErrorIllegalInstruction || cuda_error == cudaErrorMisalignedAddress ||
+                     cuda_error == cudaErrorInvalidPc || cuda_error == cudaErrorHardwareStackError ||
+                     cuda_error == cudaErrorMpsClientTerminated || cuda_error == cudaErrorUnknown;
+  if (fatal && team_.mps_client && team_.same_gpu_ranks.size() > 1) {
+    std::string sharing;
+    for (int q : team_.same_gpu_ranks) sharing += str(sharing.empty() ? "" : ", ", q);
+    return str("Ranks ", sharing, " share this GPU under MPS, where a fatal error in one rank (a wait that timed out, ",
+               "a fault) ends every one's work: the other ranks' messages say which failed first");
+  }
+  return "";
+}
+
 void Context::check_wait_report() const {
   const volatile dev::WaitReport* r = wait_report_;
-  if (!r || r->hit == 0) return;
-  auto cmp = static_cast<dev::Cmp>(r->cmp);
-  std::string flag = r->flag_offset == ~std::uint64_t{0}
-                         ? std::string("a flag outside the symmetric heap")
-                         : "signal " + heap_->describe_offset(r->flag_offset);
-  std::string who = r->peer >= 0 ? str("rank ", r->peer, " never signalled it") : std::string("a peer never signalled");
-  WEFT_FAIL("device wait timed out: rank ", r->rank, " (block ", r->block, ") waited ",
-            static_cast<double>(r->waited_ns) / 1e9, " s for ", flag, " to become ", dev::cmp_name(cmp), " ",
-            r->expected, "; it holds ", r->observed, ". ", who,
-            ": check that every rank made the same calls, in the same order "
-            "(WEFT_CHECK_CALLS=1 compares every call across ranks). WEFT_WAIT_TIMEOUT sets the bound; the CUDA "
-            "context of this rank is now unusable.");
+  if (r && r->hit) WEFT_FAIL(failure_note(cudaErrorLaunchFailure));
 }
 
 void Context::synchronize(cudaStream_t stream) {
   cudaError_t rc = cudaStreamSynchronize(stream);
-  if (rc != cudaSuccess) check_wait_report();
-  WEFT_CUDA(rc);
+  if (rc == cudaSuccess) return;
+  check_wait_report();
+  WEFT_CUDA(rc);  // the failure note says what this rank knows of why
 }
 
 SymmetricBuffer::SymmetricBuffer(SymmetricHeap& heap, std::uint64_t bytes, const std::string& type,

@@ -85,16 +85,33 @@ LaunchEnv detect_launch_env(const EnvMap& env) {
     WEFT_FAIL(le.launcher, ": the job spans several nodes (world ", le.world_size, ", ",
               le.local_world_size, " on this node) but no rendezvous host is set: export "
               "WEFT_MASTER_ADDR (or MASTER_ADDR) to the host of rank 0");
-  std::int64_t port = env_int(env, "WEFT_MASTER_PORT", env_int(env, "MASTER_PORT", le.master_port));
-  WEFT_REQUIRE(port > 0 && port < 65536, "rendezvous port ", port, " is not a TCP port (1..65535)");
+  // MASTER_PORT belongs to the launcher's own store (torchrun's, or PyTorch's
+  // env:// rendezvous), which already listens there: weft's takes the next port.
+  std::int64_t port = le.master_port;
+  if (env_str(env, "WEFT_MASTER_PORT")) {
+    port = env_int(env, "WEFT_MASTER_PORT", port);
+    WEFT_REQUIRE(port > 0 && port < 65536, "WEFT_MASTER_PORT=", port, " is not a TCP port (1..65535)");
+  } else if (env_str(env, "MASTER_PORT")) {
+    port = env_int(env, "MASTER_PORT", port);
+    WEFT_REQUIRE(port > 0 && port < 65535, "MASTER_PORT=", port,
+                 " leaves no TCP port for weft's rendezvous, which listens on MASTER_PORT + 1 (set WEFT_MASTER_PORT)");
+    ++port;
+  }
   le.master_port = static_cast<int>(port);
+  auto share = parse_gpu_sharing(env_str(env, "WEFT_SHARE_GPU").value_or(""));
+  WEFT_REQUIRE(share, "WEFT_SHARE_GPU='", *env_str(env, "WEFT_SHARE_GPU"),
+               "' is not a way to share a GPU: expected auto (the default: through NVIDIA MPS where a daemon runs), "
+               "0 or off (one rank per GPU), 1 or mps (through MPS, which must run), or timeslice (without MPS: "
+               "correct, but slow)");
+  le.gpu_sharing = *share;
   return le;
 }
 
 std::string describe(const LaunchEnv& le) {
   return str("rank ", le.rank, "/", le.world_size, " (local ", le.local_rank, "/", le.local_world_size,
              ", node ", le.node_rank, ") via ", le.launcher, ", rendezvous ", le.master_addr, ":",
-             le.master_port);
+             le.master_port,
+             le.gpu_sharing == GpuSharing::automatic ? "" : str(", WEFT_SHARE_GPU=", to_string(le.gpu_sharing)));
 }
 
 }  // namespace weft

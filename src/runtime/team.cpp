@@ -4,11 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
 #include "weft/core/driver.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/gpu_diagnosis.hpp"
+#include "weft/core/log.hpp"
 #include "nvml_links.hpp"  // private header in src/runtime
 
 namespace weft {
@@ -16,6 +19,7 @@ namespace weft {
 std::string PeerLink::describe() const {
   if (!same_node) return "other node";
   if (performance_rank == -2) return "self";
+  if (same_gpu) return "same GPU";
   if (nvlinks > 0) return str("NV", nvlinks);
   if (nvlinks_via_switch > 0 && peer_access) return str("NV", nvlinks_via_switch, " via NVSwitch");
   if (peer_access) return "P2P (PCIe)";
@@ -47,6 +51,35 @@ std::vector<std::string> split_fields(const std::string& blob) {
   return out;
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += str(i ? ", " : "", ranks[i]);
+  return s;
+}
+
+using GpuRanks = std::map<std::pair<std::string, std::string>, std::vector<int>>;  // (host, bus) -> ranks
+
+// The checks on ranks that share a GPU, made alike on every rank (from what
+// every rank reported), so every rank throws the same error.
+void check_shared_gpus(const Team& t, const GpuRanks& by_gpu, const std::vector<int>& mps) {
+  for (const auto& [gpu, ranks] : by_gpu) {
+    if (ranks.size() < 2) continue;
+    const std::string where = str("GPU ", gpu.second, " on ", gpu.first);
+    WEFT_REQUIRE(t.sharing != GpuSharing::off, "ranks ", rank_list(ranks), " would share ", where,
+                 " but WEFT_SHARE_GPU=off: run at most one rank per GPU (or set WEFT_DEVICE per rank)");
+    if (t.sharing == GpuSharing::timeslice) continue;
+    std::vector<int> outside;
+    for (int r : ranks)
+      if (!mps[r]) outside.push_back(r);
+    WEFT_REQUIRE(outside.empty(), "ranks ", rank_list(ranks), " would share ", where,
+                 ", which needs NVIDIA MPS, but no MPS daemon serves rank(s) ", rank_list(outside),
+                 " (its pipe directory: ", mps_pipe_directory(std::getenv("CUDA_MPS_PIPE_DIRECTORY")),
+                 "). Run one rank per GPU; or start an MPS daemon first (nvidia-cuda-mps-control -d), or launch with "
+                 "weftrun --share-gpu, which starts one; or set WEFT_SHARE_GPU=timeslice to share without MPS "
+                 "(correct, but each wait on another rank costs milliseconds)");
+  }
+}
+
 }  // namespace
 
 Team Team::discover(const LaunchEnv& env, Store& store) {
@@ -55,11 +88,11 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   t.world_size = env.world_size;
   t.local_rank = env.local_rank;
   t.local_world_size = env.local_world_size;
+  t.sharing = env.gpu_sharing;
 
-  int count = 0;
-  cudaError_t rc = cudaGetDeviceCount(&count);
-  WEFT_REQUIRE(rc == cudaSuccess && count > 0, "no CUDA GPU is visible to rank ", env.rank,
-               " (cudaGetDeviceCount: ", cudaGetErrorName(rc), ", ", count, " devices)");
+  const GpuDiagnosis gpus = diagnose_gpus();
+  WEFT_REQUIRE(gpus.verdict == GpuVerdict::ready, "rank ", env.rank, " cannot use a GPU: ", gpus.message);
+  const int count = gpus.gpus;
   EnvMap penv = process_env();
   t.device = static_cast<int>(env_int(penv, "WEFT_DEVICE", env.local_rank % count));
   WEFT_REQUIRE(t.device >= 0 && t.device < count, "WEFT_DEVICE=", t.device, " but only ", count,
@@ -73,7 +106,7 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   WEFT_CUDA(cudaDeviceGetPCIBusId(bus, sizeof(bus), t.device));
   cudaDeviceProp prop{};
   WEFT_CUDA(cudaGetDeviceProperties(&prop, t.device));
-  t.sm_count = prop.multiProcessorCount;
+  t.gpu_sm_count = prop.multiProcessorCount;
 
   CUdevice cu_dev = 0;
   WEFT_CU(driver().cuDeviceGet(&cu_dev, t.device));
@@ -82,21 +115,26 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   WEFT_CU(driver().cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cu_dev));
   t.vmm_supported = vmm != 0;
   t.vmm_fd_supported = fd != 0;
+  int mps = 0;
+  WEFT_CU(driver().cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, cu_dev));
+  t.mps_client = mps != 0;
 
-  auto all = store.all_gather(join_fields({host, bus, prop.name, std::to_string(t.device)}), "team discovery");
+  auto all = store.all_gather(join_fields({host, bus, prop.name, std::to_string(t.device), std::to_string(mps)}),
+                              "team discovery");
   t.hostname.resize(t.world_size);
   t.pci_bus_id.resize(t.world_size);
   t.gpu_name.resize(t.world_size);
-  std::vector<int> device_of(t.world_size);
+  std::vector<int> device_of(t.world_size), mps_of(t.world_size);
   t.node_of.assign(t.world_size, -1);
   std::vector<std::string> nodes;
   for (int r = 0; r < t.world_size; ++r) {
     auto f = split_fields(all[r]);
-    WEFT_REQUIRE(f.size() == 4, "corrupt team record from rank ", r);
+    WEFT_REQUIRE(f.size() == 5, "corrupt team record from rank ", r);
     t.hostname[r] = f[0];
     t.pci_bus_id[r] = f[1];
     t.gpu_name[r] = f[2];
     device_of[r] = std::stoi(f[3]);
+    mps_of[r] = std::stoi(f[4]);
     auto it = std::find(nodes.begin(), nodes.end(), f[0]);
     t.node_of[r] = static_cast<int>(it - nodes.begin());
     if (it == nodes.end()) nodes.push_back(f[0]);
@@ -108,6 +146,16 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   WEFT_REQUIRE(static_cast<int>(t.local_ranks.size()) == t.local_world_size, "the launcher says ",
                t.local_world_size, " ranks run on this node (", host, ") but ", t.local_ranks.size(),
                " ranks reported this host name");
+  GpuRanks by_gpu;
+  for (int r = 0; r < t.world_size; ++r) by_gpu[{t.hostname[r], t.pci_bus_id[r]}].push_back(r);
+  check_shared_gpus(t, by_gpu, mps_of);
+  if (t.sharing == GpuSharing::automatic) t.sharing = GpuSharing::mps;  // where ranks share, they do through MPS
+  t.same_gpu_ranks = by_gpu.at({host, bus});
+  t.sm_count = sm_share(t.gpu_sm_count, static_cast<int>(t.same_gpu_ranks.size()));
+  for (const auto& [gpu, ranks] : by_gpu) t.ranks_per_gpu = std::max(t.ranks_per_gpu, static_cast<int>(ranks.size()));
+  if (t.sharing == GpuSharing::timeslice && t.shares_gpus() && t.rank == 0)
+    WEFT_LOG(warn, "ranks share GPUs by time slicing (WEFT_SHARE_GPU=timeslice): correct, but every wait on "
+                   "another rank costs milliseconds; times are not performance figures");
 
   auto links = nvml_links(bus);
   t.links.resize(t.world_size);
@@ -116,13 +164,18 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
     l.same_node = t.node_of[r] == t.node_id;
     if (!l.same_node) continue;
     if (r == t.rank) {
+      l.same_gpu = true;
       l.peer_access = true;
       l.native_atomics = true;
       l.performance_rank = -2;  // marks "self" for describe()
       continue;
     }
-    WEFT_REQUIRE(t.pci_bus_id[r] != bus, "ranks ", t.rank, " and ", r, " would share GPU ", bus,
-                 " on ", host, ": run at most one rank per GPU (or set WEFT_DEVICE per rank)");
+    if (t.pci_bus_id[r] == bus) {  // a rank sharing this GPU: its memory is this GPU's
+      l.same_gpu = true;
+      l.peer_access = true;
+      l.native_atomics = true;
+      continue;
+    }
     int access = 0;
     WEFT_CUDA(cudaDeviceCanAccessPeer(&access, t.device, device_of[r]));
     l.peer_access = access != 0;

@@ -42,7 +42,7 @@ TEST(LaunchEnv, Torchrun) {
   EXPECT_EQ(le.rank, 5);
   EXPECT_EQ(le.node_rank, 1);
   EXPECT_EQ(le.master_addr, "node0");
-  EXPECT_EQ(le.master_port, 29500);
+  EXPECT_EQ(le.master_port, 29501) << "torchrun's own store holds MASTER_PORT: weft's listens on the next";
 }
 
 TEST(LaunchEnv, OpenMpi) {
@@ -81,7 +81,28 @@ TEST(LaunchEnv, ErrorsNameTheVariables) {
                 .find("WEFT_MASTER_ADDR"),
             std::string::npos)
       << "a multi-node job needs a rendezvous host";
-  EXPECT_NE(error_of({{"MASTER_PORT", "70000"}}).find("not a TCP port"), std::string::npos);
+  EXPECT_NE(error_of({{"MASTER_PORT", "70000"}}).find("leaves no TCP port"), std::string::npos);
+  EXPECT_NE(error_of({{"MASTER_PORT", "65535"}}).find("set WEFT_MASTER_PORT"), std::string::npos);
+  EXPECT_NE(error_of({{"WEFT_MASTER_PORT", "0"}}).find("not a TCP port"), std::string::npos);
+}
+
+TEST(LaunchEnv, TheRendezvousPortNeverTakesTheLaunchersOwn) {
+  const EnvMap torchrun = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_PORT", "29500"}};
+  EXPECT_EQ(detect_launch_env(torchrun).master_port, 29501);
+  EnvMap chosen = torchrun;
+  chosen["WEFT_MASTER_PORT"] = "31000";
+  EXPECT_EQ(detect_launch_env(chosen).master_port, 31000);
+  EXPECT_EQ(detect_launch_env({}).master_port, 29517);
+}
+
+TEST(LaunchEnv, GpuSharingComesFromWeftShareGpu) {
+  EXPECT_EQ(detect_launch_env({}).gpu_sharing, GpuSharing::automatic);
+  EXPECT_EQ(detect_launch_env({{"WEFT_SHARE_GPU", "mps"}}).gpu_sharing, GpuSharing::mps);
+  EXPECT_EQ(detect_launch_env({{"WEFT_SHARE_GPU", "0"}}).gpu_sharing, GpuSharing::off);
+  EXPECT_EQ(detect_launch_env({{"WEFT_SHARE_GPU", "timeslice"}}).gpu_sharing, GpuSharing::timeslice);
+  const std::string e = error_of({{"WEFT_SHARE_GPU", "always"}});
+  EXPECT_NE(e.find("WEFT_SHARE_GPU='always' is not a way to share a GPU"), std::string::npos) << e;
+  EXPECT_NE(e.find("timeslice"), std::string::npos) << e;
 }
 
 TEST(Env, ParsesAndFormatsByteCounts) {

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -19,6 +21,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "weft/runtime/gpu_share.hpp"
 
 #ifndef WEFTRUN_PATH
 #error "WEFTRUN_PATH must be defined by the build"
@@ -79,11 +83,14 @@ class Launch {
     static const std::set<std::string> strip = {
         "WEFT_RANK", "WEFT_WORLD_SIZE", "WEFT_LOCAL_RANK", "WEFT_LOCAL_WORLD_SIZE", "WEFT_NODE_RANK",
         "WEFT_MASTER_ADDR", "WEFT_MASTER_PORT", "WEFT_JOB_ID", "MASTER_ADDR", "MASTER_PORT",
-        "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST"};
+        "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "WEFT_SHARE_GPU",
+        "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_VISIBLE_DEVICES"};
     std::vector<std::string> env;
     for (char** e = environ; e && *e; ++e) {
       std::string kv = *e;
-      if (!strip.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+      const std::string key = kv.substr(0, kv.find('='));
+      if (!strip.count(key) && !env_over.count(key)) env.push_back(kv);
     }
     for (const auto& [k, v] : env_over) env.push_back(k + "=" + v);
     std::vector<char*> cargv, cenv;
@@ -510,4 +517,138 @@ TEST(Weftrun, TagOutputPrefixesWholeLines) {
     EXPECT_EQ(lines.count(tag + "tail of rank " + std::to_string(rank)), 1u) << r.output;
   }
   EXPECT_EQ(lines.size(), 2u * (3 + 3 + 2)) << r.output;
+}
+
+// ---- --share-gpu: ranks sharing a GPU through MPS ------------------------------
+// The MPS control program is a stand-in here (tests/cpu/helpers/fake_mps): what
+// is tested is weftrun's handling of the daemon - found, started in a private
+// directory, given to the ranks, stopped however the job ends - and its refusals.
+
+namespace {
+
+const std::string kFakeMps = WEFT_FAKE_MPS_DIR;
+
+std::map<std::string, std::string> with_fake_mps(std::map<std::string, std::string> env = {}) {
+  const char* path = std::getenv("PATH");
+  env["PATH"] = kFakeMps + ":" + (path ? path : "/usr/bin:/bin");
+  return env;
+}
+
+// "started an MPS daemon (pid P, CUDA_MPS_PIPE_DIRECTORY=D)" -> {P, D}
+std::pair<pid_t, std::string> started_daemon(const std::string& out) {
+  static const std::regex re(R"(started an MPS daemon \(pid (\d+), CUDA_MPS_PIPE_DIRECTORY=([^)]+)\))");
+  std::smatch m;
+  if (!std::regex_search(out, m, re)) return {-1, ""};
+  return {static_cast<pid_t>(std::stol(m[1])), m[2]};
+}
+
+bool exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+// The ranks print what weftrun gave them, then check the daemon's pipe is there.
+const std::string kShowShare =
+    "echo \"rank=$WEFT_RANK share=$WEFT_SHARE_GPU pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+    "pipe=$CUDA_MPS_PIPE_DIRECTORY\"; test -z \"$CUDA_MPS_PIPE_DIRECTORY\" || test -p \"$CUDA_MPS_PIPE_DIRECTORY/control\"";
+
+}  // namespace
+
+TEST(Weftrun, ShareGpuStartsAnMpsDaemonGivesEachRankItsShareAndStopsIt) {
+  Result r = run_weftrun({"-n", "4", "--share-gpu", "--", "sh", "-c", kShowShare},
+                         with_fake_mps({{"CUDA_VISIBLE_DEVICES", "0"}}));
+  ASSERT_FALSE(r.hung) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto [pid, pipe] = started_daemon(r.output);
+  ASSERT_GT(pid, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(r.output.find("rank=" + std::to_string(rank) + " share=mps pct= pipe=" + pipe), std::string::npos)
+        << r.output;
+  EXPECT_EQ(pipe.rfind("/tmp/weft-mps-", 0), 0u) << pipe;
+  EXPECT_TRUE(still_alive({pid}).empty()) << "the daemon weftrun started outlived the job";
+  EXPECT_FALSE(exists(pipe)) << "the daemon's private directory was left behind: " << pipe;
+}
+
+TEST(Weftrun, ARankKilledUnderSharedGpusStopsTheOthersAndTheDaemonWithin10s) {
+  const std::string script = "if [ \"$WEFT_RANK\" = 1 ]; then sleep 1; kill -9 $$; fi; sleep 60";
+  Result r = run_weftrun({"-n", "4", "--share-gpu", "--", "sh", "-c", script},
+                         with_fake_mps({{"CUDA_VISIBLE_DEVICES", "0"}}), 30);
+  ASSERT_FALSE(r.hung) << r.output;
+  EXPECT_EQ(r.exit_code, 137) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 11.0) << r.output;
+  auto [pid, pipe] = started_daemon(r.output);
+  ASSERT_GT(pid, 0) << r.output;
+  EXPECT_TRUE(still_alive({pid}).empty()) << "the daemon weftrun started outlived the job";
+  EXPECT_FALSE(exists(pipe)) << pipe;
+}
+
+TEST(Weftrun, ShareGpuUsesAnMpsDaemonAlreadyRunningAndLeavesItRunning) {
+  char tmpl[] = "/tmp/weft-test-mps-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  pid_t daemon = fork();
+  if (daemon == 0) {
+    setenv("CUDA_MPS_PIPE_DIRECTORY", dir.c_str(), 1);
+    const std::string prog = kFakeMps + "/nvidia-cuda-mps-control";
+    execl(prog.c_str(), prog.c_str(), "-f", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 200 && !exists(dir + "/daemon.pid"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  Result r = run_weftrun({"-n", "2", "--share-gpu", "--", "sh", "-c", kShowShare},
+                         with_fake_mps({{"CUDA_VISIBLE_DEVICES", "0"}, {"CUDA_MPS_PIPE_DIRECTORY", dir}}));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("using the MPS daemon already running at CUDA_MPS_PIPE_DIRECTORY=" + dir), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rank=1 share=mps pct= pipe=" + dir), std::string::npos) << r.output;
+  EXPECT_TRUE(process_alive(daemon)) << "weftrun stopped a daemon it did not start";
+  kill(daemon, SIGKILL);
+  waitpid(daemon, nullptr, 0);
+  std::string cleanup = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cleanup.c_str()), 0);
+}
+
+TEST(Weftrun, ShareGpuRefusesPlainlyWhatCannotRun) {
+  // No GPU visible.
+  Result none = run_weftrun({"-n", "2", "--share-gpu", "--", "true"}, with_fake_mps({{"CUDA_VISIBLE_DEVICES", ""}}), 10);
+  EXPECT_EQ(none.exit_code, 1) << none.output;
+  EXPECT_NE(none.output.find("--share-gpu: no NVIDIA GPU is visible"), std::string::npos) << none.output;
+  // No MPS on PATH, and time slicing not asked for.
+  Result no_mps = run_weftrun({"-n", "2", "--share-gpu", "--", "true"},
+                              {{"CUDA_VISIBLE_DEVICES", "0"}, {"PATH", "/nonexistent-weft-path"}}, 10);
+  EXPECT_EQ(no_mps.exit_code, 1) << no_mps.output;
+  EXPECT_NE(no_mps.output.find("nvidia-cuda-mps-control is not on PATH"), std::string::npos) << no_mps.output;
+  EXPECT_NE(no_mps.output.find("--share-gpu=timeslice"), std::string::npos) << no_mps.output;
+  // A bad way.
+  Result bad = run_weftrun({"-n", "2", "--share-gpu=often", "--", "true"}, {}, 10);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--share-gpu takes =mps (the default) or =timeslice"), std::string::npos) << bad.output;
+  // Ranks that do not divide evenly over the GPUs (where two are visible: always without a driver).
+  if (weft::count_visible_gpus("0,1").count == 2) {
+    Result uneven = run_weftrun({"-n", "3", "--share-gpu", "--", "true"},
+                                with_fake_mps({{"CUDA_VISIBLE_DEVICES", "0,1"}}), 10);
+    EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
+    EXPECT_NE(uneven.output.find("3 ranks do not divide evenly over the 2 visible GPUs"), std::string::npos)
+        << uneven.output;
+  }
+  // Another user's daemon (a pipe owned by someone else: needs root to make).
+  if (geteuid() == 0) {
+    char tmpl[] = "/tmp/weft-test-mps-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string control = std::string(tmpl) + "/control";
+    ASSERT_EQ(mkfifo(control.c_str(), 0600), 0);
+    ASSERT_EQ(chown(control.c_str(), 65534, 65534), 0);
+    Result other = run_weftrun({"-n", "2", "--share-gpu", "--", "true"},
+                               with_fake_mps({{"CUDA_VISIBLE_DEVICES", "0"}, {"CUDA_MPS_PIPE_DIRECTORY", tmpl}}), 10);
+    EXPECT_EQ(other.exit_code, 1) << other.output;
+    EXPECT_NE(other.output.find("an MPS daemon of another user (uid 65534)"), std::string::npos) << other.output;
+    EXPECT_NE(other.output.find("CUDA_MPS_PIPE_DIRECTORY"), std::string::npos) << other.output;
+    std::string cleanup = std::string("rm -rf ") + tmpl;
+    EXPECT_EQ(std::system(cleanup.c_str()), 0);
+  }
+}
+
+TEST(Weftrun, ShareGpuByTimeSlicingNeedsNoDaemonAndSaysWhatItCosts) {
+  Result r = run_weftrun({"-n", "2", "--share-gpu=timeslice", "--", "sh", "-c", kShowShare},
+                         {{"CUDA_VISIBLE_DEVICES", "0"}}, 10);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank=1 share=timeslice pct= pipe="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("each wait on another rank costs milliseconds"), std::string::npos) << r.output;
 }

@@ -1,6 +1,8 @@
-// The GPU test binary: run it under weftrun (-n 1, -n 2, ...). Without a GPU,
-// or with fewer GPUs than ranks, it says so and exits 77, which CTest and
-// scripts/test.sh report as skipped (never as passed).
+// The GPU test binary: run it under weftrun (-n 1, -n 2, ...; more ranks than
+// GPUs with --share-gpu). Without a GPU, or with fewer GPUs than ranks and no
+// sharing, it says so and exits 77, which CTest and scripts/test.sh report as
+// skipped (never as passed). A GPU that is here but unusable (a driver too old
+// for the CUDA runtime, a GPU that is not Hopper) fails: it is a fault.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +11,9 @@
 
 #include "gpu_test.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/gpu_diagnosis.hpp"
 #include "weft/runtime/launch_env.hpp"
+#include "weft/runtime/team.hpp"
 
 namespace weft::test {
 namespace {
@@ -34,8 +38,12 @@ bool all_ranks(bool mine) {
 int main(int argc, char** argv) {
   using namespace weft;
   ::testing::InitGoogleTest(&argc, argv);
-  int gpus = 0;
-  cudaError_t rc = cudaGetDeviceCount(&gpus);
+#ifdef GTEST_FLAG_GET
+  const bool listing = GTEST_FLAG_GET(list_tests);
+#else
+  const bool listing = ::testing::GTEST_FLAG(list_tests);
+#endif
+  if (listing) return RUN_ALL_TESTS();  // CTest's discovery of the cases: no GPU needed
   LaunchEnv le;
   try {
     le = detect_launch_env(process_env());
@@ -43,14 +51,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "weft GPU tests: %s\n", e.what());
     return 1;
   }
-  if (rc != cudaSuccess || gpus == 0) {
-    std::printf("SKIPPED: weft GPU tests need a CUDA GPU; none is visible here (%s).\n",
-                rc == cudaSuccess ? "0 devices" : cudaGetErrorName(rc));
+  const GpuDiagnosis gpus = diagnose_gpus();
+  if (gpus.verdict == GpuVerdict::none) {
+    std::printf("SKIPPED: weft GPU tests need a CUDA GPU: %s.\n", gpus.message.c_str());
     return 77;
   }
-  if (le.local_world_size > gpus) {
-    std::printf("SKIPPED: weft GPU tests at %d ranks per node need %d GPUs; this machine shows %d.\n",
-                le.local_world_size, le.local_world_size, gpus);
+  if (gpus.verdict == GpuVerdict::broken) {
+    std::fprintf(stderr, "weft GPU tests: FAILED: %s.\n", gpus.message.c_str());
+    return 1;
+  }
+  const bool can_share = le.gpu_sharing == GpuSharing::mps || le.gpu_sharing == GpuSharing::timeslice ||
+                         (le.gpu_sharing == GpuSharing::automatic && mps_pipe_present(std::getenv("CUDA_MPS_PIPE_DIRECTORY")));
+  if (le.local_world_size > gpus.gpus && !can_share) {
+    std::printf("SKIPPED: weft GPU tests at %d ranks per node need %d GPUs, or ranks sharing them "
+                "(weftrun --share-gpu); this machine shows %d.\n",
+                le.local_world_size, le.local_world_size, gpus.gpus);
     return 77;
   }
   if (le.rank != 0) {  // rank 0 reports; the others print failures only

@@ -31,6 +31,7 @@ struct ContextOptions {
   /// Bytes of symmetric heap per rank. 0: WEFT_HEAP_SIZE, else 1 GiB.
   std::uint64_t heap_bytes = 0;
   /// Create the NCCL communicator (needed for baselines and host collectives).
+  /// Never created where ranks share a GPU: NCCL refuses two ranks on one GPU.
   bool create_nccl = true;
   /// Rendezvous timeout. 0: WEFT_STORE_TIMEOUT (seconds), else 120 s.
   std::chrono::milliseconds store_timeout{0};
@@ -61,8 +62,11 @@ class Context {
   Store& store() { return *store_; }
   /// The symmetric heap every collective buffer lives in.
   SymmetricHeap& heap() { return *heap_; }
-  /// The NCCL communicator over all ranks (throws if created without one).
+  /// The NCCL communicator over all ranks (throws, saying why, if there is none).
   ncclComm_t nccl() const;
+  /// Whether nccl() has a communicator: asked for, and every rank on a GPU of
+  /// its own. Paths and baselines that need NCCL are left out without it.
+  bool has_nccl() const { return nccl_ != nullptr; }
   /// The device view kernels take as their World argument.
   const dev::World& world() const { return world_; }
 
@@ -79,6 +83,12 @@ class Context {
   void synchronize(cudaStream_t stream);
   /// Throws the timed-out-wait error if any wait on this rank gave up; else no-op.
   void check_wait_report() const;
+  /// What this rank knows of why its GPU work stopped with `cuda_error`: its
+  /// timed-out wait (rank, flag, values), or, for a fatal error where ranks
+  /// share the GPU under MPS, that another rank's fatal error ends every
+  /// rank's work; "" otherwise. Every failed CUDA call's message ends with it
+  /// (set_cuda_failure_note).
+  std::string failure_note(int cuda_error) const;
   /// Collective: checks that every rank describes the same call ("AllReduce
   /// plan: 1048576 x bf16, two_shot") and throws on every rank, naming each
   /// rank whose description differs from rank 0's, if not. Plans call it at

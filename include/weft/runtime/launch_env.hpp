@@ -8,6 +8,7 @@
 #include <string>
 
 #include "weft/core/env.hpp"
+#include "weft/runtime/gpu_share.hpp"
 
 namespace weft {
 
@@ -19,15 +20,19 @@ struct LaunchEnv {
   int local_world_size = 1;  ///< processes on this node
   int node_rank = 0;         ///< index of this node, 0..nodes-1
   std::string master_addr = "127.0.0.1";  ///< host of rank 0's rendezvous store
-  int master_port = 29517;                ///< its TCP port
+  int master_port = 29517;                ///< its TCP port (WEFT_MASTER_PORT, else MASTER_PORT + 1)
   std::string launcher = "none";  ///< "weftrun", "torchrun", "mpirun", "slurm" or "none"
+  /// WEFT_SHARE_GPU: whether ranks may share a GPU, and how (weftrun --share-gpu sets it).
+  GpuSharing gpu_sharing = GpuSharing::automatic;
 };
 
 /// Reads the launch environment from `env`. Precedence: WEFT_* (weftrun), then
 /// torchrun (RANK/WORLD_SIZE/LOCAL_RANK...), Open MPI (OMPI_COMM_WORLD_*), Slurm
-/// (SLURM_PROCID/SLURM_NTASKS/...). WEFT_MASTER_ADDR / WEFT_MASTER_PORT, then
-/// MASTER_ADDR / MASTER_PORT, override the rendezvous address for every launcher.
-/// With none present the process is a job of one. Throws weft::Error naming the
+/// (SLURM_PROCID/SLURM_NTASKS/...). WEFT_MASTER_ADDR, then MASTER_ADDR, name
+/// the rendezvous host; its port is WEFT_MASTER_PORT, else MASTER_PORT + 1
+/// (MASTER_PORT itself is the launcher's or PyTorch's own store), else 29517.
+/// With none present the process is a job of one. WEFT_SHARE_GPU (auto, off,
+/// mps or 1, timeslice) says whether ranks may share a GPU. Throws weft::Error naming the
 /// variables when they are inconsistent (rank outside the world, missing partner variables).
 LaunchEnv detect_launch_env(const EnvMap& env);
 
