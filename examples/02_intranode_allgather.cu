@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "weft/core/driver.hpp"
+#include "weft/core/error.hpp"
 #include "weft/device.cuh"
 #include "weft/runtime/context.hpp"
 
@@ -40,7 +41,7 @@ __global__ void pull(dev::World w, char* out, std::uint64_t n, std::uint64_t* re
   shmem::getmem_block(w, out + p * n, out + p * n, n, p);
 }
 
-int main() {
+int run() {
   auto ctx = Context::from_env();
   const int me = ctx->rank(), world = ctx->world_size();
   const std::uint64_t n = 1 << 20;
@@ -48,12 +49,14 @@ int main() {
   auto* flags = ctx->heap().alloc<std::uint64_t>(world, "u64", "tutorial.flags");
   std::vector<char> host(n * world);
 
+  bool all_ok = true;
   auto check = [&](const char* name) {
-    cudaMemcpy(host.data(), out, host.size(), cudaMemcpyDeviceToHost);
+    WEFT_CUDA(cudaMemcpy(host.data(), out, host.size(), cudaMemcpyDeviceToHost));
     int wrong = 0;
     for (int r = 0; r < world; ++r)
       for (std::uint64_t i = 0; i < n; ++i) wrong += host[r * n + i] != static_cast<char>(r * 7 + i % 251);
     std::printf("rank %d, %s: %s\n", me, name, wrong ? "WRONG" : "all slots correct");
+    all_ok &= wrong == 0;
   };
   auto reset = [&] {  // my slot holds my data, the others garbage
     for (std::uint64_t i = 0; i < n; ++i) host[me * n + i] = static_cast<char>(me * 7 + i % 251);
@@ -91,5 +94,14 @@ int main() {
   ctx->synchronize(nullptr);
   ctx->heap().free(flags);
   ctx->heap().free(out);
-  return 0;
+  return all_ok ? 0 : 1;
+}
+
+int main() {
+  try {
+    return run();
+  } catch (const Error& e) {  // no GPU, a peer that went away: said plainly
+    std::fprintf(stderr, "example 02: %s\n", e.what());
+    return 1;
+  }
 }

@@ -14,9 +14,9 @@
 namespace weft {
 
 cublasStatus_t cublas_gemm(cublasHandle_t handle, std::int64_t m, std::int64_t n, std::int64_t k, DType in, DType out,
-                           BLayout layout, const void* a, const void* b, void* c) {
+                           BLayout layout, const void* a, const void* b, void* c, float beta) {
   auto type = [](DType t) { return t == DType::fp32 ? CUDA_R_32F : t == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF; };
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
   const bool nk = layout == BLayout::nk;
   // Row-major C[m,n] = A[m,k] x op(B) is, column-major, C^T = op(B)^T x A^T.
   return cublasGemmEx(handle, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),

@@ -178,6 +178,8 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   int device = 0;
   WEFT_CUDA(cudaGetDevice(&device));
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  WEFT_REQUIRE(o.max_sms >= 0, "Gemm: max_sms = ", o.max_sms, " must be >= 0 (0: every SM)");
+  if (o.max_sms > 0) sm_count_ = std::min(sm_count_, o.max_sms);
   if (o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows || o.hook == GemmHook::add_rows) {
     WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&exits_), sizeof(*exits_)));
     WEFT_CUDA(cudaMemset(exits_, 0, sizeof(*exits_)));
@@ -412,7 +414,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     // before the caller enqueues anything that waits on this GEMM; first
     // launched later, behind a stream wait on this GEMM's own reports (a
     // GemmRs copy waiting on stored rows), the load and that wait wait on each
-    // other: a hang at 2 ranks with every choice cached (tenth session).
+    // other: a hang at 2 ranks with every choice cached (docs/decisions/0017).
     if (const char* why = launch(Candidate{cfg, swizzle_, raster_}); *why)
       WEFT_FAIL("Gemm ", describe(options_), ": the cached configuration '", config(), "' failed to launch: ", why);
     WEFT_LOG(debug, "Gemm ", describe(options_), ": ", config(), " from the tuning cache");
@@ -443,8 +445,8 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // setting 10 % slower was chosen in 2 of 4 tunings at 1024 x 8192 x 4096
   // (the 128x128 pingpong kernel at swizzle 2: 0.098-0.099 ms, where the
   // cooperative kernels and the same one at swizzle 8 ran 0.087-0.089); with
-  // each kernel's fastest setting in round 2 too, in none of 6 (thirteenth
-  // session, docs/PERF.md).
+  // each kernel's fastest setting in round 2 too, in none of 6
+  // (docs/decisions/0016).
   std::stable_sort(all.begin(), all.end(), [](const Candidate& x, const Candidate& y) { return x.ms < y.ms; });
   std::vector<Candidate> finalists;
   for (std::size_t i = 0; i < all.size(); ++i) {

@@ -34,6 +34,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   g.agree = ops_detail::slowest_rank(ctx_);
+  g.max_sms = ops_detail::sms_beside_copies(*ctx_);  // ranks sharing a GPU: room for copies that run as kernels
   WEFT_REQUIRE(o.way != AgWay::plain_steps || world > 1, "AgGemm: AgWay::plain_steps needs 2 or more ranks, got ",
                world);
   if (o.mode != OverlapMode::sequential) {
@@ -49,11 +50,10 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
       step_gemm_ = std::make_unique<Gemm>(step);
     }
   }
-  if (o.mode != OverlapMode::fused) {
-    plain_gemm_ = std::make_unique<Gemm>(g);
-    all_gather_ = std::make_unique<AllGather>(
-        ctx_, AllGatherOptions{.bytes_per_rank = static_cast<std::uint64_t>(shard_rows_ * o.k * 2)});
-  }
+  if (o.mode != OverlapMode::fused) plain_gemm_ = std::make_unique<Gemm>(g);
+  // The sequential path's gather, and the fused paths' first gather (real data to tune on).
+  all_gather_ = std::make_unique<AllGather>(
+      ctx_, AllGatherOptions{.bytes_per_rank = static_cast<std::uint64_t>(shard_rows_ * o.k * 2)});
 }
 
 AgGemm::~AgGemm() = default;
@@ -87,9 +87,9 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
     fused.push_back({path_name(AgWay::plain_steps), [&](cudaStream_t s) { run_plain_steps(b, c, s); }});
   overlap_->run(
       stream, {b, c},
-      [&] {  // real data for the GEMMs to tune on: a sequential run, or (fused only) NCCL's gather
+      [&] {  // real data for the GEMMs to tune on: a sequential run, or (fused only) the gather alone
         if (plain_gemm_) run_sequential(b, c, stream, false);
-        else gather_with_nccl(stream);
+        else gather(stream, false);
         if (fused_gemm_) fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
         if (step_gemm_) step_gemm_->prepare(GemmArgs{.a = local_shard(), .b = b, .c = c}, stream);
         if (plain_gemm_) plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
@@ -97,16 +97,17 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
       fused, [&](bool nccl) { run_sequential(b, c, stream, nccl); });
 }
 
-void AgGemm::gather_with_nccl(cudaStream_t stream) {
+void AgGemm::gather(cudaStream_t stream, bool nccl) {
   // In place: our shard already sits in its slot of the gathered A.
-  WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                          ncclBfloat16, ctx_->nccl(), stream));
+  if (nccl)
+    WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
+                            ncclBfloat16, ctx_->nccl(), stream));
+  else
+    all_gather_->run(local_shard(), gathered_.get(), stream);
 }
 
 void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl) {
-  if (nccl) gather_with_nccl(stream);
-  else
-    all_gather_->run(local_shard(), gathered_.get(), stream);
+  gather(stream, nccl);
   plain_gemm_->run(gathered_.get(), b, c, stream);
 }
 
@@ -130,7 +131,7 @@ GemmArgs AgGemm::fused_args(const void* b, void* c) const {
 void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
   const GemmArgs args = fused_args(b, c);
   if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
-    if (!ops_detail::capturing(stream)) gather_with_nccl(stream);  // ... on the A it will read, not on stale peer slots
+    if (!ops_detail::capturing(stream)) gather(stream, false);  // ... on the A it will read, not on stale peer slots
   }
   fused_gemm_->prepare(args, stream);
 

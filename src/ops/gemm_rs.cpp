@@ -23,8 +23,8 @@ constexpr std::int64_t kOneLaunchBlockRows = 512;  // tile rows x cluster rows, 
 /// pingpong kernel about as fast and often takes it; in the ring, one step
 /// after another, the cooperative steps ran GEMM+ReduceScatter at K = 8192
 /// 1.2-4.8 % faster (M = 8192 down to 2048; at 2048 rows the steps' GEMMs
-/// alone, nothing sent, 0.186 against 0.190-0.196 ms): PERF.md, sixteenth
-/// session. Why the tuner's timing cannot see it is open (docs/NOTES.md).
+/// alone, nothing sent, 0.186 against 0.190-0.196 ms): docs/decisions/0030.
+/// Why the tuner's timing cannot see it is open (docs/ROADMAP.md).
 GemmOptions cooperative_step(GemmOptions o) {
   const std::string name = ops_detail::ring_step_config(o.hook);
   if (gemm_detail::has_configuration(o, name)) o.config = name;
@@ -95,6 +95,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   // a ring step's where no cooperative step is compiled for its types (cooperative_step).
   g.allow_cublas = true;
   g.agree = ops_detail::slowest_rank(ctx_);
+  g.max_sms = ops_detail::sms_beside_copies(*ctx_);  // ranks sharing a GPU: room for copies that run as kernels
   if (o.mode != OverlapMode::sequential) {
     const bool any = o.way == FusedWay::automatic;
     const bool per_step = any || o.way == FusedWay::ring_per_step || steps == 0;
@@ -149,7 +150,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
         whole_gemm_ = std::make_unique<Gemm>(hooked);
       }
       // Only when asked for: its GEMM's one-lane reduce-add has not run on a
-      // GPU yet (docs/NOTES.md, twenty-second session), and automatic picks a
+      // GPU yet (docs/decisions/0033), and automatic picks a
       // way by its time alone, so an unchecked way must not be among them.
       if (o.way == FusedWay::one_launch_add && one_launch_add_possible) {
         GemmOptions adding = g;

@@ -57,6 +57,11 @@ std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> c
   return [ctx](std::vector<float>& ms) { max_over_ranks(ctx->store(), ms, "GEMM tuning timings"); };
 }
 
+int sms_beside_copies(const Context& ctx) {
+  if (!ctx.team().shares_gpus()) return 0;
+  return std::max(2, ctx.team().sm_count / 2 / 2 * 2);  // whole clusters of 2
+}
+
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   WEFT_CUDA(cudaStreamIsCapturing(stream, &status));
@@ -232,8 +237,10 @@ void Overlap::run(cudaStream_t stream, std::initializer_list<const void*> key, c
     paths.push_back({"sequential", [&] { sequential(false); }});
     paths.push_back({"sequential, NCCL", [&] { sequential(true); }});
     std::vector<int> candidates;
-    for (int i = 0; i < static_cast<int>(paths.size()); ++i)
+    for (int i = 0; i < static_cast<int>(paths.size()); ++i) {
+      if (i == nf + 1 && !ctx_->has_nccl()) continue;  // ranks sharing a GPU: NCCL cannot run
       if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i < nf)) candidates.push_back(i);
+    }
     if (candidates.size() == 1 || capturing(stream)) {
       path_ = candidates.front();  // nothing to time, or no timing under capture: the first candidate
     } else {
@@ -379,13 +386,7 @@ void Overlap::choose(const std::vector<Path>& paths, const std::vector<int>& can
     std::sort(samples[c].begin(), samples[c].end());
     medians[c] = samples[c][samples[c].size() / 2];
   }
-  float* device_medians = nullptr;
-  WEFT_CUDA(cudaMalloc(&device_medians, n * sizeof(float)));
-  WEFT_CUDA(cudaMemcpyAsync(device_medians, medians.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
-  WEFT_NCCL(ncclAllReduce(device_medians, device_medians, n, ncclFloat, ncclMax, ctx_->nccl(), stream));
-  WEFT_CUDA(cudaMemcpyAsync(medians.data(), device_medians, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  ctx_->synchronize(stream);
-  WEFT_CUDA(cudaFree(device_medians));
+  max_over_ranks(ctx_->store(), medians, "overlapped path timings");  // the slowest rank's, as the GEMM tuner does
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   std::size_t best = 0;

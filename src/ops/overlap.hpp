@@ -49,6 +49,20 @@ void max_over_ranks(Store& store, std::vector<float>& values, const char* what);
 /// configuration, picked by the slowest rank's time. Collective.
 std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> ctx);
 
+/// GemmOptions::max_sms for the GEMMs of a plan whose tiles wait for rows
+/// that other ranks' GEMMs produce and copies carry. Between GPUs the copies
+/// run on copy engines (weft-copy-probe) and each GEMM has its GPU: every SM
+/// (0). Where ranks share a GPU, two things change. A copy into a peer's
+/// buffer stays within the GPU and runs as a kernel (weft-copy-probe at 2
+/// ranks on one H200: it waits for SMs), so it needs SMs the waiting tiles do
+/// not hold. And a persistent GEMM assigns its tiles to its CTAs up front, so
+/// a CTA that never becomes resident stalls every rank downstream of its
+/// tiles: all the ranks' GEMMs must be resident at once, placed as clusters
+/// of 2 SMs among SMs that copies and other ranks' kernels also take. So the
+/// GEMMs keep to half the rank's share (Team::sm_count), the rest left to
+/// copies and to the slack that cluster placement needs.
+int sms_beside_copies(const Context& ctx);
+
 /// True while `stream` is being captured into a CUDA graph.
 bool capturing(cudaStream_t stream);
 
@@ -75,7 +89,7 @@ class Overlap {
   };
   /// Runs one call the chosen way, of these paths: each of `fused` (in order;
   /// each goes through launch() with `key`), "sequential" (`sequential(false)`:
-  /// a plain GEMM, then weft's collective) and "sequential, NCCL"
+  /// a plain GEMM, then weft's collective) and "sequential, NCCL" (where the Context has NCCL)
   /// (`sequential(true)`). The candidates: automatic, all of them; fused, the
   /// fused ones; sequential, the two sequential ones. On the first call
   /// outside graph capture with more than one candidate, `first` runs before
@@ -156,7 +170,7 @@ class Overlap {
   /// GEMM+AllReduce's wait). WEFT_FLAG_RESET=memset: a memset, the way before
   /// (an A/B switch). GEMM+ReduceScatter always resets by memset at its start:
   /// its GEMMs consuming their source flags cost more than the memset
-  /// (PERF.md, twelfth session).
+  /// (docs/decisions/0023).
   bool resets_by_memset() const { return reset_by_memset_; }
   /// Zeroes flags[0, count) on `stream` (a memset).
   static void reset_flags(std::uint64_t* flags, int count, cudaStream_t stream);

@@ -1,5 +1,6 @@
 // 100,000 notify/wait round trips between ranks 0 and 1 in one kernel: no hang,
-// every round trip seen, and the one-way NVLink signal latency reported.
+// every round trip seen, and the one-way signal latency reported (NVLink, or
+// the same GPU where ranks share one).
 #include <cstdio>
 
 #include "gpu_test.hpp"
@@ -45,8 +46,9 @@ TEST(PingPong, HundredThousandRoundTripsWithoutAHang) {
   WEFT_CUDA(cudaMemcpy(&last, flag.get(), sizeof(last), cudaMemcpyDeviceToHost));
   if (ctx().rank() < 2) EXPECT_EQ(last, static_cast<std::uint64_t>(rounds));
   if (ctx().rank() == 0)
-    std::printf("[ info ] ping-pong over NVLink: %d round trips in %.1f ms, one-way latency %.3f us\n", rounds, ms,
-                1000.0 * ms / (2.0 * rounds));
+    std::printf("[ info ] ping-pong between ranks 0 and 1 (%s): %d round trips in %.1f ms, one-way latency %.3f us%s\n",
+                ctx().team().links[1].describe().c_str(), rounds, ms, 1000.0 * ms / (2.0 * rounds),
+                ctx().team().shares_gpus() ? " (ranks share a GPU: not a performance figure)" : "");
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   ctx().host_barrier("pingpong done");

@@ -52,7 +52,8 @@ struct Buffers {
   ~Buffers() { cudaFree(nccl_out); }
 };
 
-// One operation at one size and variant: how to run weft, how to run NCCL.
+// One operation at one size and variant: how to run weft, how to run NCCL
+// (empty where the job has no NCCL: ranks sharing a GPU).
 struct Case {
   std::function<void(cudaStream_t)> weft, nccl;
   std::string variant;
@@ -67,12 +68,12 @@ Case make_case(const std::shared_ptr<Context>& ctx, const std::string& op, const
   const std::uint64_t w = ctx->world_size();
   const ncclDataType_t type = nccl_type(args.dtype);
   void *in = b.input.get(), *out = b.output.get(), *nout = b.nccl_out;
-  ncclComm_t comm = ctx->nccl();
+  ncclComm_t comm = ctx->has_nccl() ? ctx->nccl() : nullptr;
   auto label = [&](const char* chosen) { return v == "auto" ? std::string("a:") + chosen : std::string(chosen); };
   if (op == "all_gather") {
     auto plan = std::make_shared<AllGather>(ctx, AllGatherOptions{bytes, parse_all_gather_variant(v), args.max_sms});
     c.weft = [plan, in, out](cudaStream_t s) { plan->run(in, out, s); };
-    c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclAllGather(in, nout, bytes / elem, type, comm, s)); };
+    if (comm) c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclAllGather(in, nout, bytes / elem, type, comm, s)); };
     c.variant = label(to_string(plan->variant()));
     c.sms = plan->sms_used();
     c.out_bytes = bytes * w;
@@ -81,7 +82,7 @@ Case make_case(const std::shared_ptr<Context>& ctx, const std::string& op, const
     auto plan = std::make_shared<AllReduce>(
         ctx, AllReduceOptions{bytes / elem, parse_dtype(args.dtype), parse_all_reduce_variant(v), args.max_sms});
     c.weft = [plan, in, out](cudaStream_t s) { plan->run(in, out, s); };
-    c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclAllReduce(in, nout, bytes / elem, type, ncclSum, comm, s)); };
+    if (comm) c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclAllReduce(in, nout, bytes / elem, type, ncclSum, comm, s)); };
     c.variant = label(to_string(plan->variant()));
     c.sms = plan->sms_used();
     c.out_bytes = bytes;
@@ -93,7 +94,7 @@ Case make_case(const std::shared_ptr<Context>& ctx, const std::string& op, const
     auto plan = std::make_shared<ReduceScatter>(
         ctx, ReduceScatterOptions{count, parse_dtype(args.dtype), parse_reduce_scatter_variant(v), args.max_sms});
     c.weft = [plan, in, out](cudaStream_t s) { plan->run(in, out, s); };
-    c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclReduceScatter(in, nout, count, type, ncclSum, comm, s)); };
+    if (comm) c.nccl = [=](cudaStream_t s) { WEFT_NCCL(ncclReduceScatter(in, nout, count, type, ncclSum, comm, s)); };
     c.variant = label(to_string(plan->variant()));
     c.sms = plan->sms_used();
     c.out_bytes = count * elem;
@@ -109,9 +110,34 @@ bool variant_fits(const std::string& op, const std::string& v, std::uint64_t byt
   return v != "ll" || bytes / world <= kReduceScatterLowLatencyMaxBytes;
 }
 
+// Without NCCL: weft's output against every rank's input rebuilt from its
+// seed - gathered bytes bitwise, sums against a float sum of the inputs.
+std::string check_against_seeds(Context& ctx, const std::string& op, const Case& c, std::uint64_t bytes,
+                                const BenchArgs& args, Buffers& b, const std::vector<std::uint64_t>& seeds,
+                                cudaStream_t stream) {
+  const int elem = dtype_bytes(args.dtype), world = ctx.world_size();
+  if (op == "all_gather") {
+    std::uint64_t bad = 0;
+    for (int p = 0; p < world; ++p)
+      bad += count_mismatches_random(b.output.as<char>() + p * bytes, bytes, seeds[p], stream);
+    return bad ? str("FAIL(", bad, " bytes)") : "ok";
+  }
+  const std::uint64_t count = c.out_bytes / elem;
+  const std::uint64_t first = op == "reduce_scatter" ? count * ctx.rank() : 0;
+  float* ref = nullptr;
+  WEFT_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&ref), count * sizeof(float), stream));
+  WEFT_CUDA(cudaMemsetAsync(ref, 0, count * sizeof(float), stream));
+  for (int p = 0; p < world; ++p) accumulate_uniform(ref, count, args.dtype, seeds[p], first, stream);
+  const double err = relative_error_vs_fp32(b.output.get(), args.dtype, ref, count, stream);
+  WEFT_CUDA(cudaFreeAsync(ref, stream));
+  const double tol = args.dtype == "fp32" ? 1e-6 : 1e-2;
+  return err <= tol ? "ok" : str("FAIL(rel ", err, " vs the float sum of the inputs)");
+}
+
 // Fresh inputs on every rank, poisoned outputs, one weft run and one NCCL run.
 // Data movement must match bitwise; sums must match bitwise at two ranks (IEEE
-// addition commutes) and within the type's tolerance beyond.
+// addition commutes) and within the type's tolerance beyond. Without NCCL the
+// reference is every rank's input, rebuilt from its seed.
 std::string check_once(Context& ctx, const std::string& op, const Case& c, std::uint64_t bytes, const BenchArgs& args,
                        Buffers& b, cudaStream_t stream) {
   const int elem = dtype_bytes(args.dtype);
@@ -122,6 +148,12 @@ std::string check_once(Context& ctx, const std::string& op, const Case& c, std::
   poison(b.nccl_out, c.out_bytes, 0x5A, stream);
   ctx.barrier(stream);
   c.weft(stream);
+  if (!c.nccl) {
+    ctx.synchronize(stream);
+    std::vector<std::uint64_t> seeds;
+    for (const std::string& s : ctx.store().all_gather(std::to_string(seed), "check seeds")) seeds.push_back(std::stoull(s));
+    return check_against_seeds(ctx, op, c, bytes, args, b, seeds, stream);
+  }
   c.nccl(stream);
   ctx.synchronize(stream);
   if (op == "all_gather") {
@@ -168,7 +200,7 @@ int bench_collective(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& a
         if (me == 0) std::fprintf(stderr, "[weft-bench] %s %s per rank, %s ...\n", op.c_str(), format_bytes(bytes).c_str(), v.c_str());
         std::shared_ptr<void> plan;
         Case c = make_case(ctx_ptr, op, v, bytes, args, b, plan);
-        if (nccl_loop < 0) {
+        if (nccl_loop < 0 && c.nccl) {
           nccl_loop = time_per_call(ctx, stream, [&] { c.nccl(stream); }, calls, args.samples, args.warmup, args.hold);
           nccl_single = time_per_call(ctx, stream, [&] { c.nccl(stream); }, 1, args.samples, args.warmup, args.hold);
         }
@@ -181,7 +213,7 @@ int bench_collective(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& a
         row.weft_single = time_per_call(ctx, stream, [&] { c.weft(stream); }, 1, args.samples, args.warmup, args.hold);
         row.nccl_loop = nccl_loop;
         row.nccl_single = nccl_single;
-        if (args.check && row.check == "ok") {  // the timed runs must have left the same answer
+        if (args.check && row.check == "ok" && c.nccl) {  // the timed runs must have left the same answer
           c.nccl(stream);
           ctx.synchronize(stream);
           std::uint64_t bad = count_mismatches(b.output.get(), b.nccl_out, c.out_bytes, stream);
@@ -196,7 +228,26 @@ int bench_collective(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& a
   }
   WEFT_CUDA(cudaStreamDestroy(stream));
 
-  if (me == 0) {
+  if (me == 0 && !ctx.has_nccl()) {
+    // Ranks share a GPU: weft's times alone, as a record of the run, not as figures.
+    if (args.json) {
+      for (auto& r : rows)
+        std::printf("{\"op\":\"%s\",\"world\":%d,\"dtype\":\"%s\",\"bytes\":%llu,\"variant\":\"%s\",\"sms\":%d,"
+                    "\"weft_loop_us\":%.3f,\"weft_single_us\":%.3f,\"shared_gpu\":true,\"check\":\"%s\"}\n",
+                    op.c_str(), world, args.dtype.c_str(), static_cast<unsigned long long>(r.bytes), r.variant.c_str(),
+                    r.sms, r.weft_loop, r.weft_single, r.check.c_str());
+    } else {
+      std::printf("%s, %d ranks sharing GPUs, %s; us per call (median of %d samples, max over ranks).\n"
+                  "Times on a shared GPU are not performance figures; no NCCL baseline (NCCL refuses ranks that share a "
+                  "GPU).\n",
+                  op.c_str(), world, args.dtype.c_str(), args.samples);
+      std::printf("%8s %11s %4s | %9s %9s | %s\n", "bytes", "variant", "SMs", "loop", "single", "check");
+      for (auto& r : rows)
+        std::printf("%8s %11s %4d | %9.2f %9.2f | %s\n", format_bytes(r.bytes).c_str(), r.variant.c_str(), r.sms,
+                    r.weft_loop, r.weft_single, r.check.c_str());
+    }
+    std::fflush(stdout);
+  } else if (me == 0) {
     if (args.json) {
       for (auto& r : rows)
         std::printf("{\"op\":\"%s\",\"world\":%d,\"dtype\":\"%s\",\"bytes\":%llu,\"variant\":\"%s\",\"sms\":%d,"

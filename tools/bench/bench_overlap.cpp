@@ -12,6 +12,10 @@
 // --check compares with a float64-free but fp32-accumulated, fp32-output
 // reference (cuBLAS fp32 output, NCCL in fp32) by relative error, on fresh
 // random inputs and poisoned outputs; ag_gemm also checks the gathered A bitwise.
+// Where ranks share a GPU (no NCCL), the reference is built on each rank from
+// every rank's inputs, regenerated from their seeds (the gathered A; the sum
+// of every rank's GEMM, by cuBLAS), and weft's collective stands in for NCCL's
+// in the timed contenders, whose times are then no performance figures.
 #include <cublas_v2.h>
 #include <nccl.h>
 
@@ -70,7 +74,13 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   cublasHandle_t blas;
   require_cublas(cublasCreate(&blas), "cublasCreate");
   require_cublas(cublasSetStream(blas, stream), "cublasSetStream");
-  ncclComm_t nccl = ctx.nccl();
+  ncclComm_t nccl = ctx.has_nccl() ? ctx.nccl() : nullptr;
+  // Every rank's seed for one input, in rank order (the reference without NCCL).
+  auto seeds_of = [&](std::uint64_t mine) {
+    std::vector<std::uint64_t> seeds;
+    for (const std::string& v : ctx.store().all_gather(std::to_string(mine), "bench seeds")) seeds.push_back(std::stoull(v));
+    return seeds;
+  };
   const int calls = 3;  // back to back per sample, as a layer runs them
   // weft, the baselines and the parts, sampled in turn (ms per call), in
   // this order; with --soak, then each alone for a while (clock studies).
@@ -107,7 +117,8 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       const std::int64_t gm = M, gn = n, gk = k;
       Gemm weft_gemm(gemm_options(gm, gn, gk));
       void* b = device_alloc(gn * gk * 2);
-      fill_uniform(b, gn * gk, "bf16", fresh_seed(me, ++salt), stream);
+      const std::uint64_t b_seed = fresh_seed(me, ++salt);
+      fill_uniform(b, gn * gk, "bf16", b_seed, stream);
       void* c32 = device_alloc(gm * gn * 4);  // fp32 GEMM output (reference)
       void* c_ref = device_alloc(gm * gn * 2);
       if (ag) {
@@ -123,10 +134,20 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         const std::uint64_t seed = fresh_seed(me, ++salt);
         fill_uniform(a_shard, rows_per_rank * K, "bf16", seed, stream);
         WEFT_CUDA(cudaMemcpyAsync(a_nccl, a_shard, rows_per_rank * K * 2, cudaMemcpyDeviceToDevice, stream));
+        // Without NCCL the reference gathered A is every rank's shard from its
+        // seed, and the baseline's collective is weft's.
         auto nccl_ag = [&] {
-          WEFT_NCCL(ncclAllGather(a_nccl, gathered_nccl, rows_per_rank * K, ncclBfloat16, nccl, stream));
+          if (nccl) WEFT_NCCL(ncclAllGather(a_nccl, gathered_nccl, rows_per_rank * K, ncclBfloat16, nccl, stream));
+          else weft_ag.run(a_nccl, weft_gathered.get(), stream);
         };
-        nccl_ag();
+        if (nccl) {
+          nccl_ag();
+        } else {
+          const std::vector<std::uint64_t> seeds = seeds_of(seed);
+          for (int p = 0; p < world; ++p)
+            fill_uniform(static_cast<char*>(gathered_nccl) + p * rows_per_rank * K * 2, rows_per_rank * K, "bf16",
+                         seeds[p], stream);
+        }
         poison(c, M * n * 2, 0xFF, stream);
         plan.run(a_shard, b, c, stream);  // first run: chooses the path (automatic)
         // The fused GEMM alone, in the configuration the plan runs it in.
@@ -187,7 +208,8 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       } else {
         const bool ar = args.op == "gemm_ar";
         void* a = device_alloc(M * k * 2);
-        fill_uniform(a, M * k, "bf16", fresh_seed(me, ++salt), stream);
+        const std::uint64_t a_seed = fresh_seed(me, ++salt);
+        fill_uniform(a, M * k, "bf16", a_seed, stream);
         const std::int64_t out_elems = ar ? M * N : rows_per_rank * N;
         SymmetricBuffer out(ctx.heap(), out_elems * 2, "bf16", "bench.out");
         void* ref32 = device_alloc(out_elems * 4);
@@ -285,16 +307,39 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           for (int s = 1; s < world; ++s)
             ring_step.run(GemmArgs{.a = a_block(s), .b = b, .c = c_block(s), .source = c_block(s - 1)}, stream);
         };
+        auto weft_coll = [&] {
+          if (ar) weft_ar->run(comm_buf.get(), comm_buf.get(), stream);
+          else weft_rs->run(c_ref, comm_out, stream);
+        };
+        // Without NCCL (ranks sharing a GPU), weft's collective stands in for the baseline's.
         auto nccl_coll = [&](const void* in, void* o, ncclDataType_t t) {
-          if (ar) WEFT_NCCL(ncclAllReduce(in, o, M * N, t, ncclSum, nccl, stream));
+          if (!nccl) weft_coll();
+          else if (ar) WEFT_NCCL(ncclAllReduce(in, o, M * N, t, ncclSum, nccl, stream));
           else WEFT_NCCL(ncclReduceScatter(in, o, rows_per_rank * N, t, ncclSum, nccl, stream));
         };
         poison(out.get(), out_elems * 2, 0xFF, stream);
         run_weft();
         if (args.check) {
-          cublas_nk(blas, M, N, k, a, b, c32, true);
-          nccl_coll(c32, ref32, ncclFloat32);
-          row.rel_err = relative_error_vs_fp32(out.get(), "bf16", static_cast<const float*>(ref32), out_elems, stream);
+          const float* ref = static_cast<const float*>(ref32);
+          if (nccl) {
+            cublas_nk(blas, M, N, k, a, b, c32, true);
+            nccl_coll(c32, ref32, ncclFloat32);
+          } else {  // the sum of every rank's GEMM, each rank's A and B rebuilt from their seeds
+            const std::vector<std::uint64_t> a_seeds = seeds_of(a_seed), b_seeds = seeds_of(b_seed);
+            void* a_p = device_alloc(M * k * 2);
+            void* b_p = device_alloc(N * k * 2);
+            for (int p = 0; p < world; ++p) {
+              fill_uniform(a_p, M * k, "bf16", a_seeds[p], stream);
+              fill_uniform(b_p, N * k, "bf16", b_seeds[p], stream);
+              require_cublas(cublas_gemm(blas, M, N, k, DType::bf16, DType::fp32, BLayout::nk, a_p, b_p, c32,
+                                         p == 0 ? 0.0f : 1.0f),
+                             "cublasGemmEx");
+            }
+            ctx.synchronize(stream);
+            for (void* q : {a_p, b_p}) cudaFree(q);
+            ref = static_cast<const float*>(c32) + (ar ? 0 : me * rows_per_rank * N);
+          }
+          row.rel_err = relative_error_vs_fp32(out.get(), "bf16", ref, out_elems, stream);
           ok &= row.rel_err < 1e-2;
         }
         const std::vector<double> t = timed(row, {
@@ -306,10 +351,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
             [&] { weft_gemm.run(a, b, c_ref, stream); },
             [&] { cublas_nk(blas, M, N, k, a, b, c_ref, false); },
             [&] { nccl_coll(c_ref, out_ref, ncclBfloat16); },
-            [&] {
-              if (ar) weft_ar->run(comm_buf.get(), comm_buf.get(), stream);
-              else weft_rs->run(c_ref, comm_out, stream);
-            },
+            weft_coll,
             ring_gemms,
         });
         row.weft = t[0], row.seq = t[1], row.gemm_weft = t[2], row.gemm_cublas = t[3], row.comm_nccl = t[4],
@@ -331,7 +373,17 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   }
   cublasDestroy(blas);
   WEFT_CUDA(cudaStreamDestroy(stream));
-  if (me == 0) {
+  if (me == 0 && !nccl) {
+    // Ranks share a GPU: weft's time and the check, as a record of the run, not as figures.
+    std::printf("%s, %d ranks sharing GPUs, bf16. Times on a shared GPU are not performance figures; no NCCL "
+                "baseline (NCCL refuses ranks that share a GPU).\n",
+                args.op.c_str(), world);
+    for (const Row& r : rows)
+      std::printf("%6lld %6lld %6lld %-10s %-24s | weft %8.3f ms | rel err %s\n", static_cast<long long>(r.m),
+                  static_cast<long long>(r.n), static_cast<long long>(r.k), r.mode.c_str(), r.path.c_str(), r.weft,
+                  r.rel_err < 0 ? "unchecked" : ((r.rel_err < 1e-2 ? "ok " : "FAIL ") + std::to_string(r.rel_err)).c_str());
+    std::fflush(stdout);
+  } else if (me == 0) {
     if (args.json) {
       for (const Row& r : rows)
         std::printf("{\"op\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"world\":%d,\"mode\":\"%s\",\"path\":\"%s\","

@@ -84,6 +84,13 @@ __global__ void fill_uniform_kernel(T* p, std::uint64_t count, int m, std::uint6
     p[i] = static_cast<T>(static_cast<float>(grid_value(m, seed, i)));
 }
 
+__global__ void accumulate_uniform_kernel(float* acc, std::uint64_t count, int m, std::uint64_t seed,
+                                          std::uint64_t first) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count;
+       i += std::uint64_t{gridDim.x} * blockDim.x)
+    acc[i] += static_cast<float>(grid_value(m, seed, first + i));
+}
+
 template <class T>
 __device__ double as_double(T x) { return static_cast<double>(static_cast<float>(x)); }
 
@@ -165,6 +172,12 @@ void fill_uniform(void* p, std::uint64_t count, const std::string& dtype, std::u
     using T = decltype(t);
     fill_uniform_kernel<T><<<grid_for(count), 256, 0, stream>>>(static_cast<T*>(p), count, m, seed);
   });
+  WEFT_CUDA(cudaGetLastError());
+}
+
+void accumulate_uniform(float* acc, std::uint64_t count, const std::string& dtype, std::uint64_t seed,
+                        std::uint64_t first, cudaStream_t stream) {
+  accumulate_uniform_kernel<<<grid_for(count), 256, 0, stream>>>(acc, count, mantissa_bits(dtype), seed, first);
   WEFT_CUDA(cudaGetLastError());
 }
 

@@ -32,6 +32,12 @@ void accumulate_mismatches_random(const void* p, std::uint64_t bytes, std::uint6
 /// (m = 7, 10, 23), so a float64 reference and the GPU see the same inputs.
 void fill_uniform(void* p, std::uint64_t count, const std::string& dtype, std::uint64_t seed, cudaStream_t stream);
 
+/// Adds, to each acc[i] (i < count), the value fill_uniform(seed) writes at
+/// element first + i: a float reference of a sum over ranks, built from each
+/// rank's seed, that needs no communication. Asynchronous on `stream`.
+void accumulate_uniform(float* acc, std::uint64_t count, const std::string& dtype, std::uint64_t seed,
+                        std::uint64_t first, cudaStream_t stream);
+
 /// The value fill_uniform writes at element i, as a double (host side).
 double uniform_value(const std::string& dtype, std::uint64_t seed, std::uint64_t i);
 

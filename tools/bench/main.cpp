@@ -11,7 +11,9 @@
 
 #include "bench.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/gpu_diagnosis.hpp"
 #include "weft/runtime/launch_env.hpp"
+#include "weft/runtime/team.hpp"
 
 int main(int argc, char** argv) {
   using namespace weft;
@@ -25,18 +27,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "weft-bench: %s\n", e.what());
     return 2;
   }
-  int gpus = 0;
-  cudaError_t rc = cudaGetDeviceCount(&gpus);
-  if (rc != cudaSuccess || gpus == 0) {
-    std::fprintf(stderr, "weft-bench: no CUDA GPU is visible on this machine (%s), so there is nothing to benchmark. "
-                 "Run it on a machine with NVIDIA GPUs, under weftrun -n <GPUs>.\n",
-                 rc == cudaSuccess ? "0 devices" : cudaGetErrorName(rc));
-    return 1;
-  }
   try {
+    const LaunchEnv launch = detect_launch_env(process_env());
+    const GpuDiagnosis gpus = diagnose_gpus();
+    if (gpus.verdict != GpuVerdict::ready) {
+      std::fprintf(stderr, "weft-bench: nothing to benchmark here: %s. Run it on a machine with NVIDIA Hopper GPUs, "
+                   "under weftrun -n <ranks>.\n", gpus.message.c_str());
+      return 1;
+    }
     ContextOptions opts;
     // Room for the largest input and output, plus the plans' staging and signals.
-    const std::uint64_t world = detect_launch_env(process_env()).world_size;
+    const std::uint64_t world = launch.world_size;
     if (args.op == "gemm") {
       opts.heap_bytes = std::uint64_t{256} << 20;
     } else if (bench::is_overlap_op(args.op)) {
@@ -51,6 +52,16 @@ int main(int argc, char** argv) {
                         (std::uint64_t{64} << 20);
     }
     auto ctx = Context::from_env(opts);
+    if (ctx->team().shares_gpus()) {
+      // Ranks on one GPU: a correctness run. Every result is checked; no time is a figure.
+      args.check = true;
+      if (ctx->rank() == 0)
+        std::fprintf(stderr,
+                     "weft-bench: %d ranks share a GPU (%s): results are checked (--check is on), times are not "
+                     "performance figures, and NCCL baselines and ratios are left out (NCCL refuses ranks that "
+                     "share a GPU)\n",
+                     ctx->team().ranks_per_gpu, to_string(ctx->team().sharing));
+    }
     if (args.op == "gemm") return bench::bench_gemm(ctx, args);
     if (bench::is_overlap_op(args.op)) return bench::bench_overlap(ctx, args);
     return bench::bench_collective(ctx, args);

@@ -153,6 +153,11 @@ struct GemmOptions {
   /// times the walk along M and every swizzle, as for plain plans. Runs that
   /// rotate or report are refused (weft::Error).
   bool any_tile_order = false;
+  /// The most SMs the persistent kernels may hold (their grid); 0: every SM
+  /// this rank may use. Plans whose tiles wait for copies of their own rank
+  /// set it where ranks share a GPU: a copy within one GPU may run as a
+  /// kernel, which needs an SM the waiting tiles do not hold.
+  int max_sms = 0;
 };
 
 /// Options of a plain GEMM: C [m, n] = A [m, k] x B, inputs and output of type `t`.

@@ -5,7 +5,7 @@
 // ([N_r, K] as PyTorch stores it, or [K, N_r]). Every rank computes
 // C_r = [A_0; A_1; ...; A_{W-1}] x B_r^T, [M, N_r], and ends with the gathered A.
 //
-// Fused path (one persistent GEMM, docs/design.md):
+// Fused path (one persistent GEMM; docs/ARCHITECTURE.md, docs/decisions/0021 and 0022):
 //   - at the start, each rank tells every peer "my gathered A is free" from the
 //     stream's front end; its pushes wait (on a side stream) for every peer's
 //     word, the GEMM waits for nobody and starts on the local rows;
@@ -100,7 +100,7 @@ class AgGemm {
 
   /// "fused" (one hooked GEMM), "fused, plain steps" (a GEMM per shard),
   /// "sequential" (weft's all-gather, then the GEMM), "sequential, NCCL"
-  /// (NCCL's), or "" before the first run.
+  /// (NCCL's; never where ranks share a GPU), or "" before the first run.
   std::string path() const;
   /// The first automatic run's measurement of the fused path (ms, slowest
   /// rank), else 0.
@@ -126,8 +126,9 @@ class AgGemm {
   /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
   GemmArgs fused_args(const void* b, void* c) const;
   void run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl);
-  /// NCCL's all-gather of the shards into gathered_ (the sequential path, and real data to tune on).
-  void gather_with_nccl(cudaStream_t stream);
+  /// The shards gathered into gathered_, by NCCL or weft's AllGather (the
+  /// sequential paths, and real data for the fused GEMMs to tune on).
+  void gather(cudaStream_t stream, bool nccl);
 
   std::shared_ptr<Context> ctx_;
   AgGemmOptions options_;
