@@ -4,10 +4,11 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu examples gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
-#                                               (default: build cpu gpu examples bench)
+#                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
+#                                                the suite at world 1, 2, 4, 8, provoked hangs, examples, launcher)
 #
 # What comes back (the device tool returns at most 8 files): summary.txt, the
 # sweep's CSVs and plots, and logs.tgz with every log and raw JSON line.
@@ -18,7 +19,7 @@ mkdir -p "$OUT"
 export PATH="$PATH:/usr/local/cuda/bin"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 BUILD=${WEFT_BUILD_DIR:-build-gpu}
-STAGES=${*:-build cpu gpu examples bench}
+STAGES=${*:-build cpu gpu bench}
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)  # grep -c prints 0 itself where none
 declare -a SUMMARY
 note() { SUMMARY+=("$(printf '%-28s %s' "$1" "$2")"); echo "### $1: $2"; }
@@ -55,25 +56,14 @@ fi
 if has gpu; then
   "$BUILD/weftrun" -n "$GPUS" -- "$BUILD/weft-info" >"$OUT/weft_info.txt" 2>&1
   note "weft-info" "rc=$? -> weft_info.txt"
-  for n in 1 2 4 8; do
-    [ "$n" -le "$GPUS" ] || continue
-    run_logged "gpu tests, world $n" "gpu_tests_w$n.log" \
-      "$BUILD/weftrun" -n "$n" --timeout 600 -- "$BUILD/tests/weft_gpu_tests"
-    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[ info \]|FAILED  \]" "$OUT/gpu_tests_w$n.log" | head -n 20
-  done
+  # The GPU matrix (scripts/gpu_tests.sh): the suite at world sizes 1, 2, 4, 8
+  # (ranks sharing a GPU where there are fewer), provoked hangs, the examples,
+  # weftrun stopping a job, no MPS daemon left behind.
+  mkdir -p "$OUT/gpu_tests"
+  t0=$SECONDS
+  bash scripts/gpu_tests.sh "$BUILD" "$OUT/gpu_tests" | tee "$OUT/gpu_tests.txt"
+  note "gpu matrix" "rc=${PIPESTATUS[0]} ($((SECONDS - t0)) s): $(tail -n 1 "$OUT/gpu_tests.txt")"
   if [ "$GPUS" -ge 2 ]; then
-    run_logged "provoked hang, world 2" gpu_wait_timeout.log env WEFT_TEST_PROVOKE_TIMEOUT=1 WEFT_WAIT_TIMEOUT=2 WEFT_CHECK_CALLS=0 \
-      "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter='WaitTimeout.*'
-    grep -E "provoked|PASSED|FAILED" "$OUT/gpu_wait_timeout.log" | head -n 5
-    run_logged "provoked GEMM hang, world 1" gpu_wait_timeout_gemm.log env WEFT_TEST_PROVOKE_TIMEOUT=gemm WEFT_WAIT_TIMEOUT=2 \
-      WEFT_CHECK_CALLS=0 "$BUILD/weftrun" -n 1 --timeout 120 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter='WaitTimeout.*'
-    grep -E "provoked|PASSED|FAILED" "$OUT/gpu_wait_timeout_gemm.log" | head -n 5
-    # weftrun must report a rank killed mid-run within 10 s.
-    t0=$(date +%s%N)
-    "$BUILD/weftrun" -n 2 -- bash -c 'if [ "$WEFT_RANK" = 1 ]; then sleep 2; kill -9 $$; fi; sleep 60' \
-      >"$OUT/weftrun_kill.txt" 2>&1
-    rc=$?
-    note "weftrun rank killed" "rc=$rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms (rank 1 killed at 2000 ms): $(grep -o 'rank 1.*SIGKILL[^;]*' "$OUT/weftrun_kill.txt" | head -n1)"
     # The tuning cache across processes: the second process takes every GEMM
     # choice from the file, launching kernels no tuning loaded (a hang once).
     rm -f "$OUT/tune.cache"
@@ -86,15 +76,44 @@ if has gpu; then
   fi
 fi
 
-if has examples && [ "$GPUS" -ge 2 ]; then
-  run_logged "example 01 notify/wait" example01.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_01_notify_wait"
-  cat "$OUT/example01.log"
-  run_logged "example 02 allgather" example02.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_02_intranode_allgather"
-  cat "$OUT/example02.log"
-  run_logged "example 07 ag_gemm" example07.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_07_ag_gemm"
-  cat "$OUT/example07.log"
-  run_logged "example 08 gemm_rs" example08.log "$BUILD/weftrun" -n 2 --timeout 120 -- "$BUILD/example_08_gemm_rs"
-  cat "$OUT/example08.log"
+if has launchers; then  # weft programs under torchrun with no WEFT_* variable; a project built against the installed weft
+  if python3 -c 'import torch' 2>/dev/null; then
+    run_logged "torchrun, 1 rank" torchrun_1.log python3 -m torch.distributed.run --standalone --no-python \
+      --nproc_per_node 1 "$BUILD/weft-info"
+    if [ "$GPUS" -ge 2 ]; then
+      run_logged "torchrun, 2 ranks" torchrun_2.log python3 -m torch.distributed.run --standalone --no-python \
+        --nproc_per_node 2 "$BUILD/weft-info"
+    elif command -v nvidia-cuda-mps-control >/dev/null; then
+      # Two ranks on one GPU share it wherever an MPS daemon runs: one of our own for this step.
+      mps_dir=$(mktemp -d)
+      mkdir -p "$mps_dir/pipe" "$mps_dir/log"
+      CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe CUDA_MPS_LOG_DIRECTORY=$mps_dir/log nvidia-cuda-mps-control -d
+      CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe run_logged "torchrun, 2 ranks sharing a GPU" torchrun_2.log \
+        python3 -m torch.distributed.run --standalone --no-python --nproc_per_node 2 "$BUILD/weft-info"
+      echo quit | CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe nvidia-cuda-mps-control
+      sleep 1
+      rm -rf "$mps_dir"
+    fi
+    grep -E "job:|SMs|shared" "$OUT"/torchrun_*.log | head -n 12
+  else
+    note "torchrun" "not run: python3 has no torch here"
+  fi
+  if [ -f scripts/check_install.sh ]; then
+    WEFT_BUILD_DIR="$BUILD" run_logged "installed package, example project" check_install.log bash scripts/check_install.sh
+    tail -n 5 "$OUT/check_install.log"
+  fi
+fi
+
+if has shared; then  # weft-bench with ranks sharing one GPU: checks only, no figures (the rehearsal of a multi-GPU run)
+  for n in 2 4; do
+    for spec in "all_gather --bytes 1K:64M" "all_reduce --bytes 1K:64M" "reduce_scatter --bytes 4K:64M" \
+                "ag_gemm --m 2048 --n 4096 --k 4096" "gemm_rs --m 2048 --n 4096 --k 4096" "gemm_ar --m 2048 --n 4096 --k 4096"; do
+      # shellcheck disable=SC2086  # spec is a word list
+      "$BUILD/weftrun" -n "$n" --share-gpu --timeout 300 -- "$BUILD/weft-bench" $spec --samples 5 >>"$OUT/shared_bench.txt" 2>&1
+      note "shared bench, world $n: ${spec%% *}" "rc=$?"
+    done
+  done
+  grep -vE '^\[weft-bench\]' "$OUT/shared_bench.txt" | head -n 120
 fi
 
 if has pdl; then  # what programmatic dependent launch buys the small collectives

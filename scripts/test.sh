@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
 # The test command: sets up, builds, runs the CPU tests always and the GPU
-# tests when this machine has NVIDIA GPUs (else it says they were skipped).
+# tests as the machine allows, and ends with one line that counts CPU and GPU
+# test cases apart:
+#   weft tests: CPU P passed, F failed, S skipped | GPU P passed, F failed, S skipped (...)
+# Without a GPU, every GPU test case is a CTest entry of its own that reports
+# itself skipped. With GPUs, scripts/gpu_tests.sh runs the GPU matrix: the
+# suite at world sizes 1, 2, 4 and 8 (ranks sharing a GPU through MPS where
+# there are fewer GPUs), the provoked hangs, the examples and the launcher.
+# Between them, scripts/check_install.sh builds a program of its own against
+# the installed weft.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,25 +20,43 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
 fi
 
+# "P passed, F failed, S skipped" from a CTest JUnit report.
+count() {
+  python3 - "$1" <<'PY'
+import sys, xml.etree.ElementTree as ET
+cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+p = f = s = 0
+for c in cases:
+    status = c.get("status", "")
+    if c.find("skipped") is not None or status in ("notrun", "disabled"): s += 1
+    elif c.find("failure") is not None or c.find("error") is not None or status == "fail": f += 1
+    else: p += 1
+print(f"{p} passed, {f} failed, {s} skipped")
+PY
+}
+
+status=0
+gpu_line=""
 if [ "$gpus" -eq 0 ]; then
-  # The GPU test binaries still run: each says why it skips and CTest lists it as skipped.
-  echo "== GPU tests (no GPU here: each must report itself skipped)"
-  ctest --test-dir "$BUILD" -L gpu --output-on-failure
-  echo "== GPU tests: SKIPPED (no NVIDIA GPU visible on this machine: nvidia-smi found none)"
-  # The CPU tests run last, so the run ends with their count.
-  echo "== CPU tests"
-  ctest --test-dir "$BUILD" -L cpu --output-on-failure -j "$(nproc)"
-  exit 0
+  echo "== GPU tests: no NVIDIA GPU visible here (nvidia-smi lists none); each case must report itself skipped"
+  ctest --test-dir "$BUILD" -L gpu --output-on-failure --output-junit gpu-junit.xml -j "$(nproc)" || status=1
+  gpu_line="GPU $(count "$BUILD/gpu-junit.xml") (no GPU on this machine)"
+else
+  echo "== GPU tests on $gpus GPU(s): the matrix of scripts/gpu_tests.sh"
+  matrix_log="$BUILD/gpu-test-logs/matrix.txt"
+  mkdir -p "$BUILD/gpu-test-logs"
+  bash scripts/gpu_tests.sh "$BUILD" "$BUILD/gpu-test-logs" | tee "$matrix_log" || status=1
+  gpu_line=$(tail -n 1 "$matrix_log")
+  gpu_line="${gpu_line#GPU: }"
+  gpu_line="GPU ${gpu_line%%; steps:*} (${gpu_line##*; })"
 fi
 
+# weft as a dependency: install the build, build examples/consumer against the installed package alone.
+echo "== a program built against the installed weft (scripts/check_install.sh)"
+WEFT_BUILD_DIR="$BUILD" bash scripts/check_install.sh || status=1
+
+# The CPU tests run last, so the run ends with their count.
 echo "== CPU tests"
-ctest --test-dir "$BUILD" -L cpu --output-on-failure -j "$(nproc)"
-echo "== GPU tests on $gpus GPU(s)"
-# World sizes 1, 2, 4, 8 as far as the GPUs go (CTest covers 1 and 2; larger ones run here).
-ctest --test-dir "$BUILD" -L gpu --output-on-failure
-for n in 4 8; do
-  if [ "$gpus" -ge "$n" ]; then
-    echo "== GPU tests at world size $n"
-    "$BUILD/weftrun" -n "$n" --timeout 900 -- "$BUILD/tests/weft_gpu_tests"
-  fi
-done
+ctest --test-dir "$BUILD" -L cpu --output-on-failure --output-junit cpu-junit.xml -j "$(nproc)" || status=1
+echo "weft tests: CPU $(count "$BUILD/cpu-junit.xml") | $gpu_line"
+exit "$status"

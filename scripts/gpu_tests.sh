@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The GPU test matrix, on whatever NVIDIA GPUs this machine has:
+#   - the whole GPU suite at world sizes 1, 2, 4 and 8, with ranks sharing a
+#     GPU through MPS (weftrun --share-gpu) where there are more ranks than GPUs;
+#   - the provoked hangs: a rank that skips an AllReduce at world 4, named by
+#     the others within the wait timeout; a GEMM whose rows never arrive (world 1);
+#   - the examples at world 2 (each checks its own result);
+#   - weftrun stopping a job within 10 s of a rank being killed, and on Ctrl-C;
+#   - after every job, no MPS daemon or server that weftrun started left running.
+# Times measured with ranks sharing a GPU are not performance figures.
+#
+#   bash scripts/gpu_tests.sh [BUILD_DIR] [LOG_DIR]
+#
+# One line per step; the last line counts the test cases (from rank 0's
+# GoogleTest summary at each world size) and the steps:
+#   GPU: P passed, F failed, S skipped test cases (world sizes 1 2 4 8); steps: N ok, M failed
+# Exit status 0 iff every step passed. scripts/test.sh runs it on GPU machines,
+# scripts/gpu_session.sh in its gpu stage.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-${WEFT_BUILD_DIR:-build}}
+LOGS=${2:-$BUILD/gpu-test-logs}
+mkdir -p "$LOGS"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# Plans at world 8 hold buffers of M = 2048 x 8 rows: room for them in every rank's heap.
+export WEFT_HEAP_SIZE=${WEFT_HEAP_SIZE:-2G}
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+TESTS="$BUILD/tests/weft_gpu_tests"
+WEFTRUN="$BUILD/weftrun"
+passed=0 failed=0 skipped=0 steps_ok=0 steps_failed=0
+
+mps_processes() { ps -eo pid=,args= | grep -E '[n]vidia-cuda-mps-(control|server)' | awk '{print $1}' | sort; }
+MPS_BEFORE=$(mps_processes)
+
+say() { printf '%-44s %s\n' "$1" "$2"; }
+verdict() {  # name, ok (0/1), detail
+  if [ "$2" = 0 ]; then steps_ok=$((steps_ok + 1)); say "$1" "ok: $3"; else steps_failed=$((steps_failed + 1)); say "$1" "FAILED: $3"; fi
+}
+# weftrun's arguments for n ranks on this machine's GPUs: one GPU each, or sharing.
+ranks() {
+  local n=$1
+  if [ "$n" -le "$GPUS" ]; then echo "-n $n"
+  elif [ $((n % GPUS)) -eq 0 ]; then echo "-n $n --share-gpu"
+  else return 1; fi
+}
+# Every MPS process now was there before the matrix began: weftrun left none.
+no_mps_left() {
+  local now
+  now=$(mps_processes)
+  [ "$now" = "$MPS_BEFORE" ] && return 0
+  echo "MPS processes left: $(comm -13 <(echo "$MPS_BEFORE") <(echo "$now") | tr '\n' ' ')"
+  return 1
+}
+
+if [ "$GPUS" -eq 0 ]; then
+  echo "GPU: 0 passed, 0 failed, 0 skipped test cases (no NVIDIA GPU here: nvidia-smi lists none); steps: none"
+  exit 0
+fi
+
+# ---- the suite at every world size ---------------------------------------------------
+worlds=""
+for n in 1 2 4 8; do
+  if ! args=$(ranks "$n"); then
+    say "suite, world $n" "not run: $n ranks do not divide evenly over $GPUS GPUs"
+    continue
+  fi
+  worlds="$worlds $n"
+  log="$LOGS/suite_w$n.log"
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # args is a word list
+  "$WEFTRUN" $args --tag-output --timeout 1200 -- "$TESTS" --gtest_filter='-WaitTimeout.*' >"$log" 2>&1
+  rc=$?
+  p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
+  s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
+  f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+  passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
+  left=$(no_mps_left)
+  ok=1
+  [ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$left" ] && ok=0
+  [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))  # no summary: the binary died
+  verdict "suite, world $n ($args)" $ok "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, $((SECONDS - t0)) s${left:+; $left}"
+  grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sort -u | head -n 20
+done
+
+# ---- provoked hangs: every wait is bounded and names who never signalled --------------------
+if args=$(ranks 4); then
+  log="$LOGS/provoked_hang_w4.log"
+  t0=$SECONDS
+  # shellcheck disable=SC2086
+  WEFT_TEST_PROVOKE_TIMEOUT=1 WEFT_WAIT_TIMEOUT=2 WEFT_CHECK_CALLS=0 \
+    "$WEFTRUN" $args --timeout 120 -- "$TESTS" --gtest_filter='WaitTimeout.*' >"$log" 2>&1
+  rc=$?
+  named=$(grep -c 'never signalled it' "$log")
+  left=$(no_mps_left)
+  ok=1
+  [ "$rc" -eq 0 ] && [ "$named" -ge 1 ] && [ -z "$left" ] && ok=0
+  verdict "provoked hang, world 4 (rank 3 skips)" $ok \
+    "rc=$rc, $((SECONDS - t0)) s, $named message(s) name the rank${left:+; $left}: $(grep -oE 'provoked hang reported after [0-9.]+ s' "$log" | head -n 1)"
+fi
+log="$LOGS/provoked_hang_gemm.log"
+WEFT_TEST_PROVOKE_TIMEOUT=gemm WEFT_WAIT_TIMEOUT=2 WEFT_CHECK_CALLS=0 \
+  "$WEFTRUN" -n 1 --timeout 120 -- "$TESTS" --gtest_filter='WaitTimeout.*' >"$log" 2>&1
+rc=$?
+verdict "provoked GEMM hang, world 1" $([ "$rc" -eq 0 ] && grep -q 'never signalled it' "$log"; echo $?) \
+  "rc=$rc: $(grep -oE 'reported after [0-9.]+ s' "$log" | head -n 1)"
+
+# ---- the examples at world 2 --------------------------------------------------------
+if args=$(ranks 2); then
+  for ex in 01_notify_wait 02_intranode_allgather 07_ag_gemm 08_gemm_rs; do
+    log="$LOGS/example_$ex.log"
+    # shellcheck disable=SC2086
+    "$WEFTRUN" $args --timeout 300 -- "$BUILD/example_$ex" >"$log" 2>&1
+    rc=$?
+    left=$(no_mps_left)
+    verdict "example $ex, world 2" $([ "$rc" -eq 0 ] && [ -z "$left" ]; echo $?) \
+      "rc=$rc${left:+; $left}: $(grep -E 'error|WRONG|ok|correct|identical' "$log" | head -n 1 | cut -c1-100)"
+  done
+fi
+
+# ---- weftrun stops a job whose rank died, and on Ctrl-C -----------------------------------
+if args=$(ranks 4); then
+  log="$LOGS/rank_killed_w4.log"
+  t0=$(date +%s%N)
+  # shellcheck disable=SC2086,SC2016
+  "$WEFTRUN" $args -- sh -c 'if [ "$WEFT_RANK" = 1 ]; then (sleep 5; kill -9 $$) & fi; exec "$0" --gtest_filter=-WaitTimeout.*' \
+    "$TESTS" >"$log" 2>&1
+  rc=$?
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  left=$(no_mps_left)
+  verdict "rank 1 killed at 5 s, world 4" $([ "$rc" -eq 137 ] && [ "$ms" -lt 15000 ] && [ -z "$left" ] &&
+    grep -q 'rank 1 (pid [0-9]*) was killed by signal 9' "$log"; echo $?) \
+    "rc=$rc after $ms ms${left:+; $left}: $(grep -o 'rank 1 (pid [0-9]*) was killed[^;]*' "$log" | head -n 1)"
+
+  log="$LOGS/ctrl_c_w4.log"
+  # shellcheck disable=SC2086
+  "$WEFTRUN" $args -- "$TESTS" --gtest_filter='-WaitTimeout.*' >"$log" 2>&1 &
+  pid=$!
+  sleep 5
+  t0=$(date +%s%N)
+  kill -INT "$pid"
+  wait "$pid"
+  rc=$?
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  left=$(no_mps_left)
+  verdict "Ctrl-C at 5 s, world 4" $([ "$rc" -eq 130 ] && [ "$ms" -lt 10000 ] && [ -z "$left" ]; echo $?) \
+    "rc=$rc, job gone $ms ms after SIGINT${left:+; $left}"
+fi
+
+echo "GPU: $passed passed, $failed failed, $skipped skipped test cases (world sizes$worlds); steps: $steps_ok ok, $steps_failed failed"
+[ "$steps_failed" -eq 0 ] && [ "$failed" -eq 0 ]
