@@ -1,29 +1,30 @@
-# Locates weft's few dependencies. Everything here comes from the CUDA toolkit,
-# Debian packages or pip wheels that scripts/setup.sh installs into .deps/.
+# Locates weft's few dependencies: the CUDA toolkit and NCCL must be installed;
+# nvml.h and the CUTLASS headers are found where they are installed, else in
+# .deps/, where scripts/setup.sh unpacks them from pip wheels.
 find_package(Threads REQUIRED)
 
 set(WEFT_DEPS_DIR "${CMAKE_CURRENT_SOURCE_DIR}/.deps" CACHE PATH "where scripts/setup.sh puts fetched dependencies")
 
-# ---- NCCL (system package, CUDA toolkit, or the pip wheel nvidia-nccl-cu13) ----
-find_path(WEFT_NCCL_INCLUDE_DIR nccl.h
-  HINTS ${NCCL_ROOT}/include $ENV{NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS}
-        ${WEFT_DEPS_DIR}/nccl/include /usr/include /usr/local/include)
-find_library(WEFT_NCCL_LIBRARY NAMES nccl libnccl.so.2
-  HINTS ${NCCL_ROOT}/lib $ENV{NCCL_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR} ${WEFT_DEPS_DIR}/nccl/lib
-        /usr/lib/x86_64-linux-gnu /usr/local/lib)
-if(NOT WEFT_NCCL_INCLUDE_DIR OR NOT WEFT_NCCL_LIBRARY)
-  message(FATAL_ERROR "NCCL not found (need nccl.h and libnccl.so). Set NCCL_ROOT, or run scripts/setup.sh.")
+# ---- NCCL: NCCL_ROOT, the CUDA toolkit, the system (libnccl-dev), or the pip wheel nvidia-nccl-cu13 ----
+include(WeftFindNccl)
+weft_find_nccl(WEFT_NCCL_ERROR)
+if(WEFT_NCCL_ERROR)
+  message(FATAL_ERROR "${WEFT_NCCL_ERROR}")
 endif()
-add_library(weft::nccl INTERFACE IMPORTED)
-target_include_directories(weft::nccl INTERFACE ${WEFT_NCCL_INCLUDE_DIR})
-target_link_libraries(weft::nccl INTERFACE ${WEFT_NCCL_LIBRARY})
 message(STATUS "weft: NCCL ${WEFT_NCCL_LIBRARY} (headers ${WEFT_NCCL_INCLUDE_DIR})")
 
 # ---- nvml.h (header only: libnvidia-ml is opened at run time) ----
+# NVML_INCLUDE_DIR (CMake or environment variable), the CUDA toolkit (CUDA_HOME,
+# CUDA_PATH, the toolkit CMake found), the system, then .deps/ (pip nvidia-nvml-dev).
 find_path(WEFT_NVML_INCLUDE_DIR nvml.h
-  HINTS ${CUDAToolkit_INCLUDE_DIRS} ${WEFT_DEPS_DIR}/nvml/include ${WEFT_DEPS_DIR}/nvidia/cu13/include)
+  HINTS ${NVML_INCLUDE_DIR} $ENV{NVML_INCLUDE_DIR} $ENV{CUDA_HOME}/include $ENV{CUDA_PATH}/include
+        ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include /usr/local/include
+        ${WEFT_DEPS_DIR}/nvml/include ${WEFT_DEPS_DIR}/nvidia/cu13/include
+  DOC "directory holding nvml.h")
 if(NOT WEFT_NVML_INCLUDE_DIR)
-  message(FATAL_ERROR "nvml.h not found. Run scripts/setup.sh (it installs pip nvidia-nvml-dev into .deps/).")
+  message(FATAL_ERROR "nvml.h not found (in NVML_INCLUDE_DIR, CUDA_HOME/include, the CUDA toolkit, "
+    "/usr/include or ${WEFT_DEPS_DIR}). Run scripts/setup.sh (it unpacks the pip wheel nvidia-nvml-dev "
+    "into .deps/), or set NVML_INCLUDE_DIR to the directory holding nvml.h.")
 endif()
 
 # ---- GoogleTest: installed package, else the Debian source tree, else .deps ----
@@ -44,12 +45,20 @@ if(NOT GTest_FOUND)
   message(FATAL_ERROR "GoogleTest not found: apt install googletest (or run scripts/setup.sh).")
 endif()
 
-# ---- CUTLASS / CuTe headers (pip nvidia-cutlass, unpacked by scripts/setup.sh) ----
+# ---- CUTLASS / CuTe headers: CUTLASS_ROOT, an installed CUTLASS, else .deps/ (pip nvidia-cutlass) ----
+# CUTLASS_ROOT (CMake or environment variable) is a source checkout
+# (include/, tools/util/include/) or an installed CUTLASS (include/ holds both).
+# scripts/setup.sh looks in the same places before it fetches anything.
 find_path(WEFT_CUTLASS_INCLUDE_DIR cutlass/gemm/collective/collective_builder.hpp
-  HINTS ${CUTLASS_ROOT}/include $ENV{CUTLASS_ROOT}/include ${WEFT_DEPS_DIR}/cutlass/include)
+  HINTS ${CUTLASS_ROOT}/include $ENV{CUTLASS_ROOT}/include ${WEFT_DEPS_DIR}/cutlass/include
+  DOC "directory holding cutlass/ and cute/")
 find_path(WEFT_CUTLASS_UTIL_INCLUDE_DIR cutlass/util/packed_stride.hpp
-  HINTS ${CUTLASS_ROOT}/tools/util/include ${WEFT_DEPS_DIR}/cutlass/util/include)
+  HINTS ${CUTLASS_ROOT}/tools/util/include $ENV{CUTLASS_ROOT}/tools/util/include
+        ${CUTLASS_ROOT}/include $ENV{CUTLASS_ROOT}/include ${WEFT_DEPS_DIR}/cutlass/util/include
+  DOC "directory holding cutlass/util/")
 if(NOT WEFT_CUTLASS_INCLUDE_DIR OR NOT WEFT_CUTLASS_UTIL_INCLUDE_DIR)
-  message(FATAL_ERROR "CUTLASS headers not found. Run scripts/setup.sh (it unpacks pip nvidia-cutlass into .deps/).")
+  message(FATAL_ERROR "CUTLASS headers not found (cutlass/gemm/collective/collective_builder.hpp and "
+    "cutlass/util/packed_stride.hpp). Run scripts/setup.sh (it unpacks the pip wheel nvidia-cutlass into .deps/), "
+    "or set CUTLASS_ROOT to a CUTLASS 4.2 checkout or install.")
 endif()
 message(STATUS "weft: CUTLASS ${WEFT_CUTLASS_INCLUDE_DIR}")

@@ -1,12 +1,73 @@
 #!/usr/bin/env bash
 # Configures and builds weft (all targets, CUDA included) into ${WEFT_BUILD_DIR:-build}.
+#
+# Parallel jobs: one CUTLASS unit peaks at about 3.3 GB of memory while it
+# compiles, so the job count is the smaller of the cores and the available
+# memory / 3.5 GB (at least 1): more jobs than memory allows would swap or be
+# killed. WEFT_JOBS=N sets the count instead. Before a first build it prints
+# how long that build takes (~25 CUTLASS kernels; measured: about 17 minutes
+# with 2 jobs and 3 with 16, so about 1 + 32 / jobs minutes; a slower 2-core
+# machine took 35).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$PATH:/usr/local/cuda/bin"
+# nvcc: CUDA_HOME's, else CUDA_PATH's, else PATH's, else /usr/local/cuda's (as scripts/setup.sh checks).
+export PATH="${CUDA_HOME:+$CUDA_HOME/bin:}${CUDA_PATH:+$CUDA_PATH/bin:}$PATH:/usr/local/cuda/bin"
 BUILD=${WEFT_BUILD_DIR:-build}
+say() { echo "[build] $*"; }
+
+cores=$(nproc)
+if [ -n "${WEFT_JOBS:-}" ]; then
+  if ! [[ "$WEFT_JOBS" =~ ^[1-9][0-9]*$ ]]; then
+    say "WEFT_JOBS must be a whole number of parallel jobs, 1 or more (got '$WEFT_JOBS')" >&2
+    exit 2
+  fi
+  jobs=$WEFT_JOBS
+  say "$jobs parallel job$([ "$jobs" = 1 ] || echo s) (WEFT_JOBS; this machine has $cores cores)"
+else
+  # Memory available to this build in kB: the kernel's estimate (MemAvailable),
+  # lowered to what a cgroup (container) limit leaves, where there is one.
+  avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo 2>/dev/null || true)
+  if [ -r /sys/fs/cgroup/memory.max ] && [ -r /sys/fs/cgroup/memory.current ]; then
+    limit=$(cat /sys/fs/cgroup/memory.max)
+    if [[ "$limit" =~ ^[0-9]+$ ]]; then
+      left_kb=$(( (limit - $(cat /sys/fs/cgroup/memory.current)) / 1024 ))
+      if [ -z "$avail_kb" ] || [ "$left_kb" -lt "$avail_kb" ]; then avail_kb=$left_kb; fi
+    fi
+  fi
+  if [ -n "$avail_kb" ]; then
+    per_job_kb=$((35 * 1024 * 1024 / 10))  # 3.5 GB
+    by_memory=$((avail_kb / per_job_kb))
+    jobs=$(( by_memory < cores ? by_memory : cores ))
+    [ "$jobs" -ge 1 ] || jobs=1
+    gb=$(awk -v k="$avail_kb" 'BEGIN {printf "%.1f", k / 1048576}')
+    if [ "$by_memory" -lt 1 ]; then
+      why="only $gb GB of memory available, less than the ~3.3 GB one CUTLASS unit needs: the build may run out of memory"
+    elif [ "$jobs" -lt "$cores" ]; then
+      why="limited by memory: $gb GB available, 3.5 GB per job, as one CUTLASS unit peaks at ~3.3 GB; $cores cores"
+    else
+      why="one per core; $gb GB of memory available covers them at 3.5 GB per job"
+    fi
+  else
+    jobs=$cores
+    why="one per core; available memory unknown"
+  fi
+  say "$jobs parallel job$([ "$jobs" = 1 ] || echo s) ($why). WEFT_JOBS=N sets the count."
+fi
+
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" >/dev/null
+  say "configuring $BUILD"
+  cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
 fi
-cmake --build "$BUILD" -j "${WEFT_JOBS:-$(nproc)}"
+
+if [ ! -f "$BUILD/libweft.a" ]; then
+  units=$(ls src/gemm/configs/*.cu 2>/dev/null | wc -l || true)
+  # Measured: ~17 minutes with 2 jobs, ~3 with 16, i.e. about 1 + 32 / jobs minutes.
+  parallel=$(( jobs < cores ? jobs : cores ))
+  minutes=$(( 1 + (32 + parallel - 1) / parallel ))
+  say "a first build compiles ~$units CUTLASS kernels: about $minutes minutes on this machine's $cores cores ($jobs parallel job$([ "$jobs" = 1 ] || echo s); up to twice that on slower CPUs). Later builds recompile only what changed."
+fi
+t0=$SECONDS
+cmake --build "$BUILD" -j "$jobs"
+say "built $BUILD in $(( (SECONDS - t0) / 60 )) min $(( (SECONDS - t0) % 60 )) s"

@@ -1,63 +1,178 @@
 #!/usr/bin/env bash
-# Installs what weft's build needs and is missing. Idempotent; safe to re-run.
-#   - build tools (cmake, ninja, g++) and GoogleTest: from Debian/Ubuntu packages (apt, when root);
-#   - nvml.h: from the pip wheel nvidia-nvml-dev, unpacked into .deps/ (ignored by git);
-#   - CUTLASS/CuTe headers: from the pip wheel nvidia-cutlass, unpacked into .deps/cutlass;
-#   - the CUDA toolkit and NCCL must already be installed (nvcc on PATH or in /usr/local/cuda).
+# Installs what weft's build needs and is missing, and checks what it cannot
+# install. Idempotent and quick to re-run; downloads nothing that is present.
+#   - build tools (cmake 3.24+, ninja, g++) and GoogleTest: Debian/Ubuntu packages (apt, when root);
+#   - the CUDA toolkit (13.0 or newer) and NCCL: must be installed already
+#     (NCCL: the CUDA toolkit's packages, Debian/Ubuntu libnccl-dev, or pip nvidia-nccl-cu13);
+#   - nvml.h: used where it is (NVML_INCLUDE_DIR, CUDA_HOME/include, the CUDA toolkit,
+#     /usr/include), else unpacked from the pip wheel nvidia-nvml-dev into .deps/;
+#   - CUTLASS/CuTe headers: used where they are (CUTLASS_ROOT, or installed where CMake
+#     finds them), else unpacked from the pip wheel nvidia-cutlass into .deps/cutlass.
+# The two wheels come from .deps/wheels/ when they are there (offline installs:
+# docs/INSTALL.md, 'Installing offline', names the files), else pip downloads them into it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
+WHEELS=$DEPS/wheels
+NVML_WHEEL_VERSION=13.0.87
+CUTLASS_WHEEL_VERSION=4.2.0.0
 mkdir -p "$DEPS"
 
 say() { echo "[setup] $*"; }
+die() { echo "[setup] $*" >&2; exit 1; }
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }  # $1 >= $2
 
+# ---- build tools and GoogleTest (apt) ----------------------------------------
 need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v g++ >/dev/null || need_apt+=(g++)
-if [ ! -f /usr/include/gtest/gtest.h ] && [ ! -d /usr/src/googletest ] && [ ! -d "$DEPS/googletest" ]; then
+if [ ! -f /usr/include/gtest/gtest.h ] && [ ! -f /usr/local/include/gtest/gtest.h ] && [ ! -d /usr/src/googletest ] &&
+   [ ! -d "$DEPS/googletest" ]; then
   need_apt+=(googletest libgtest-dev)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${need_apt[*]} with apt"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || true
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null ||
+      die "apt-get install ${need_apt[*]} failed (offline? GoogleTest may instead be a source copy in $DEPS/googletest)"
   else
-    say "missing ${need_apt[*]}: install them (apt-get install ${need_apt[*]}) and re-run"; exit 1
+    die "missing ${need_apt[*]}: install them (apt-get install ${need_apt[*]}) and re-run"
   fi
 fi
 
-if ! command -v nvcc >/dev/null; then
-  if [ -x /usr/local/cuda/bin/nvcc ]; then
-    say "nvcc is in /usr/local/cuda/bin but not on PATH; the build scripts add it"
-  else
-    say "no CUDA toolkit found (nvcc). Install CUDA 13 (https://developer.nvidia.com/cuda-downloads) and re-run."; exit 1
-  fi
-fi
+# ---- CMake 3.24 or newer -------------------------------------------------------
+cmake_version=$(cmake --version | sed -n '1s/[^0-9]*\([0-9][0-9.]*\).*/\1/p')
+version_ge "$cmake_version" 3.24 ||
+  die "CMake $cmake_version found ($(command -v cmake)); weft needs CMake 3.24 or newer. Install one: python3 -m pip install 'cmake>=3.24' (then put its bin directory first on PATH), or https://cmake.org/download/"
 
-NVML_H=$(ls /usr/local/cuda/include/nvml.h "$DEPS"/nvidia/cu13/include/nvml.h 2>/dev/null | head -n1 || true)
-if [ -z "$NVML_H" ]; then
-  say "fetching nvml.h (pip wheel nvidia-nvml-dev) into $DEPS"
-  python3 -m pip download -q --no-deps --only-binary=:all: -d "$DEPS/wheels" 'nvidia-nvml-dev==13.0.87'
-  python3 - "$DEPS" <<'PY'
-import glob, sys, zipfile
-deps = sys.argv[1]
-whl = sorted(glob.glob(f"{deps}/wheels/nvidia_nvml_dev-*.whl"))[-1]
+# ---- CUDA toolkit 13.0 or newer ------------------------------------------------
+# The nvcc the build uses (scripts/build.sh): CUDA_HOME's, else CUDA_PATH's, else PATH's, else /usr/local/cuda's.
+nvcc=""
+for candidate in ${CUDA_HOME:+"$CUDA_HOME/bin/nvcc"} ${CUDA_PATH:+"$CUDA_PATH/bin/nvcc"} "$(command -v nvcc || true)" \
+                 /usr/local/cuda/bin/nvcc; do
+  if [ -z "$nvcc" ] && [ -n "$candidate" ] && [ -x "$candidate" ]; then nvcc=$candidate; fi
+done
+[ -n "$nvcc" ] ||
+  die "no CUDA toolkit found (nvcc is not on PATH, in CUDA_HOME/bin or in /usr/local/cuda/bin). Install CUDA 13 (https://developer.nvidia.com/cuda-downloads) and re-run."
+cuda_version=$("$nvcc" --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1)
+[ -n "$cuda_version" ] || die "$nvcc --version does not name a CUDA release; weft needs the CUDA toolkit 13.0 or newer."
+version_ge "$cuda_version" 13.0 ||
+  die "CUDA $cuda_version found ($nvcc); weft needs the CUDA toolkit 13.0 or newer (https://developer.nvidia.com/cuda-downloads). Where one is installed, set CUDA_HOME to it (e.g. CUDA_HOME=/usr/local/cuda-13.0)."
+cuda_include=$(cd "$(dirname "$nvcc")/../include" 2>/dev/null && pwd || true)
+
+# ---- the two wheels: from .deps/wheels, else downloaded into it --------------
+arch=$(uname -m)
+# Prints the path of the wheel (pip name $1, file name glob $2, file name shown to the user $3).
+wheel() {
+  local found
+  found=$(ls "$WHEELS"/$2 2>/dev/null | head -n 1 || true)
+  if [ -n "$found" ]; then
+    say "using $found (no download)" >&2
+  else
+    mkdir -p "$WHEELS"
+    command -v python3 >/dev/null ||
+      die "python3 is needed to fetch and unpack $1. Install python3 and pip, or put $3 into $WHEELS/ and install python3."
+    say "downloading $1 with pip into $WHEELS" >&2
+    local log
+    if ! log=$(python3 -m pip download -q --no-deps --only-binary=:all: --retries 1 --timeout 20 -d "$WHEELS" "$1" 2>&1); then
+      die "could not download $1 with pip (offline, or no access to the package index?). pip said: $(tail -n 1 <<<"$log")
+[setup] To install offline, copy $3 into $(pwd)/$WHEELS/ and re-run; docs/INSTALL.md, 'Installing offline', says where to get it."
+    fi
+    found=$(ls "$WHEELS"/$2 2>/dev/null | head -n 1 || true)
+    [ -n "$found" ] || die "pip downloaded $1, but no file $2 is in $WHEELS"
+  fi
+  echo "$found"
+}
+
+# ---- nvml.h -------------------------------------------------------------------
+# The same places cmake/WeftDeps.cmake looks, in the same order.
+nvml_h=""
+for dir in ${NVML_INCLUDE_DIR:+"$NVML_INCLUDE_DIR"} ${CUDA_HOME:+"$CUDA_HOME/include"} ${CUDA_PATH:+"$CUDA_PATH/include"} \
+           ${cuda_include:+"$cuda_include"} /usr/local/cuda/include /usr/include /usr/local/include \
+           "$DEPS/nvml/include" "$DEPS/nvidia/cu13/include"; do
+  if [ -f "$dir/nvml.h" ]; then nvml_h=$dir/nvml.h; break; fi
+done
+if [ -n "${NVML_INCLUDE_DIR:-}" ] && [ "$nvml_h" != "$NVML_INCLUDE_DIR/nvml.h" ]; then
+  say "note: NVML_INCLUDE_DIR=$NVML_INCLUDE_DIR holds no nvml.h; looking elsewhere"
+fi
+if [ -z "$nvml_h" ]; then
+  whl=$(wheel "nvidia-nvml-dev==$NVML_WHEEL_VERSION" "nvidia_nvml_dev-$NVML_WHEEL_VERSION-*_$arch.whl" \
+        "nvidia_nvml_dev-$NVML_WHEEL_VERSION-py3-none-manylinux2014_$arch.manylinux_2_17_$arch.whl")
+  command -v python3 >/dev/null || die "python3 is needed to unpack $whl"
+  python3 - "$DEPS" "$whl" <<'PY'
+import sys, zipfile
+deps, whl = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(whl) as z:
     for n in z.namelist():
         if n.startswith("nvidia/"):
             z.extract(n, deps)
 PY
+  nvml_h=$DEPS/nvidia/cu13/include/nvml.h
+  [ -f "$nvml_h" ] || die "$whl holds no nvidia/cu13/include/nvml.h"
+  say "nvml.h unpacked into $DEPS/nvidia/cu13/include"
 fi
-if [ ! -f "$DEPS/cutlass/include/cutlass/gemm/collective/collective_builder.hpp" ] ||
-   [ ! -f "$DEPS/cutlass/util/include/cutlass/util/packed_stride.hpp" ]; then
-  say "fetching CUTLASS/CuTe headers (pip wheel nvidia-cutlass) into $DEPS/cutlass"
-  python3 -m pip download -q --no-deps --only-binary=:all: -d "$DEPS/wheels" 'nvidia-cutlass==4.2.0.0'
-  python3 - "$DEPS" <<'PY'
-import glob, os, shutil, sys, zipfile
-deps = sys.argv[1]
-whl = sorted(glob.glob(f"{deps}/wheels/nvidia_cutlass-*.whl"))[-1]
+
+# ---- CUTLASS / CuTe headers ------------------------------------------------------
+# Where CMake finds them (cmake/WeftDeps.cmake): CUTLASS_ROOT (a checkout:
+# include/ + tools/util/include/; or an install: include/ holds both), .deps/cutlass,
+# then the prefixes CMake searches: CMAKE_PREFIX_PATH, those of PATH's bin
+# directories, /usr/local, /usr.
+COLLECTIVE=cutlass/gemm/collective/collective_builder.hpp
+UTIL=cutlass/util/packed_stride.hpp
+cutlass_version() {  # "4.2" from <dir>/cutlass/version.h
+  sed -n 's/^#define CUTLASS_\(MAJOR\|MINOR\) \([0-9]*\).*/\2/p' "$1/cutlass/version.h" 2>/dev/null | paste -sd. -
+}
+prefixes=()
+IFS=: read -r -a from_env <<<"${CMAKE_PREFIX_PATH:-}"
+for p in "${from_env[@]}"; do [ -n "$p" ] && prefixes+=("$p"); done
+IFS=: read -r -a path_dirs <<<"$PATH"
+for p in "${path_dirs[@]}"; do
+  case "$p" in
+    */bin | */sbin) prefixes+=("$(dirname "$p")") ;;
+    ?*) prefixes+=("$p") ;;
+  esac
+done
+prefixes+=(/usr/local /usr)
+
+cutlass_inc=""
+cutlass_util=""
+if [ -n "${CUTLASS_ROOT:-}" ]; then
+  [ -f "$CUTLASS_ROOT/include/$COLLECTIVE" ] ||
+    die "CUTLASS_ROOT=$CUTLASS_ROOT holds no include/$COLLECTIVE: point it at a CUTLASS checkout or install (4.2), or unset it to use the pip wheel"
+  cutlass_inc=$CUTLASS_ROOT/include
+  for dir in "$CUTLASS_ROOT/tools/util/include" "$CUTLASS_ROOT/include"; do
+    if [ -f "$dir/$UTIL" ]; then cutlass_util=$dir; break; fi
+  done
+  [ -n "$cutlass_util" ] ||
+    die "CUTLASS_ROOT=$CUTLASS_ROOT holds no tools/util/include/$UTIL (nor include/$UTIL): weft needs CUTLASS's util headers too"
+  say "CUTLASS $(cutlass_version "$cutlass_inc") from CUTLASS_ROOT=$CUTLASS_ROOT (no download)"
+elif [ -f "$DEPS/cutlass/include/$COLLECTIVE" ] && [ -f "$DEPS/cutlass/util/include/$UTIL" ]; then
+  cutlass_inc=$DEPS/cutlass/include
+  cutlass_util=$DEPS/cutlass/util/include
+else
+  for p in "${prefixes[@]}"; do
+    if [ -f "$p/include/$COLLECTIVE" ] && [ -f "$p/include/$UTIL" ]; then
+      v=$(cutlass_version "$p/include")
+      if version_ge "${v:-0}" 4.2; then
+        cutlass_inc=$p/include
+        cutlass_util=$p/include
+        say "CUTLASS $v installed in $p/include (no download)"
+      else
+        say "CUTLASS ${v:-of unknown version} in $p/include is older than 4.2, which weft is built with; fetching 4.2 into $DEPS/cutlass (CMake prefers it)"
+      fi
+      break
+    fi
+  done
+fi
+if [ -z "$cutlass_inc" ]; then
+  whl=$(wheel "nvidia-cutlass==$CUTLASS_WHEEL_VERSION" "nvidia_cutlass-$CUTLASS_WHEEL_VERSION-py3-none-any.whl" \
+        "nvidia_cutlass-$CUTLASS_WHEEL_VERSION-py3-none-any.whl")
+  command -v python3 >/dev/null || die "python3 is needed to unpack $whl"
+  python3 - "$DEPS" "$whl" <<'PY'
+import os, shutil, sys, zipfile
+deps, whl = sys.argv[1], sys.argv[2]
 parts = {"cutlass_library/source/include/": f"{deps}/cutlass/include/",
          "cutlass_library/source/tools/util/include/": f"{deps}/cutlass/util/include/"}
 with zipfile.ZipFile(whl) as z:
@@ -69,5 +184,15 @@ with zipfile.ZipFile(whl) as z:
                 with z.open(n) as src, open(target, "wb") as out:
                     shutil.copyfileobj(src, out)
 PY
+  cutlass_inc=$DEPS/cutlass/include
+  cutlass_util=$DEPS/cutlass/util/include
+  [ -f "$cutlass_inc/$COLLECTIVE" ] && [ -f "$cutlass_util/$UTIL" ] ||
+    die "$whl did not hold CUTLASS's headers where expected (cutlass_library/source/include)"
+  say "CUTLASS $(cutlass_version "$cutlass_inc") unpacked into $DEPS/cutlass"
 fi
-say "ok"
+v=$(cutlass_version "$cutlass_inc")
+if ! version_ge "${v:-0}" 4.2; then
+  say "warning: CUTLASS ${v:-of unknown version} in $cutlass_inc; weft is built and tested with 4.2 and may not compile with older versions"
+fi
+
+say "ok: CMake $cmake_version, CUDA $cuda_version ($nvcc), nvml.h in $(dirname "$nvml_h"), CUTLASS ${v:-?} in $cutlass_inc"
