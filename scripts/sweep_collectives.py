@@ -18,9 +18,16 @@ object per line, anything else is ignored) and writes into --out:
     vs_torch.csv      with --torch-json: best weft all_reduce against PyTorch's
                       symmetric-memory one-shot all-reduce (tools/torch_symm_mem_bench.py)
 
-and prints a short table per op. Exit status: 0 when every run succeeded and
-every row's check is "ok" or "skipped", 1 otherwise, 2 for bad arguments.
+and prints a short table per op. BUILD (--build, default build) is where
+scripts/build.sh builds (scripts/gpu_session.sh builds into build-gpu and passes
+--build build-gpu). Before running anything it checks that BUILD holds weftrun
+and weft-bench and that 'nvidia-smi -L' lists a GPU.
 
+Exit status: 0 when every run succeeded and every row's check is "ok" or
+"skipped"; 1 otherwise (a failed run or check, no build, no GPU); 2 for bad
+arguments.
+
+    python3 scripts/sweep_collectives.py --out /tmp/sweep
     python3 scripts/sweep_collectives.py --build build-gpu --out /tmp/sweep
     python3 scripts/sweep_collectives.py --out /tmp/sweep --ops all_reduce --bytes 1K:1M \\
         --torch-json /tmp/torch_ar.jsonl --extra "--samples 51"
@@ -29,20 +36,24 @@ every row's check is "ok" or "skipped", 1 otherwise, 2 for bad arguments.
 Only the Python standard library is needed; matplotlib for the plots.
 """
 import argparse
+import collections
 import csv
 import json
 import math
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
+import threading
+
+import sweep_checks  # scripts/sweep_checks.py
 from collections import OrderedDict, defaultdict
 
 DEFAULT_OPS = ["all_reduce", "reduce_scatter", "all_gather"]
 REQUIRED = ("op", "variant", "weft_loop_us", "nccl_loop_us")
 PASSING = ("ok", "skipped")
+TAIL_LINES = 20  # of a failed run's stderr, repeated in the failure report
 # Bus bandwidth = algorithm bandwidth x this factor (as nccl-tests count it).
 BUSBW_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -141,29 +152,9 @@ def read_json_files(paths):
     return rows
 
 
-def count_gpus():
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        fail("cannot count GPUs: nvidia-smi not found; pass --nproc N")
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        fail(f"cannot count GPUs with 'nvidia-smi -L' ({e}); pass --nproc N")
-    n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    if n == 0:
-        fail("'nvidia-smi -L' lists no GPUs; this needs a GPU machine (or --from-json FILE)")
-    return n
-
-
-def run_bench(args, ops):
-    """Runs weft-bench once per op; returns (rows, names of failed runs)."""
-    build = args.build
-    weftrun, bench = os.path.join(build, "weftrun"), os.path.join(build, "weft-bench")
-    for exe in (weftrun, bench):
-        if not os.access(exe, os.X_OK):
-            fail(f"no {os.path.basename(exe)} at {exe}: build first with "
-                 f"WEFT_BUILD_DIR={build} bash scripts/build.sh (or bash scripts/gpu_session.sh build)")
-    nproc = args.nproc or count_gpus()
+def run_bench(args, ops, nproc):
+    """Runs weft-bench once per op on nproc ranks; returns (rows, names of failed runs)."""
+    weftrun, bench = os.path.join(args.build, "weftrun"), os.path.join(args.build, "weft-bench")
     extra = shlex.split(args.extra or "")
     rows, failed = [], []
     for op in ops:
@@ -172,24 +163,36 @@ def run_bench(args, ops):
             cmd += ["--timeout", str(args.timeout)]
         cmd += ["--", bench, op, "--bytes", args.bytes, "--variant", "all,auto", "--check", "--json", *extra]
         print(f"### {op}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        op_rows, raw, other = [], [], []
+        op_rows, raw = [], []
+        tail = collections.deque(maxlen=TAIL_LINES)
         try:
-            # stderr is inherited: weft-bench's progress lines show as they come.
-            with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
+            # weft-bench's progress lines (stderr) show as they come; the last ones are kept for a failure report.
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1) as proc:
+                def pump_stderr():
+                    for line in proc.stderr:
+                        sys.stderr.write(line)
+                        tail.append(line.rstrip("\n"))
+                pump = threading.Thread(target=pump_stderr, daemon=True)
+                pump.start()
                 for line in proc.stdout:
                     if parse_lines([line], op_rows, raw):
-                        other.append(line)
                         sys.stderr.write(line)  # not JSON: shown, not parsed
+                        tail.append(line.rstrip("\n"))
                 rc = proc.wait()
+                pump.join(timeout=5)
         except OSError as e:
-            fail(f"cannot start {weftrun}: {e}")
+            rc = None
+            tail.append(f"cannot start {weftrun}: {e}")
         except KeyboardInterrupt:
             fail("interrupted", 130)
         with open(os.path.join(args.out, f"{op}.jsonl"), "w") as f:
             f.writelines(t + "\n" for t in raw)
         if rc != 0 or not op_rows:
-            why = f"exit status {rc}" if rc != 0 else "no JSON rows on stdout"
-            print(f"### {op}: weft-bench FAILED ({why})", file=sys.stderr, flush=True)
+            why = "did not start" if rc is None else f"exit status {rc}" if rc != 0 else "no JSON rows on stdout"
+            print(f"### {op}: weft-bench FAILED ({why}): {shlex.join(cmd)}", file=sys.stderr)
+            if tail:
+                print("  last lines of its output:\n" + "\n".join("    " + line for line in tail), file=sys.stderr)
+            sys.stderr.flush()
             failed.append(f"{op} ({why})")
         rows += op_rows
     return rows, failed
@@ -424,7 +427,8 @@ def main():
         description=__doc__.split("\n\n")[0],
         epilog="Writes DIR/collectives.csv, DIR/OP.png, DIR/OP.jsonl and (with --torch-json) DIR/vs_torch.csv.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default="build-gpu", help="build folder with weftrun and weft-bench (default build-gpu)")
+    ap.add_argument("--build", default="build",
+                    help="build folder with weftrun and weft-bench (default build, where scripts/build.sh builds)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
     ap.add_argument("--ops", help=f"comma-separated ops (default {','.join(DEFAULT_OPS)}; "
                                   "with --from-json: every op in the files)")
@@ -439,6 +443,16 @@ def main():
     if args.nproc is not None and args.nproc < 1:
         ap.error("--nproc must be at least 1")
     ops = [o for o in (args.ops or "").split(",") if o] or None
+    if not args.from_json:
+        bad = [o for o in ops or [] if o not in DEFAULT_OPS]
+        if bad:
+            ap.error(f"unknown op(s) {', '.join(bad)}: expected {', '.join(DEFAULT_OPS)}")
+        if args.torch_json and not os.path.isfile(args.torch_json):
+            fail(f"--torch-json: no file {args.torch_json} (write one with tools/torch_symm_mem_bench.py --out FILE)", 2)
+        # Everything a run needs, before anything is written.
+        sweep_checks.require_build(args.build, fail)
+        visible = sweep_checks.count_gpus(fail)
+        nproc = args.nproc or visible
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
@@ -450,7 +464,7 @@ def main():
         if ops:
             rows = [r for r in rows if r["op"] in ops]
     else:
-        rows, failed = run_bench(args, ops or DEFAULT_OPS)
+        rows, failed = run_bench(args, ops or DEFAULT_OPS, nproc)
     if not rows:
         fail("no weft-bench rows to report" + (f"; failed runs: {', '.join(failed)}" if failed else ""))
 

@@ -3,102 +3,211 @@
 
 On a GPU machine, for each op in ag_gemm, gemm_rs, gemm_ar, this runs
 
-    BUILD/weftrun -n N -- BUILD/weft-bench OP --check --json [--shapes ...] EXTRA
+    BUILD/weftrun -n N -- BUILD/weft-bench OP --check --json EXTRA
 
-and, when --torch-baselines names PyTorch's script (torch_baselines.py),
+and, with --torch-baselines tools/torch_tp_baselines.py (optional; needs PyTorch in
+this Python), PyTorch's sequential and Async-TP figures for the same shapes:
 
-    python3 -m torch.distributed.run --nproc_per_node=N torch_baselines.py --json --shapes ...
+    python3 -m torch.distributed.run --nproc_per_node=N tools/torch_tp_baselines.py --json --shapes ...
 
 then writes into --out:
 
     overlap.csv   one row per (op, shape, mode): weft, sequential NCCL + cuBLAS, GEMM and
-                  collective alone, ideal, PyTorch Async-TP (ag_gemm, gemm_rs), the ratios
+                  collective alone, ideal, PyTorch Async-TP (ag_gemm, gemm_rs; n/a without
+                  --torch-baselines), the ratios
     overlap.png   per op, bars of weft / sequential / Async-TP / ideal per shape (matplotlib)
     OP.jsonl      weft-bench's raw JSON lines; torch.jsonl PyTorch's
 
-and prints one table. Exit status 0 when every run succeeded and every check passed.
+and prints one table. BUILD (--build, default build) is where scripts/build.sh builds
+(scripts/gpu_session.sh builds into build-gpu and passes --build build-gpu).
 
-    python3 scripts/sweep_overlap.py --build build-gpu --out /tmp/ov --torch-baselines .deps/torch_baselines.py
+Exit status: 0 when every run succeeded and every check passed; 1 when a run or a check
+failed, or there is no build or no GPU; 2 for bad arguments.
+
+    python3 scripts/sweep_overlap.py --out /tmp/ov --torch-baselines tools/torch_tp_baselines.py
+    python3 scripts/sweep_overlap.py --build build-gpu --out /tmp/ov --ops gemm_rs --extra="--samples 20"
     python3 scripts/sweep_overlap.py --out /tmp/replot --from-json ag_gemm.jsonl torch.jsonl
 """
 import argparse
+import collections
 import csv
+import importlib.util
 import json
 import os
 import shlex
 import subprocess
 import sys
+import threading
+
+import sweep_checks  # scripts/sweep_checks.py
 
 OPS = ["ag_gemm", "gemm_rs", "gemm_ar"]
+TAIL_LINES = 20  # of a failed command's stderr, repeated in the failure report
+
+
+def fail(msg, code=1):
+    print(f"sweep_overlap: error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def warn(msg):
+    print(f"sweep_overlap: warning: {msg}", file=sys.stderr)
 
 
 def run_lines(cmd, timeout):
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr, flush=True)
+    """Runs cmd; returns (exit status or None when it could not start or timed out,
+    the JSON objects on its stdout, the last lines of its stderr). Its stderr passes
+    through as it comes."""
+    print("$ " + shlex.join(cmd), file=sys.stderr, flush=True)
+    tail = collections.deque(maxlen=TAIL_LINES)
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=timeout)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    except OSError as e:
+        return None, [], [f"cannot start {cmd[0]}: {e}"]
+
+    def pump_stderr():
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail.append(line.rstrip("\n"))
+
+    out = []
+
+    def pump_stdout():
+        for line in proc.stdout:
+            out.append(line)
+
+    threads = [threading.Thread(target=pump_stderr, daemon=True), threading.Thread(target=pump_stdout, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"timed out after {timeout} s: {cmd[0]}", file=sys.stderr)
-        return 124, []
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        tail.append(f"(stopped after {timeout} s)")
+        rc = None
+    for t in threads:
+        t.join(timeout=5)
     rows = []
-    for line in p.stdout.splitlines():
+    for line in out:
         line = line.strip()
         if line.startswith("{"):
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 pass
-    return p.returncode, rows
+    return rc, rows, list(tail)
+
+
+def report_failure(what, cmd, rc, tail):
+    why = "did not run to its end" if rc is None else f"exit status {rc}"
+    print(f"sweep_overlap: {what} failed ({why}): {shlex.join(cmd)}", file=sys.stderr)
+    if tail:
+        print("  last lines of its stderr:\n" + "\n".join("    " + line for line in tail), file=sys.stderr)
+
+
+WEFT_FIELDS = ("op", "m", "n", "k", "mode", "path", "weft_ms", "seq_ms", "ideal_ms", "speedup_vs_seq", "vs_ideal")
+
+
+def usable(rows, fields, what):
+    keep = [r for r in rows if isinstance(r, dict) and all(k in r for k in fields)]
+    if len(keep) < len(rows):
+        warn(f"left out {len(rows) - len(keep)} {what} row(s) without the fields {', '.join(fields)}")
+    return keep
+
+
+def read_json_lines(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.startswith("{")]
+    except OSError as e:
+        fail(f"cannot read --from-json file: {e}")
+    except json.JSONDecodeError as e:
+        fail(f"{path} is not JSON lines: {e}")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build", default="build-gpu")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--gpus", type=int, default=0, help="ranks (default: every visible GPU)")
-    ap.add_argument("--extra", default="", help="more weft-bench arguments, e.g. '--samples 20'")
-    ap.add_argument("--torch-baselines", default="", help="path of torch_baselines.py (skipped if empty or missing)")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per command")
-    ap.add_argument("--from-json", nargs="*", default=None, help="re-plot saved JSON lines instead of running")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="Exit status: 0 all ran and passed; 1 a run or check failed, or no build "
+                                        "or no GPU; 2 bad arguments.")
+    ap.add_argument("--build", default="build",
+                    help="build folder with weftrun and weft-bench (default build, where scripts/build.sh builds)")
+    ap.add_argument("--out", required=True, metavar="DIR", help="output folder (created if missing)")
+    ap.add_argument("--ops", default=",".join(OPS), help=f"comma-separated ops (default {','.join(OPS)})")
+    ap.add_argument("--gpus", type=int, default=0, help="ranks (default: every GPU 'nvidia-smi -L' lists)")
+    ap.add_argument("--extra", default="", help="more weft-bench arguments as one string, e.g. --extra='--samples 20'")
+    ap.add_argument("--torch-baselines", default="", metavar="SCRIPT",
+                    help="PyTorch's figures for the same shapes, sequential and Async-TP: the script "
+                         "tools/torch_tp_baselines.py, run under this Python's torch.distributed.run "
+                         "(default: none; the Async-TP columns read n/a)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per command (default 900)")
+    ap.add_argument("--from-json", nargs="*", default=None, metavar="FILE",
+                    help="re-plot saved JSON lines (OP.jsonl, torch.jsonl) instead of running")
     a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
     ops = [o for o in a.ops.split(",") if o]
     bad = [o for o in ops if o not in OPS]
     if bad:
         ap.error(f"unknown op(s) {bad}: expected {OPS}")
+    if a.timeout <= 0:
+        ap.error("--timeout must be a positive number of seconds")
+
+    run_torch = False
+    if a.from_json is None:
+        # Everything a run needs, before anything is written.
+        if a.torch_baselines:
+            if not os.path.isfile(a.torch_baselines):
+                fail(f"--torch-baselines: no file {a.torch_baselines} (PyTorch's baselines script is "
+                     f"tools/torch_tp_baselines.py in this repository; leave the option out to skip them)", 2)
+            if importlib.util.find_spec("torch") is None:
+                warn(f"PyTorch is not importable by {sys.executable}: no PyTorch baselines (the Async-TP columns "
+                     "read n/a); run this script with a Python that has torch for them")
+            else:
+                run_torch = True
+        sweep_checks.require_build(a.build, fail)
+        visible = sweep_checks.count_gpus(fail)
+        gpus = a.gpus if a.gpus > 0 else visible
+    try:
+        os.makedirs(a.out, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create --out folder: {e}")
 
     weft_rows, torch_rows, failed = [], [], False
     if a.from_json is not None:
         for path in a.from_json:
-            for line in open(path):
-                if line.startswith("{"):
-                    r = json.loads(line)
-                    (torch_rows if "asynctp_ms" in r or "seq_ms" in r and "weft_ms" not in r else weft_rows).append(r)
+            for r in read_json_lines(path):
+                (torch_rows if "asynctp_ms" in r or "seq_ms" in r and "weft_ms" not in r else weft_rows).append(r)
     else:
-        gpus = a.gpus
-        if gpus <= 0:
-            out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, text=True).stdout
-            gpus = sum(1 for l in out.splitlines() if l.startswith("GPU "))
         for op in ops:
-            cmd = [f"{a.build}/weftrun", "-n", str(gpus), "--timeout", str(a.timeout), "--",
-                   f"{a.build}/weft-bench", op, "--check", "--json"] + shlex.split(a.extra)
-            rc, rows = run_lines(cmd, a.timeout + 30)
-            failed |= rc != 0 or not rows
+            cmd = [os.path.join(a.build, "weftrun"), "-n", str(gpus), "--timeout", str(a.timeout), "--",
+                   os.path.join(a.build, "weft-bench"), op, "--check", "--json"] + shlex.split(a.extra)
+            rc, rows, tail = run_lines(cmd, a.timeout + 30)
+            if rc != 0 or not rows:
+                report_failure(f"weft-bench {op}" + ("" if rc != 0 else " (no JSON rows on stdout)"), cmd, rc, tail)
+                failed = True
             with open(os.path.join(a.out, f"{op}.jsonl"), "w") as f:
                 for r in rows:
                     f.write(json.dumps(r) + "\n")
             weft_rows += rows
-        if a.torch_baselines and os.path.exists(a.torch_baselines):
-            shapes = sorted({f"{r['m']},{r['n']},{r['k']}" for r in weft_rows if r["op"] in ("ag_gemm", "gemm_rs")})
+        shapes = sorted({f"{r['m']},{r['n']},{r['k']}" for r in weft_rows
+                         if r.get("op") in ("ag_gemm", "gemm_rs") and all(k in r for k in ("m", "n", "k"))})
+        if run_torch and shapes:
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}", a.torch_baselines,
                    "--json", "--shapes"] + shapes
-            rc, torch_rows = run_lines(cmd, a.timeout + 30)
+            rc, torch_rows, tail = run_lines(cmd, a.timeout + 30)
+            if rc != 0 or not torch_rows:
+                # The baselines are an extra: their failure is reported, not counted against weft.
+                report_failure("the PyTorch baselines", cmd, rc, tail)
             with open(os.path.join(a.out, "torch.jsonl"), "w") as f:
                 for r in torch_rows:
                     f.write(json.dumps(r) + "\n")
-        elif a.torch_baselines:
-            print(f"PyTorch baselines skipped: {a.torch_baselines} not found", file=sys.stderr)
 
+    # Rows without the fields the table needs (another tool's JSON) are left out, and said so.
+    weft_rows = usable(weft_rows, WEFT_FIELDS, "weft-bench")
+    torch_rows = usable(torch_rows, ("op", "m", "n", "k"), "PyTorch baselines")
     torch_by = {(r["op"], r["m"], r["n"], r["k"]): r for r in torch_rows}
     table = []
     for r in weft_rows:
@@ -112,6 +221,8 @@ def main():
         failed |= row["check"] == "FAIL"
         table.append(row)
 
+    if not table:
+        fail("no weft-bench rows to report" + ("; the failures are above" if failed else ""))
     if table:
         keys = list(table[0].keys())
         with open(os.path.join(a.out, "overlap.csv"), "w", newline="") as f:

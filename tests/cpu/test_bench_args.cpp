@@ -1,9 +1,14 @@
-// weft-bench's argument validation (no GPU needed), and the binary's behaviour
-// on bad input and on a machine without a GPU.
+// weft-bench's argument validation and help (no GPU needed), the binary's
+// behaviour on bad input and on a machine without a GPU, and the sweep
+// scripts' checks before they run anything. Every subprocess is bounded in time.
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cctype>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <regex>
 #include <sys/wait.h>
 
 #include "bench_args.hpp"
@@ -25,6 +30,30 @@ std::string error_of(std::vector<std::string> argv) {
   return "";
 }
 
+// The help text --help brings, or "" when parsing does not ask for help.
+std::string help_of(std::vector<std::string> argv) {
+  argv.insert(argv.begin(), "weft-bench");
+  try {
+    parse_bench_args(argv);
+  } catch (const HelpRequested& h) {
+    return h.text;
+  } catch (const Error& e) {
+    return std::string("error: ") + e.what();
+  }
+  return "";
+}
+
+// Whether `text` names `flag` as a word of its own ("--m" in "--m LIST", not in "--max-sms").
+bool mentions(const std::string& text, const std::string& flag) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
+  for (std::size_t at = text.find(flag); at != std::string::npos; at = text.find(flag, at + 1)) {
+    const bool starts = at == 0 || !word(text[at - 1]);
+    const bool ends = at + flag.size() == text.size() || !word(text[at + flag.size()]);
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
 std::pair<int, std::string> run(const std::string& cmd) {
   std::string out;
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");
@@ -33,6 +62,22 @@ std::pair<int, std::string> run(const std::string& cmd) {
   int status = p ? pclose(p) : -1;
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+struct Bounded {
+  int code = -1;         // exit status; 124 when the bound killed it
+  double seconds = 0;    // wall time
+  std::string output;    // stdout and stderr together
+};
+
+// `cmd` under coreutils' timeout: killed after `limit_s` seconds (exit 124).
+Bounded run_bounded(const std::string& cmd, int limit_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [code, out] = run("timeout -k 2 " + std::to_string(limit_s) + " " + cmd);
+  return {code, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), out};
+}
+
+const std::vector<std::string> kAllOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
+                                          "ag_gemm",    "gemm_rs",    "gemm_ar"};
 }  // namespace
 
 TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
@@ -162,5 +207,239 @@ TEST(BenchBinary, WithoutAGpuSaysSoAndFails) {
   if (code == 0) GTEST_SKIP() << "this machine has a GPU; the no-GPU message cannot be checked here";
   auto [rc, out] = run(std::string(WEFT_BENCH_PATH) + " all_gather --bytes 1K");
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("no CUDA GPU is visible"), std::string::npos) << out;
+  EXPECT_NE(out.find("nothing to benchmark"), std::string::npos) << out;
+  EXPECT_NE(out.find("Run it on a machine with NVIDIA"), std::string::npos) << out;
+}
+
+TEST(BenchArgs, ByteRangesThatWouldOverflowAreRefused) {
+  // 8388608T is 2^63 bytes: doubling 1K up to it used to wrap to 0 and never end.
+  EXPECT_NE(error_of({"all_gather", "--bytes", "1K:8388608T"})
+                .find("--bytes range end '8388608T' (in '1K:8388608T') is above 1024T (2^50 bytes), the largest "
+                      "per-rank size weft-bench takes"),
+            std::string::npos);
+  EXPECT_NE(error_of({"all_reduce", "--bytes", "2048T"}).find("--bytes size '2048T' is above 1024T (2^50 bytes)"),
+            std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--bytes", "2048T:4096T"}).find("--bytes range start '2048T'"),
+            std::string::npos);
+  // Too large for 64 bits at all: still a size above the bound, not a typo.
+  EXPECT_NE(error_of({"all_gather", "--bytes", "99999999999999999999"}).find("is above 1024T"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--bytes", "1K,16777216T"}).find("--bytes size '16777216T' is above 1024T"),
+            std::string::npos);
+  // The bound itself is a size, and a range up to it ends.
+  const std::vector<std::uint64_t> sizes = parse_size_list("1K:1024T");
+  ASSERT_EQ(sizes.size(), 41u);
+  EXPECT_EQ(sizes.front(), 1024u);
+  EXPECT_EQ(sizes.back(), kMaxBenchBytes);
+  EXPECT_EQ(parse_size_list("1:1"), (std::vector<std::uint64_t>{1}));
+  EXPECT_NE(error_of({"all_gather", "--bytes", "0"}).find("--bytes sizes must be positive, got '0'"),
+            std::string::npos);
+}
+
+TEST(BenchArgs, ShapeOptionsNameThemselvesAndWhatTheyExpect) {
+  const std::string m = error_of({"gemm", "--m", "-5"});
+  EXPECT_NE(m.find("--m expects a positive integer, or a comma list of them, each at most 16777216 (e.g. --m "
+                   "2048,4096), got '-5'"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("--shapes"), std::string::npos) << m;
+  EXPECT_NE(error_of({"ag_gemm", "--m", "2048,x", "--n", "8192", "--k", "8192"}).find("got '2048,x' ('x' is not one)"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm_rs", "--m", "2048", "--n", "0", "--k", "8192"})
+                .find("--n expects a positive integer, at most 16777216 (e.g. --n 8192), got '0'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm_ar", "--m", "2048", "--n", "8192", "--k", "8k"}).find("--k expects a positive integer"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--m", "99999999", "--n", "8", "--k", "8"}).find("each at most 16777216"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--shapes", "1,2,99999999999"})
+                .find("--shapes: '1,2,99999999999' is not M,N,K with three positive integers, each at most 16777216"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--shapes", "8x-1x8"}).find("--shapes: '8x-1x8' is not M,N,K"), std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--m", "2048"}).find("--m, --n and --k go together"), std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--m", "--n", "8"}).find("--m needs a value (--m LIST --n N --k K)"), std::string::npos);
+  const BenchArgs a = parse_bench_args({"weft-bench", "gemm", "--m", "2048,4096", "--n", "8192", "--k", "1024"});
+  EXPECT_EQ(a.shapes, (std::vector<std::array<std::int64_t, 3>>{{2048, 8192, 1024}, {4096, 8192, 1024}}));
+}
+
+TEST(BenchArgs, OptionsOfOtherOperationsAreNamedNotIgnored) {
+  EXPECT_NE(error_of({"all_gather", "--shapes", "8,8,8"})
+                .find("--shapes is for gemm, ag_gemm, gemm_rs and gemm_ar, got 'all_gather' ('weft-bench all_gather "
+                      "--help' lists its options)"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--bytes", "1K"}).find("--bytes is for all_gather, all_reduce and reduce_scatter, got 'gemm'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--chunks", "4", "gemm"}).find("--chunks is for ag_gemm, gemm_rs and gemm_ar, got 'gemm'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"all_reduce", "--byte", "1K"})
+                .find("unknown option '--byte': all_reduce takes --bytes, --variant, --dtype"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--frobnicate", "gemm_ar"}).find("unknown option '--frobnicate': gemm_ar takes"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--frobnicate"}).find("'weft-bench --help' lists the operations"), std::string::npos);
+}
+
+TEST(BenchArgs, EachOperationsTypes) {
+  EXPECT_NE(error_of({"gemm", "--dtype", "fp32"}).find("gemm takes --dtype bf16 or fp16, got 'fp32'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"ag_gemm", "--dtype", "fp16"}).find("ag_gemm takes --dtype bf16 only"), std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--dtype", "fp16", "--out", "bf16"}).find("--out expects the input type (fp16) or fp32, "
+                                                                        "got 'bf16'"),
+            std::string::npos);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm", "--dtype", "fp16", "--out", "fp32"}).out_dtype, "fp32");
+}
+
+TEST(BenchArgs, MessagesCarryNoSourceLocation) {
+  const std::regex location(R"(\.(cpp|cu|hpp|h):[0-9]+)");
+  for (const auto& argv : std::vector<std::vector<std::string>>{{},
+                                                               {"nope"},
+                                                               {"gemm", "--m", "-5"},
+                                                               {"all_gather", "--bytes", "1K:8388608T"},
+                                                               {"all_gather", "--bytes", "3K:5K"},
+                                                               {"all_gather", "--samples", "0"},
+                                                               {"gemm", "--bytes", "1K"},
+                                                               {"gemm", "--hook", "wait"}}) {
+    const std::string e = error_of(argv);
+    EXPECT_FALSE(e.empty());
+    EXPECT_FALSE(std::regex_search(e, location)) << e;
+  }
+}
+
+TEST(BenchHelp, OverviewListsEveryOperationWithWhatItMeasures) {
+  const std::string h = help_of({"--help"});
+  EXPECT_EQ(h, bench_usage());
+  EXPECT_EQ(help_of({"-h"}), h);
+  for (const std::string& op : kAllOps) {
+    const std::regex line("\n  " + op + " +([^\n]{20,})\n");
+    EXPECT_TRUE(std::regex_search(h, line)) << op << " has no line of its own in:\n" << h;
+  }
+  EXPECT_NE(h.find("weft-bench OP --help"), std::string::npos) << h;
+  EXPECT_NE(h.find("2 bad arguments"), std::string::npos) << h;
+  // The options every operation takes, and none that only some take.
+  EXPECT_TRUE(mentions(h, "--samples") && mentions(h, "--json")) << h;
+  EXPECT_FALSE(mentions(h, "--bytes") || mentions(h, "--shapes") || mentions(h, "--hook")) << h;
+}
+
+TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
+  const std::vector<std::pair<std::string, std::string>> flags = {
+      {"--bytes", "1K"},        {"--variant", "auto"},     {"--dtype", "bf16"},     {"--check", ""},
+      {"--json", ""},           {"--samples", "3"},        {"--warmup", "1"},       {"--no-hold", ""},
+      {"--order", "fixed"},     {"--max-sms", "8"},        {"--chunks", "2"},       {"--way", "x"},
+      {"--soak", "1"},          {"--shapes", "8,8,8"},     {"--b-layout", "nk"},    {"--out", "fp32"},
+      {"--config", "c"},        {"--hook", "none"},        {"--any-order", ""},     {"--no-source-rows", "0,256"},
+      {"--m", "8"},             {"--n", "8"},              {"--k", "8"}};
+  for (const std::string& op : kAllOps) {
+    const std::string h = help_of({op, "--help"});
+    EXPECT_EQ(h, bench_usage(op));
+    EXPECT_EQ(h.rfind("usage: weftrun -n N weft-bench " + op + " [options]\n", 0), 0u) << h;
+    // Listed exactly when the parser takes it for this operation.
+    for (const auto& [flag, value] : flags) {
+      std::vector<std::string> argv{op, flag};
+      if (!value.empty()) argv.push_back(value);
+      const std::string e = error_of(argv);
+      const bool refused = e.find(flag + " is for ") != std::string::npos && e.find("got '" + op + "'") != std::string::npos;
+      EXPECT_EQ(mentions(h, flag), !refused) << op << " " << flag << ": " << e << "\n" << h;
+    }
+    // Every option row says its default.
+    const std::string options = h.substr(h.find("\noptions:\n"));
+    const std::regex row("\n  (--[a-z-]+)[^\n]*(\n {24}[^\n]*)*");
+    int rows = 0;
+    for (auto it = std::sregex_iterator(options.begin(), options.end(), row); it != std::sregex_iterator(); ++it) {
+      ++rows;
+      const std::string block = it->str();
+      EXPECT_TRUE(block.find("default") != std::string::npos || block.find("always on") != std::string::npos)
+          << op << ": no default in" << block;
+    }
+    EXPECT_GE(rows, 6) << h;
+  }
+  const std::string ag = bench_usage("all_gather");
+  EXPECT_NE(ag.find("push, pull, ce, ll, ring, auto (the plan's choice)"), std::string::npos) << ag;
+  EXPECT_NE(ag.find("(default 1K:256M)"), std::string::npos) << ag;
+  EXPECT_NE(bench_usage("all_reduce").find("ll, one_shot, two_shot, ce, auto"), std::string::npos);
+  const std::string gemm = bench_usage("gemm");
+  EXPECT_NE(gemm.find("(default 15)"), std::string::npos) << gemm;
+  EXPECT_NE(gemm.find("--hook H"), std::string::npos) << gemm;
+  EXPECT_NE(bench_usage("ag_gemm").find("one_gemm or plain_steps"), std::string::npos);
+  EXPECT_EQ(bench_usage("ag_gemm").find("per_step"), std::string::npos);
+  EXPECT_NE(bench_usage("gemm_rs").find("per_step, one_launch, plain_first or one_launch_add"), std::string::npos);
+  // --help wins wherever it stands and whatever else is wrong; an unknown operation is named.
+  EXPECT_EQ(help_of({"--help", "gemm_rs"}), bench_usage("gemm_rs"));
+  EXPECT_EQ(help_of({"gemm", "--m", "-5", "--frobnicate", "--help"}), gemm);
+  EXPECT_EQ(help_of({"gemm", "--m", "--help"}), gemm);
+  EXPECT_NE(help_of({"gemmm", "--help"}).find("unknown operation 'gemmm': expected one of all_gather"),
+            std::string::npos);
+}
+
+TEST(BenchBinary, BadSizesAndShapesExit2AtOnceNamingTheOption) {
+  const std::string bench = WEFT_BENCH_PATH;
+  const Bounded range = run_bounded(bench + " all_gather --bytes 1K:8388608T", 10);
+  EXPECT_EQ(range.code, 2) << range.output;
+  EXPECT_LT(range.seconds, 5.0) << range.output;
+  EXPECT_NE(range.output.find("is above 1024T (2^50 bytes)"), std::string::npos) << range.output;
+  const Bounded m = run_bounded(bench + " gemm --m -5", 10);
+  EXPECT_EQ(m.code, 2) << m.output;
+  EXPECT_NE(m.output.find("--m expects a positive integer, or a comma list of them"), std::string::npos) << m.output;
+  EXPECT_EQ(m.output.find("--shapes"), std::string::npos) << m.output;
+}
+
+TEST(BenchBinary, HelpGoesToStdoutAndExits0) {
+  const std::string bench = WEFT_BENCH_PATH;
+  const Bounded all = run_bounded(bench + " --help 2>/dev/null", 10);
+  EXPECT_EQ(all.code, 0) << all.output;
+  for (const std::string& op : kAllOps) EXPECT_NE(all.output.find("\n  " + op + " "), std::string::npos) << all.output;
+  const Bounded gemm = run_bounded(bench + " gemm --help 2>/dev/null", 10);
+  EXPECT_EQ(gemm.code, 0) << gemm.output;
+  EXPECT_EQ(gemm.output, bench_usage("gemm"));
+}
+
+namespace {
+// The repository's scripts/ folder, found from this file's place in the tree.
+std::filesystem::path scripts_dir() { return std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "scripts"; }
+
+bool have_python() { return run("python3 -c pass").first == 0; }
+}  // namespace
+
+TEST(SweepScripts, WithoutABuildSayHowToMakeOneAndExit1) {
+  if (!have_python()) GTEST_SKIP() << "no python3 here";
+  for (const std::string script : {"sweep_overlap.py", "sweep_collectives.py"}) {
+    const std::filesystem::path path = scripts_dir() / script;
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not next to this test's source";
+    const std::string out_dir = testing::TempDir() + "weft_sweep_out_" + script;
+    std::filesystem::remove_all(out_dir);
+    const Bounded r = run_bounded("python3 " + path.string() + " --build /nonexistent/build --out " + out_dir, 30);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("/nonexistent/build has no weftrun and no weft-bench"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("bash scripts/build.sh"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("Traceback"), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(out_dir)) << "nothing is written before the checks pass";
+  }
+}
+
+TEST(SweepScripts, WithoutAGpuSaySoAndExit1) {
+  if (!have_python()) GTEST_SKIP() << "no python3 here";
+  if (run("nvidia-smi -L").first == 0) GTEST_SKIP() << "this machine has a GPU; the no-GPU message cannot be checked here";
+  const std::filesystem::path build = std::filesystem::path(WEFT_BENCH_PATH).parent_path();
+  if (!std::filesystem::exists(build / "weftrun")) GTEST_SKIP() << "weftrun is not next to weft-bench in " << build;
+  for (const std::string script : {"sweep_overlap.py", "sweep_collectives.py"}) {
+    const std::filesystem::path path = scripts_dir() / script;
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not next to this test's source";
+    const Bounded r = run_bounded("python3 " + path.string() + " --build " + build.string() + " --out " +
+                                      testing::TempDir() + "weft_sweep_nogpu",
+                                  30);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("no NVIDIA GPU"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("Traceback"), std::string::npos) << r.output;
+  }
+}
+
+TEST(SweepScripts, OverlapNamesAMissingBaselinesFile) {
+  if (!have_python()) GTEST_SKIP() << "no python3 here";
+  const std::filesystem::path path = scripts_dir() / "sweep_overlap.py";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not next to this test's source";
+  const Bounded r = run_bounded("python3 " + path.string() + " --out " + testing::TempDir() +
+                                    "weft_sweep_tb --torch-baselines /nonexistent/torch_tp_baselines.py",
+                                30);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--torch-baselines: no file /nonexistent/torch_tp_baselines.py"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("Traceback"), std::string::npos) << r.output;
 }

@@ -1,6 +1,9 @@
 #include "bench_args.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <iterator>
+#include <optional>
 #include <set>
 
 #include "weft/core/env.hpp"
@@ -10,8 +13,149 @@
 namespace weft::bench {
 namespace {
 
-const std::vector<std::string> kOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
-                                       "ag_gemm",    "gemm_rs",    "gemm_ar"};
+// The operations, in the order the overview lists them, each with a line on
+// what it measures and (for its own help) what its sizes mean.
+struct OpInfo {
+  const char* name;
+  const char* summary;
+  const char* about;  // more lines for `weft-bench OP --help` ("" for none)
+};
+const OpInfo kOpInfo[] = {
+    {"all_gather", "every rank's input gathered on every rank: weft's variants against NCCL", ""},
+    {"all_reduce", "the element-wise sum over ranks, on every rank: weft's variants against NCCL", ""},
+    {"reduce_scatter", "the element-wise sum over ranks, each rank keeping its slice: weft's variants against NCCL",
+     ""},
+    {"gemm", "weft's GEMM (C[M,N] = A[M,K] x B^T) against cuBLAS, each rank timing its own GPU", ""},
+    {"ag_gemm", "AllGather + GEMM, overlapped, against NCCL then cuBLAS (and each part alone, and the ideal)",
+     "Shapes are the layer's, PyTorch-style: A [M,K] is row-sharded over the ranks, N the full\n"
+     "output width, each rank computing N/W columns (M and N multiples of the world size W)."},
+    {"gemm_rs", "GEMM + ReduceScatter, overlapped, against cuBLAS then NCCL (and each part alone, and the ideal)",
+     "Shapes are the layer's, PyTorch-style: K the full depth, K/W per rank; each rank keeps\n"
+     "M/W rows of the sum (M and K multiples of the world size W)."},
+    {"gemm_ar", "GEMM + AllReduce, overlapped, against cuBLAS then NCCL (and each part alone, and the ideal)",
+     "Shapes are the layer's, PyTorch-style: K the full depth, K/W per rank; every rank gets\n"
+     "the whole sum (M and K multiples of the world size W)."},
+};
+constexpr std::size_t kOpCount = std::size(kOpInfo);
+
+const std::vector<std::string> kOps = [] {
+  std::vector<std::string> v;
+  for (const auto& op : kOpInfo) v.push_back(op.name);
+  return v;
+}();
+
+// Which operations an option applies to: one bit per operation, in kOpInfo's order.
+constexpr unsigned kAllGather = 1u << 0, kAllReduce = 1u << 1, kReduceScatter = 1u << 2, kGemm = 1u << 3,
+                   kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6;
+constexpr unsigned kCollectives = kAllGather | kAllReduce | kReduceScatter;
+constexpr unsigned kOverlap = kAgGemm | kGemmRs | kGemmAr;
+constexpr unsigned kEvery = kCollectives | kGemm | kOverlap;
+
+unsigned op_bit(const std::string& op) {
+  for (std::size_t i = 0; i < kOpCount; ++i)
+    if (op == kOpInfo[i].name) return 1u << i;
+  return 0;
+}
+
+// Every option weft-bench takes: the one place that knows which operations
+// each applies to and what it means there. An option may have several rows,
+// one per group of operations it means something different to. `label` is
+// what the help shows (the flag and its value's name); a row without text is
+// accepted but shown under another row's label (--n, --k under --m).
+struct OptionInfo {
+  const char* flag;
+  bool takes_value;
+  unsigned ops;
+  const char* label;
+  const char* text;  // lines separated by '\n'; "{variants}" becomes the operation's variants
+};
+const OptionInfo kOptions[] = {
+    {"--bytes", true, kAllGather, "--bytes LIST",
+     "sizes of each rank's input: 1K,64K,1M, a power-of-two range 1K:256M, or a mix;\n"
+     "suffixes K, M, G, T (powers of 1024), at most 1024T (default 1K:256M)"},
+    {"--bytes", true, kAllReduce, "--bytes LIST",
+     "sizes of the buffer each rank contributes and receives: 1K,64K,1M, a power-of-two\n"
+     "range 1K:256M, or a mix; suffixes K, M, G, T (powers of 1024), at most 1024T (default 1K:256M)"},
+    {"--bytes", true, kReduceScatter, "--bytes LIST",
+     "sizes of each rank's input (each rank keeps 1/world of the sum): 1K,64K,1M, a power-of-two\n"
+     "range 1K:256M, or a mix; suffixes K, M, G, T (powers of 1024), at most 1024T (default 1K:256M)"},
+    {"--variant", true, kCollectives, "--variant LIST",
+     "{variants}, auto (the plan's choice) or all (every one but auto),\n"
+     "or a comma list (default all; a variant is skipped above its size limit)"},
+    {"--variant", true, kOverlap, "--variant LIST",
+     "fused, sequential, auto (the plan times fused and sequential and keeps the faster),\n"
+     "all (fused and sequential), or a comma list (default auto)"},
+    {"--dtype", true, kCollectives, "--dtype T", "element type: bf16, fp16 or fp32; sizes must be whole elements (default bf16)"},
+    {"--dtype", true, kGemm, "--dtype T", "input type: bf16 or fp16 (default bf16)"},
+    {"--dtype", true, kOverlap, "--dtype T", "bf16, the one type the overlapped operators take (default bf16)"},
+    {"--check", false, kCollectives, "--check", "verify bitwise against NCCL first (fresh random data, poisoned outputs) (default off)"},
+    {"--check", false, kGemm, "--check",
+     "always on for gemm: each shape's output is compared with cuBLAS's fp32 output"},
+    {"--check", false, kAgGemm, "--check",
+     "verify against NCCL + cuBLAS before timing: the output's relative error, the gathered A\n"
+     "bitwise (default off)"},
+    {"--check", false, kGemmRs | kGemmAr, "--check",
+     "verify against cuBLAS + NCCL before timing: the output's relative error (default off)"},
+    {"--json", false, kEvery, "--json", "one JSON object per line (default: a table)"},
+    {"--samples", true, kEvery, "--samples N", "timed samples per point, 1 to 100000; the median is reported (default 15)"},
+    {"--warmup", true, kEvery, "--warmup N", "untimed samples first, 0 to 100000 (default 3)"},
+    {"--no-hold", false, kEvery, "--no-hold",
+     "let each sample's GPU work start while the host still enqueues it (by default the stream\n"
+     "is held until the whole sample is enqueued, so events time the GPU, not the host)"},
+    {"--max-sms", true, kCollectives, "--max-sms N", "cap on the SMs an SM variant may occupy, 0 to 1024 (default 0: the plan chooses)"},
+    {"--shapes", true, kGemm, "--shapes LIST",
+     "M,N,K;M,N,K... (also MxNxK), each dimension 1 to 16777216\n"
+     "(default: the per-rank GEMMs of the tensor-parallel benchmark shapes)"},
+    {"--shapes", true, kOverlap, "--shapes LIST",
+     "M,N,K;M,N,K... (also MxNxK), each dimension 1 to 16777216\n"
+     "(default: the shapes of docs/PERF.md's tables)"},
+    {"--m", true, kGemm | kOverlap, "--m LIST --n N --k K",
+     "the same as --shapes \"m1,N,K;m2,N,K...\": M a positive integer or a comma list of them,\n"
+     "N and K one positive integer each (e.g. --m 2048,4096 --n 8192 --k 8192) (default: --shapes')"},
+    {"--n", true, kGemm | kOverlap, "", nullptr},
+    {"--k", true, kGemm | kOverlap, "", nullptr},
+    {"--order", true, kGemm | kOverlap, "--order O",
+     "the contenders' order in each round of samples: fixed (each always follows the same one)\n"
+     "or shuffled (a fresh order each round, the same on every rank) (default fixed)"},
+    {"--soak", true, kGemm | kOverlap, "--soak S",
+     "after timing, run each contender alone, back to back, for about S seconds (1 to 600), and\n"
+     "print its wall-clock window ([weft-bench] soak lines), so a clock log (nvidia-smi) can say\n"
+     "at what SM clock and power each one ran (default: no soak)"},
+    {"--b-layout", true, kGemm, "--b-layout L", "nk (B stored [N,K]) or kn (B stored [K,N]) (default nk)"},
+    {"--out", true, kGemm, "--out T", "output type: the input type or fp32 (default: the input type)"},
+    {"--config", true, kGemm, "--config NAME", "force one GEMM configuration (default: the tuned one)"},
+    {"--hook", true, kGemm, "--hook H",
+     "none, wait_a_rows, report_rows, wait_source_rows (adds S = 0) or add_rows (the lower half\n"
+     "of the rows added onto zeros): the hooked kernels alone (no flag waited on, nothing\n"
+     "reported), to compare with the plain ones (default none)"},
+    {"--any-order", false, kGemm, "--any-order",
+     "with --hook wait_a_rows or wait_source_rows: the plan allows any tile order\n"
+     "(GemmOptions::any_tile_order; its tuner also walks along M) (default: row-major order)"},
+    {"--no-source-rows", true, kGemm, "--no-source-rows B,E",
+     "with --hook wait_source_rows: rows [B, E) add no source and load none\n"
+     "(GemmArgs::no_source_begin/end; B and E multiples of 256, or M) (default: every row adds one)"},
+    {"--chunks", true, kOverlap, "--chunks N",
+     "copy and signal chunks per rank's rows, 1 to 4096 (default: the plan's)"},
+    {"--way", true, kAgGemm, "--way W",
+     "the fused way: one_gemm or plain_steps (default: the plan times both and keeps the faster)"},
+    {"--way", true, kGemmRs | kGemmAr, "--way W",
+     "the fused way: per_step, one_launch, plain_first or one_launch_add (2 ranks)\n"
+     "(default: the plan times every way it can run and keeps the fastest)"},
+};
+
+const OptionInfo* find_option(const std::string& flag) {
+  for (const auto& o : kOptions)
+    if (flag == o.flag) return &o;
+  return nullptr;
+}
+
+// The operations any row of `flag` applies to.
+unsigned ops_of(const std::string& flag) {
+  unsigned ops = 0;
+  for (const auto& o : kOptions)
+    if (flag == o.flag) ops |= o.ops;
+  return ops;
+}
 
 // Every variant of an operation, "auto" last ("all" means every one but auto).
 const std::vector<std::string>& variants_of(const std::string& op) {
@@ -51,10 +195,74 @@ int parse_int(const std::string& flag, const std::string& value, int lo, int hi)
   return static_cast<int>(v);
 }
 
+// A GEMM dimension: digits only, 1 to kMaxShapeDim; nullopt otherwise.
+std::optional<std::int64_t> parse_dim(const std::string& text) {
+  if (text.empty() || text.size() > 12) return std::nullopt;
+  std::int64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  if (v < 1 || v > kMaxShapeDim) return std::nullopt;
+  return v;
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (auto& s : v) out += (out.empty() ? "" : ", ") + s;
   return out;
+}
+
+// "a", "a and b", "a, b and c".
+std::string join_and(const std::vector<std::string>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : i + 1 == v.size() ? " and " : ", ") + v[i];
+  return out;
+}
+
+std::vector<std::string> op_names(unsigned ops) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < kOpCount; ++i)
+    if (ops & (1u << i)) names.push_back(kOpInfo[i].name);
+  return names;
+}
+
+// The flags `op` takes, in the help's order.
+std::vector<std::string> flags_of(const std::string& op) {
+  std::vector<std::string> flags;
+  for (const auto& o : kOptions)
+    if ((o.ops & op_bit(op)) && std::find(flags.begin(), flags.end(), o.flag) == flags.end()) flags.push_back(o.flag);
+  return flags;
+}
+
+void require_known_op(const std::string& op) {
+  WEFT_REQUIRE(op_bit(op) != 0, "unknown operation '", op, "': expected one of ", join(kOps),
+               " ('weft-bench --help' says what each measures)");
+}
+
+// One help row: the label in a column, the text beside it, continuation lines indented.
+void add_row(std::string& out, const std::string& label, const std::string& text) {
+  constexpr std::size_t kColumn = 24;
+  std::string line = "  " + label;
+  if (line.size() + 1 > kColumn) {
+    out += line + "\n";
+    line.clear();
+  }
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t next = text.find('\n', pos);
+    line.resize(kColumn, ' ');
+    out += line + text.substr(pos, next - pos) + "\n";
+    if (next == std::string::npos) break;
+    line.clear();
+    pos = next + 1;
+  }
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
 }
 
 // The names an option takes, and what each means: the one place that knows them.
@@ -70,6 +278,31 @@ const VariantName<FusedWay> kWays[] = {{FusedWay::ring_per_step, "per_step"},
 const VariantName<SampleOrder> kOrders[] = {{SampleOrder::fixed, "fixed"}, {SampleOrder::shuffled, "shuffled"}};
 const VariantName<AgWay> kAgWays[] = {{AgWay::one_gemm, "one_gemm"}, {AgWay::plain_steps, "plain_steps"}};
 
+// One size of --bytes, 1 to kMaxBenchBytes; `what` names its place ("size", "range end").
+std::uint64_t parse_one_size(const std::string& text, const std::string& item, const char* what) {
+  std::uint64_t v = 0;
+  try {
+    v = parse_bytes(text, std::string("--bytes ") + what);
+  } catch (const Error&) {
+    // A well-formed number too large for 64 bits is a size above the bound, not a typo.
+    std::size_t digits = 0;
+    while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+    std::string suffix = text.substr(digits);
+    for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    static const char* const kSuffixes[] = {"", "B", "K", "KB", "KIB", "M", "MB", "MIB", "G", "GB", "GIB",
+                                            "T", "TB", "TIB"};
+    const bool well_formed = digits > 0 && std::find(std::begin(kSuffixes), std::end(kSuffixes), suffix) !=
+                                               std::end(kSuffixes);
+    if (!well_formed) throw;
+    v = kMaxBenchBytes + 1;
+  }
+  WEFT_REQUIRE(v > 0, "--bytes sizes must be positive, got '", item, "'");
+  WEFT_REQUIRE(v <= kMaxBenchBytes, "--bytes ", what, " '", text, "'",
+               text == item ? std::string() : str(" (in '", item, "')"), " is above ", format_bytes(kMaxBenchBytes),
+               " (2^50 bytes), the largest per-rank size weft-bench takes");
+  return v;
+}
+
 }  // namespace
 
 int dtype_bytes(const std::string& dtype) {
@@ -84,16 +317,18 @@ std::vector<std::uint64_t> parse_size_list(const std::string& text) {
   for (const std::string& item : split(text, ',')) {
     auto colon = item.find(':');
     if (colon == std::string::npos) {
-      std::uint64_t v = parse_bytes(item, "--bytes size");
-      WEFT_REQUIRE(v > 0, "--bytes sizes must be positive, got '", item, "'");
-      sizes.insert(v);
+      sizes.insert(parse_one_size(item, item, "size"));
       continue;
     }
-    std::uint64_t lo = parse_bytes(item.substr(0, colon), "--bytes range start");
-    std::uint64_t hi = parse_bytes(item.substr(colon + 1), "--bytes range end");
+    const std::uint64_t lo = parse_one_size(item.substr(0, colon), item, "range start");
+    const std::uint64_t hi = parse_one_size(item.substr(colon + 1), item, "range end");
     WEFT_REQUIRE(is_pow2(lo) && is_pow2(hi) && lo <= hi, "--bytes range '", item,
                  "' must run between powers of two, low to high (e.g. 1K:256M)");
-    for (std::uint64_t v = lo; v <= hi; v *= 2) sizes.insert(v);
+    // hi <= kMaxBenchBytes, so no doubling here leaves 64 bits.
+    for (std::uint64_t v = lo;; v *= 2) {
+      sizes.insert(v);
+      if (v >= hi) break;
+    }
   }
   return {sizes.begin(), sizes.end()};
 }
@@ -101,21 +336,19 @@ std::vector<std::uint64_t> parse_size_list(const std::string& text) {
 std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text) {
   std::vector<std::array<std::int64_t, 3>> shapes;
   for (std::string item : split(text, ';')) {
+    const std::string given = item;
     for (char& c : item)
       if (c == 'x' || c == 'X') c = ',';
     auto dims = split(item, ',');
     std::array<std::int64_t, 3> s{};
     bool ok = dims.size() == 3;
     for (std::size_t i = 0; ok && i < 3; ++i) {
-      std::size_t used = 0;
-      try {
-        s[i] = std::stoll(dims[i], &used);
-      } catch (...) {
-        used = 0;
-      }
-      ok = used == dims[i].size() && !dims[i].empty() && s[i] > 0;
+      const auto d = parse_dim(dims[i]);
+      ok = d.has_value();
+      if (ok) s[i] = *d;
     }
-    WEFT_REQUIRE(ok, "--shapes: '", item, "' is not M,N,K with three positive integers (e.g. 8192,14336,8192)");
+    WEFT_REQUIRE(ok, "--shapes: '", given, "' is not M,N,K with three positive integers, each at most ", kMaxShapeDim,
+                 " (e.g. 8192,14336,8192; shapes separated by ';')");
     shapes.push_back(s);
   }
   return shapes;
@@ -130,117 +363,154 @@ const char* sample_order_name(SampleOrder order) {
 bool is_overlap_op(const std::string& op) { return op == "ag_gemm" || op == "gemm_rs" || op == "gemm_ar"; }
 
 std::string bench_usage() {
-  return "usage: weftrun -n N weft-bench OP [options]\n"
-         "  OP                 all_gather, all_reduce, reduce_scatter or gemm\n"
-         "  --bytes LIST       per-rank message sizes: 1K,64K,1M or a power-of-two range 1K:256M (default 1K:256M)\n"
-         "                     (all_gather: input per rank; all_reduce: buffer; reduce_scatter: input per rank)\n"
-         "  --variant LIST     all_gather: push, pull, ce, ll, ring; all_reduce: ll, one_shot, two_shot, ce;\n"
-         "                     reduce_scatter: ll, mesh, ring, ce; or auto, or all (default: all; variants\n"
-         "                     are skipped above their size limits)\n"
-         "  --dtype T          bf16 (default), fp16, fp32: sizes must be whole elements\n"
-         "  --check            verify bitwise against NCCL (fresh random data, poisoned outputs)\n"
-         "  --json             one JSON object per line\n"
-         "  --samples N        timed samples per point, median reported (default 15)\n"
-         "  --warmup N         untimed samples first (default 3)\n"
-         "  --no-hold          let each sample's GPU work start while the host still enqueues it (by default the\n"
-         "                     stream is held until the whole sample is enqueued, so events time the GPU, not the host)\n"
-         "  --order O          gemm, ag_gemm, gemm_rs, gemm_ar: the contenders' order in each round of samples,\n"
-         "                     fixed (default: each always follows the same one) or shuffled (a fresh order each\n"
-         "                     round, the same on every rank)\n"
-         "  --max-sms N        cap on the SMs an SM variant may occupy (default: the plan chooses)\n"
-         "  --chunks N         ag_gemm, gemm_rs, gemm_ar: copy and signal chunks per rank's rows (default: the plan's)\n"
-         "  --way W            gemm_rs, gemm_ar: the fused way, per_step, one_launch, plain_first or\n"
-         "                     one_launch_add (2 ranks);\n"
-         "                     ag_gemm: one_gemm or plain_steps\n"
-         "                     (default: the plan times every way it can run)\n"
-         "  --soak S           gemm, ag_gemm, gemm_rs, gemm_ar: after timing, run each contender alone, back to back,\n"
-         "                     for about S seconds, and print its wall-clock window ([weft-bench] soak lines), so\n"
-         "                     a clock log (nvidia-smi) can say at what SM clock and power each one ran\n"
-         "gemm (each rank times its own GPU against cuBLAS):\n"
-         "  --shapes LIST      M,N,K;M,N,K... (C[M,N] = A[M,K] x B^T; default: the tensor-parallel shapes)\n"
-         "  --b-layout L       nk (B stored [N,K], default) or kn (B stored [K,N])\n"
-         "  --out T            output type: the input type (default) or fp32\n"
-         "  --config NAME      force one GEMM configuration\n"
-         "  --hook H           none (default), wait_a_rows, report_rows, wait_source_rows (adds S = 0) or add_rows\n"
-         "                     (the lower half of the rows added onto zeros):\n"
-         "                     the hooked kernels alone (no flag waited on, nothing reported),\n"
-         "                     to compare with the plain ones\n"
-         "  --any-order        with wait_a_rows or wait_source_rows: the plan allows any tile order\n"
-         "                     (GemmOptions::any_tile_order; its tuner also walks along M)\n"
-         "  --no-source-rows B,E  with wait_source_rows: rows [B, E) add no source and load none\n"
-         "                     (GemmArgs::no_source_begin/end; B and E multiples of 256, or M)\n"
-         "ag_gemm, gemm_rs, gemm_ar (tensor-parallel operators against NCCL + cuBLAS, PyTorch-style shapes:\n"
-         "N is the full output width, each rank computing N/W columns for ag_gemm; K the full depth, K/W per rank,\n"
-         "for gemm_rs and gemm_ar):\n"
-         "  --shapes LIST      M,N,K;... (default: the acceptance shapes of docs/PERF.md)\n"
-         "  --m LIST --n N --k K   the same as shapes (m1,N,K);(m2,N,K)...\n"
-         "  --variant MODE     auto (default: the plan times fused and sequential and keeps the faster),\n"
-         "                     fused, sequential, or a list\n";
+  std::string out =
+      "usage: weftrun -n N weft-bench OP [options]   time OP against its baseline on N GPUs, in one run\n"
+      "       weft-bench OP --help                   OP's options, with their defaults\n"
+      "\noperations:\n";
+  for (const auto& op : kOpInfo) add_row(out, op.name, op.summary);
+  out += "\noptions every operation takes (each operation's --help lists the rest):\n";
+  for (const auto& o : kOptions)
+    if (o.ops == kEvery && o.text) add_row(out, o.label, o.text);
+  out += "\nexit status: 0 done, 1 runtime failure (no GPU, rendezvous, CUDA), 2 bad arguments, 3 a check failed\n";
+  return out;
+}
+
+std::string bench_usage(const std::string& op) {
+  require_known_op(op);
+  const unsigned bit = op_bit(op);
+  const OpInfo& info = *std::find_if(std::begin(kOpInfo), std::end(kOpInfo), [&](const OpInfo& i) { return op == i.name; });
+  std::string out = str("usage: weftrun -n N weft-bench ", op, " [options]\n", op, ": ", info.summary, "\n");
+  if (*info.about) out += str(info.about, "\n");
+  out += "\noptions:\n";
+  std::vector<std::string> named;
+  for (const auto& v : variants_of(op))
+    if (v != "auto") named.push_back(v);
+  for (const auto& o : kOptions)
+    if ((o.ops & bit) && o.text) add_row(out, o.label, replace_all(o.text, "{variants}", join(named)));
+  return out;
 }
 
 BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   BenchArgs args;
   std::vector<std::string> rest(argv.begin() + std::min<std::size_t>(1, argv.size()), argv.end());
-  std::string bytes = "1K:256M", variants, m_list, n_value, k_value, way;
+
+  // The operation and the options given, in order. With --help anywhere, the
+  // help wins over every other mistake: the operation's, or the overview.
+  const bool help = std::find_if(rest.begin(), rest.end(), [](const std::string& a) {
+                      return a == "-h" || a == "--help";
+                    }) != rest.end();
+  struct Given {
+    std::string flag, value;
+  };
+  std::vector<Given> given;
+  std::string op;
   for (std::size_t i = 0; i < rest.size(); ++i) {
     const std::string& a = rest[i];
-    auto value = [&]() -> const std::string& {
-      WEFT_REQUIRE(i + 1 < rest.size(), a, " needs a value");
-      return rest[++i];
-    };
-    if (a == "-h" || a == "--help") throw HelpRequested{bench_usage()};
-    else if (a == "--bytes") bytes = value();
-    else if (a == "--variant") variants = value();
-    else if (a == "--dtype") args.dtype = value();
+    if (a == "-h" || a == "--help") continue;
+    if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
+      const OptionInfo* o = find_option(a);
+      if (!o) {
+        if (help) continue;
+        // The operation may come later; name it if it does.
+        std::string named = op;
+        for (std::size_t j = i + 1; named.empty() && j < rest.size(); ++j)
+          if (op_bit(rest[j])) named = rest[j];
+        if (named.empty() || !op_bit(named))
+          WEFT_FAIL("unknown option '", a, "' ('weft-bench --help' lists the operations, 'weft-bench OP --help' ",
+                    "the options of each)");
+        WEFT_FAIL("unknown option '", a, "': ", named, " takes ", join(flags_of(named)), " ('weft-bench ", named,
+                  " --help' says what each means)");
+      }
+      std::string value;
+      if (o->takes_value) {
+        const bool has = i + 1 < rest.size() && rest[i + 1].rfind("--", 0) != 0;
+        if (!has && help) continue;
+        WEFT_REQUIRE(has, a, " needs a value (", o->label, ")");
+        value = rest[++i];
+      }
+      given.push_back({a, value});
+    } else if (op.empty()) {
+      op = a;
+    } else if (!help) {
+      WEFT_FAIL("unexpected argument '", a, "' (the operation is already '", op, "')");
+    }
+  }
+  if (help) throw HelpRequested{op.empty() ? bench_usage() : bench_usage(op)};
+  WEFT_REQUIRE(!op.empty(), "no operation given: expected one of ", join(kOps), "\n\n", bench_usage());
+  require_known_op(op);
+  args.op = op;
+  for (const Given& g : given)
+    WEFT_REQUIRE(ops_of(g.flag) & op_bit(op), g.flag, " is for ", join_and(op_names(ops_of(g.flag))), ", got '", op,
+                 "' ('weft-bench ", op, " --help' lists its options)");
+
+  std::string bytes = "1K:256M", variants, way;
+  std::vector<std::int64_t> m_list;
+  std::int64_t n_value = 0, k_value = 0;
+  bool shapes_given = false;
+  // --n N, --k K: one dimension each.
+  auto one_dim = [](const std::string& flag, const std::string& v) {
+    const auto d = parse_dim(v);
+    WEFT_REQUIRE(d.has_value(), flag, " expects a positive integer, at most ", kMaxShapeDim, " (e.g. ", flag,
+                 " 8192), got '", v, "'");
+    return *d;
+  };
+  for (const Given& g : given) {
+    const std::string& a = g.flag;
+    const std::string& v = g.value;
+    if (a == "--bytes") bytes = v;
+    else if (a == "--variant") variants = v;
+    else if (a == "--dtype") args.dtype = v;
     else if (a == "--check") args.check = true;
     else if (a == "--json") args.json = true;
-    else if (a == "--samples") args.samples = parse_int(a, value(), 1, 100000);
-    else if (a == "--warmup") args.warmup = parse_int(a, value(), 0, 100000);
+    else if (a == "--samples") args.samples = parse_int(a, v, 1, 100000);
+    else if (a == "--warmup") args.warmup = parse_int(a, v, 0, 100000);
     else if (a == "--no-hold") args.hold = false;
-    else if (a == "--order") args.order = parse_name(kOrders, value(), a);
-    else if (a == "--max-sms") args.max_sms = parse_int(a, value(), 0, 1024);
-    else if (a == "--chunks") args.chunks = parse_int(a, value(), 1, 4096);
-    else if (a == "--way") way = value();  // its names depend on the operation
-    else if (a == "--soak") args.soak_s = parse_int(a, value(), 1, 600);
-    else if (a == "--shapes") args.shapes = parse_shapes(value());
-    else if (a == "--b-layout") args.b_layout = value();
-    else if (a == "--out") args.out_dtype = value();
-    else if (a == "--config") args.config = value();
-    else if (a == "--hook") args.hook = parse_name(kHooks, value(), a);
+    else if (a == "--order") args.order = parse_name(kOrders, v, a);
+    else if (a == "--max-sms") args.max_sms = parse_int(a, v, 0, 1024);
+    else if (a == "--chunks") args.chunks = parse_int(a, v, 1, 4096);
+    else if (a == "--way") way = v;  // its names depend on the operation
+    else if (a == "--soak") args.soak_s = parse_int(a, v, 1, 600);
+    else if (a == "--shapes") {
+      args.shapes = parse_shapes(v);
+      shapes_given = true;
+    }
+    else if (a == "--b-layout") args.b_layout = v;
+    else if (a == "--out") args.out_dtype = v;
+    else if (a == "--config") args.config = v;
+    else if (a == "--hook") args.hook = parse_name(kHooks, v, a);
     else if (a == "--any-order") args.any_order = true;
     else if (a == "--no-source-rows") {
-      const std::string text = value();
-      const std::vector<std::string> bounds = split(text, ',');
-      WEFT_REQUIRE(bounds.size() == 2, "--no-source-rows expects B,E (rows [B, E) without a source), got '", text, "'");
+      const std::vector<std::string> bounds = split(v, ',');
+      WEFT_REQUIRE(bounds.size() == 2, "--no-source-rows expects B,E (rows [B, E) without a source), got '", v, "'");
       args.no_source_begin = parse_int(a, bounds[0], 0, 1 << 30);
       args.no_source_end = parse_int(a, bounds[1], 0, 1 << 30);
-      WEFT_REQUIRE(args.no_source_begin < args.no_source_end, "--no-source-rows expects B < E, got '", text, "'");
+      WEFT_REQUIRE(args.no_source_begin < args.no_source_end, "--no-source-rows expects B < E, got '", v, "'");
     }
-    else if (a == "--m") m_list = value();
-    else if (a == "--n") n_value = value();
-    else if (a == "--k") k_value = value();
-    else if (!a.empty() && a[0] == '-') WEFT_FAIL("unknown option '", a, "'\n", bench_usage());
-    else if (args.op.empty()) args.op = a;
-    else WEFT_FAIL("unexpected argument '", a, "' (the operation is already '", args.op, "')");
+    else if (a == "--m") {
+      m_list.clear();
+      for (const std::string& item : split(v, ',')) {
+        const auto d = parse_dim(item);
+        WEFT_REQUIRE(d.has_value(), "--m expects a positive integer, or a comma list of them, each at most ",
+                     kMaxShapeDim, " (e.g. --m 2048,4096), got '", v, "'",
+                     item == v ? std::string() : str(" ('", item, "' is not one)"));
+        m_list.push_back(*d);
+      }
+    }
+    else if (a == "--n") n_value = one_dim(a, v);
+    else if (a == "--k") k_value = one_dim(a, v);
   }
-  WEFT_REQUIRE(!args.op.empty(), "no operation given: expected one of ", join(kOps), "\n", bench_usage());
-  WEFT_REQUIRE(std::find(kOps.begin(), kOps.end(), args.op) != kOps.end(), "unknown operation '", args.op,
-               "': expected one of ", join(kOps));
   if (!way.empty() && args.op == "ag_gemm") args.ag_way = parse_name(kAgWays, way, "--way");
   else if (!way.empty()) args.way = parse_name(kWays, way, "--way");
-  WEFT_REQUIRE(args.no_source_begin == args.no_source_end || (args.op == "gemm" && args.hook == GemmHook::wait_source_rows),
+  WEFT_REQUIRE(args.no_source_begin == args.no_source_end || args.hook == GemmHook::wait_source_rows,
                "--no-source-rows is for gemm with --hook wait_source_rows");
-  WEFT_REQUIRE(args.soak_s == 0 || is_overlap_op(args.op) || args.op == "gemm",
-               "--soak is for gemm, ag_gemm, gemm_rs and gemm_ar, got '", args.op, "'");
   args.bytes = parse_size_list(bytes);
   if (variants.empty()) variants = is_overlap_op(args.op) ? "auto" : "all";
-  if (!m_list.empty() || !n_value.empty() || !k_value.empty()) {
-    WEFT_REQUIRE(!m_list.empty() && !n_value.empty() && !k_value.empty(),
+  if (!m_list.empty() || n_value || k_value) {
+    WEFT_REQUIRE(!m_list.empty() && n_value && k_value,
                  "--m, --n and --k go together (e.g. --m 2048,4096 --n 28672 --k 8192)");
-    WEFT_REQUIRE(args.shapes.empty(), "give either --shapes or --m/--n/--k, not both");
-    std::string text;
-    for (const std::string& m : split(m_list, ',')) text += (text.empty() ? "" : ";") + m + "," + n_value + "," + k_value;
-    args.shapes = parse_shapes(text);
+    WEFT_REQUIRE(!shapes_given, "give either --shapes or --m/--n/--k, not both");
+    args.shapes.clear();
+    for (std::int64_t m : m_list) args.shapes.push_back({m, n_value, k_value});
   }
   if (args.op == "ag_gemm" && args.shapes.empty())
     args.shapes = parse_shapes("2048,28672,8192;4096,28672,8192;8192,28672,8192;2048,8192,8192;4096,8192,8192;"
@@ -250,11 +520,20 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
                                "8192,8192,8192;4096,4096,8192");
   WEFT_REQUIRE(args.b_layout == "nk" || args.b_layout == "kn", "--b-layout expects nk or kn, got '", args.b_layout,
                "'");
-  if (!args.out_dtype.empty()) dtype_bytes(args.out_dtype);
   if (args.op == "gemm" && args.shapes.empty())  // the per-rank GEMMs of the tensor-parallel benchmark shapes
     args.shapes = parse_shapes("8192,14336,8192;4096,14336,8192;2048,14336,8192;1000,14336,8192;8192,4096,8192;"
                                "4096,4096,8192;8192,8192,14336;4096,8192,14336;2048,8192,14336");
   const int elem = dtype_bytes(args.dtype);
+  if (args.op == "gemm") {
+    WEFT_REQUIRE(args.dtype != "fp32", "gemm takes --dtype bf16 or fp16, got 'fp32'");
+    if (!args.out_dtype.empty()) {
+      dtype_bytes(args.out_dtype);
+      WEFT_REQUIRE(args.out_dtype == args.dtype || args.out_dtype == "fp32", "--out expects the input type (",
+                   args.dtype, ") or fp32, got '", args.out_dtype, "'");
+    }
+  }
+  WEFT_REQUIRE(!is_overlap_op(args.op) || args.dtype == "bf16", args.op,
+               " takes --dtype bf16 only (the type of its hooked GEMMs), got '", args.dtype, "'");
   for (auto b : args.bytes)
     WEFT_REQUIRE(b % elem == 0, "--bytes ", b, " is not a whole number of ", args.dtype, " elements (", elem,
                  " bytes each)");

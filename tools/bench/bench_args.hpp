@@ -42,15 +42,28 @@ struct BenchArgs {
   std::int64_t no_source_begin = 0, no_source_end = 0;
 };
 
-/// Parses "M,N,K;M,N,K" (also "MxNxK"); throws naming the bad shape.
+/// The largest per-rank message --bytes takes (1024T): far above any GPU's
+/// memory, and low enough that a range's doubling and the buffer sizes derived
+/// from it stay well inside 64 bits.
+inline constexpr std::uint64_t kMaxBenchBytes = std::uint64_t{1} << 50;
+
+/// The largest GEMM dimension (M, N or K) weft-bench takes: one bf16 matrix of
+/// 2^24 x 8192 already exceeds a GPU's memory, and the sizes derived from a
+/// shape stay well inside 64 bits.
+inline constexpr std::int64_t kMaxShapeDim = std::int64_t{1} << 24;
+
+/// Parses "M,N,K;M,N,K" (also "MxNxK"), each dimension 1 to kMaxShapeDim;
+/// throws naming --shapes and the bad shape.
 std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text);
 
 /// Bytes of one element of `dtype`; throws naming the accepted types.
 int dtype_bytes(const std::string& dtype);
 
 /// Parses argv (argv[0] is the program). Throws weft::Error with a message
-/// that names the bad argument and what was expected. `--help` throws
-/// HelpRequested carrying the usage text.
+/// that names the bad argument and what was expected, and rejects an option
+/// that does not apply to the operation. `--help` (anywhere) throws
+/// HelpRequested carrying the overview, or the operation's own options when
+/// one is named.
 BenchArgs parse_bench_args(const std::vector<std::string>& argv);
 
 /// "fixed" or "shuffled": the name --order takes.
@@ -59,8 +72,13 @@ const char* sample_order_name(SampleOrder order);
 /// ag_gemm, gemm_rs, gemm_ar: the overlapped tensor-parallel operators.
 bool is_overlap_op(const std::string& op);
 
-/// The usage text.
+/// The overview: usage, every operation with a line on what it measures, the
+/// options every operation takes, the exit codes.
 std::string bench_usage();
+
+/// `op`'s own help: what it measures and each option that applies to it, with
+/// its default. Throws weft::Error for an unknown operation.
+std::string bench_usage(const std::string& op);
 
 /// Thrown by parse_bench_args for --help / -h.
 struct HelpRequested {
@@ -68,7 +86,8 @@ struct HelpRequested {
 };
 
 /// Parses a size list: "1K,64K,1M", a power-of-two range "1K:256M", or a mix
-/// ("1K:4K,1M"). Throws on malformed sizes or ranges whose ends are not powers of two.
+/// ("1K:4K,1M"), every size 1 to kMaxBenchBytes. Throws on malformed sizes,
+/// sizes above the bound, or ranges whose ends are not powers of two.
 std::vector<std::uint64_t> parse_size_list(const std::string& text);
 
 }  // namespace weft::bench
