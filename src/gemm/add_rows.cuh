@@ -7,7 +7,7 @@
 // tiles find the peer's partial sum already in the output and add theirs
 // onto it. The source epilogue of the other ways loads that partial sum into
 // shared memory, tile by tile, and adds it in registers: ~4.5 % of a tile
-// (PERF.md, twenty-first session). Here a tile's epilogue is the plain one,
+// (docs/decisions/0033). Here a tile's epilogue is the plain one,
 // only its TMA store is `cp.reduce.async.bulk.tensor ... .add`: L2 does the
 // add (one bf16 rounding of bf16(own) + bf16(peer), as NCCL's ReduceScatter
 // of bf16 partial sums), and the tensor cores never wait on a source load.
@@ -38,7 +38,7 @@ struct AddRows {
 /// store from every lane of one warp. ptxas issues a store once per warp, but
 /// wraps CuTe's reduce-add in a loop over the active lanes, one issue each:
 /// measured, the added rows held partial + 32 x (A x B), and the kernel ran
-/// at half speed (PERF.md, twenty-second session). Same tensor map, same
+/// at half speed (docs/decisions/0033). Same tensor map, same
 /// arguments: CuTe's reduce-add with a lane test in front.
 struct TmaReduceAddOneLane : cute::SM90_TMA_REDUCE_ADD {};
 

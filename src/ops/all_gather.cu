@@ -183,7 +183,7 @@ AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& optio
   WEFT_REQUIRE(ctx_, "AllGather needs a Context");
   WEFT_REQUIRE(bytes_ > 0, "AllGather: bytes_per_rank must be positive");
   WEFT_REQUIRE(options.max_sms >= 0, "AllGather: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
-  // Chosen from the 2 x H200 measurements in docs/PERF.md: LL up to 1 MB, SM
+  // Chosen from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008): LL up to 1 MB, SM
   // push in the middle, the copy engines (no SMs) from 32 MB.
   if (variant_ == AllGatherVariant::automatic)
     variant_ = bytes_ <= kAutoLowLatencyMaxBytes ? AllGatherVariant::low_latency

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(Args a) {
   dev::epoch_end(a.epoch, e);
 }
 
-// Chosen from the 2 x H200 measurements in docs/PERF.md.
+// Chosen from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008).
 constexpr std::uint64_t kAutoLowLatencyMaxBytes = 512u << 10;
 constexpr std::uint64_t kAutoOneShotMaxBytes = 4u << 20;
 constexpr std::uint64_t kAutoTwoShotMaxBytes = 16u << 20;

@@ -28,7 +28,7 @@ CopyEngineReduction::CopyEngineReduction(Context& ctx, std::uint64_t total, std:
   const int world = ctx.world_size();
   const std::uint64_t slice_bytes = slice * dtype_size(dtype);
   // Chunks of at least 16 MB and at most 4 of them: measured on 2 x H200 at
-  // 32 MB - 1 GB (docs/PERF.md), more and smaller chunks cost more in per-copy
+  // 32 MB - 1 GB (docs/decisions/0010), more and smaller chunks cost more in per-copy
   // overhead than they gain in overlap. WEFT_CE_CHUNK fixes the size, for tuning.
   const std::uint64_t chunk_bytes = env_bytes(process_env(), "WEFT_CE_CHUNK", 0);
   chunks_ = chunk_bytes ? static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunk_bytes, 1, 16))

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) ring_kernel(Args a) {
   dev::epoch_end(a.epoch, e);
 }
 
-// Chosen from the 2 x H200 measurements in docs/PERF.md (output bytes per rank).
+// Chosen from the 2 x H200 measurements in docs/PERF.md (output bytes per rank; docs/decisions/0008).
 constexpr std::uint64_t kAutoLowLatencyMaxBytes = 512u << 10;
 constexpr std::uint64_t kAutoRingMaxBytes = 8u << 20;
 

@@ -76,7 +76,7 @@ inline std::int64_t even_chunks(std::int64_t rows, std::int64_t want) {
 
 /// The smallest chunk worth its own copy and signal: each chunk costs a copy
 /// engine launch and a stream wait or write (5 to 13 us measured on H200,
-/// docs/PERF.md), so a 16 MB chunk spends under a tenth of its transfer on them.
+/// docs/decisions/0026), so a 16 MB chunk spends under a tenth of its transfer on them.
 constexpr std::int64_t kMinChunkBytes = std::int64_t{16} << 20;
 
 /// GEMM+ReduceScatter's and GEMM+AllReduce's chunks are sent as the GEMM

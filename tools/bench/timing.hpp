@@ -21,7 +21,7 @@ double median(std::vector<double> values);
 /// starts at the same moment), a start event, `calls_per_sample` calls back
 /// to back and an end event, then released, so the events time the GPU and
 /// not the host's enqueue latency; without `hold` the stream runs as the host
-/// enqueues (the method before 2026-11-30's tenth session). Returns
+/// enqueues (the earlier method, docs/decisions/0020). Returns
 /// microseconds per call: the median over `samples` samples on this rank,
 /// then the maximum of those medians over all ranks (the job is as slow as
 /// its slowest rank). Collective. WEFT_BENCH_RANKS=1: rank 0 also prints
@@ -43,7 +43,7 @@ enum class SampleOrder {
 /// light contender, a collective, leaving headroom that the next sample
 /// spends): the fixed order gives each contender the same predecessor every
 /// round, SampleOrder::shuffled every other about equally often. An A/B of
-/// the two found no effect above the noise (docs/PERF.md, thirteenth session).
+/// the two found no effect above the noise (docs/decisions/0020).
 /// Returns microseconds per call for each, in the order given. Collective.
 std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
                                      const std::vector<std::function<void()>>& contenders, int calls_per_sample,

@@ -2,7 +2,7 @@
 //
 // Names and semantics follow OpenSHMEM 1.5 and NVSHMEM's device API, with one
 // difference: each call takes the World it acts in as its first argument
-// (weft keeps no global device state; see docs/design.md). `pe` is a rank.
+// (weft keeps no global device state; see docs/decisions/0001). `pe` is a rank.
 //
 // Forms: plain = one thread; _warp = all 32 lanes of a warp call together with
 // the same arguments; _block = every thread of the block calls together.

@@ -12,7 +12,7 @@
 //                 buffers, one NVLink trip and no handshake;
 //   ring        - SM push in ring order: each shard travels rank -> rank + 1
 //                 for W - 1 steps (for links between neighbours only).
-// automatic picks by size from measurements on 2 x H200 (docs/PERF.md).
+// automatic picks by size from measurements on 2 x H200 (docs/PERF.md; docs/decisions/0008).
 // Every variant is epoch-tagged: back-to-back runs need no reset and no extra barrier.
 #pragma once
 

@@ -13,7 +13,7 @@
 //   ce        - the same two phases on the copy engines: slices pushed into the
 //               owners' scratch, summed chunk by chunk by a short local kernel,
 //               each summed chunk pushed to every peer. Bulk messages, few SMs.
-// automatic picks by size from the 2 x H200 measurements in docs/PERF.md.
+// automatic picks by size from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008).
 #pragma once
 
 #include <cuda_runtime_api.h>

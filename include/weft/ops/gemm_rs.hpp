@@ -4,7 +4,7 @@
 // of the inner dimension) and B_q ([N, K_q] as PyTorch stores it, or [K_q, N]).
 // Rank r ends with its block of rows of the sum, out_r [M/W, N].
 //
-// Fused path (a ring, docs/design.md): the M rows are W blocks. At step s,
+// Fused path (a ring, docs/decisions/0028): the M rows are W blocks. At step s,
 // rank r computes block b = (r - 1 - s) mod W with a persistent GEMM whose
 // epilogue adds the partial sum of that block received from rank r - 1
 // (D = A_b x B + S); the epilogue warp of each tile waits only for the chunk
@@ -27,7 +27,7 @@
 // then our own block, whose tiles wait for the peer's partial sum of their
 // rows to land in our `out` and add theirs onto it by TMA reduce-add: no
 // source load, no second kernel (the ring's two steps cost 1.07-1.08x the
-// whole GEMM before anything is sent: PERF.md, twenty-first session). The
+// whole GEMM before anything is sent: docs/decisions/0033). The
 // sum, bf16(own) + bf16(peer's) rounded once, is what NCCL's ReduceScatter of
 // the bf16 partial sums gives. It needs `out` in the symmetric heap, the same
 // buffer on every rank. Sequential path: a plain GEMM (weft's, or cuBLAS where
@@ -70,7 +70,7 @@ enum class FusedWay {
   /// (GemmHook::add_rows); needs M / 2 a multiple of 512 and `out` in the
   /// symmetric heap (the same buffer on every rank); a run with another
   /// `out` is refused, naming why. Built only when asked for (not among
-  /// automatic's ways) until its GPU tests have passed (docs/NOTES.md).
+  /// automatic's ways) until its GPU tests have passed (docs/decisions/0033).
   one_launch_add
 };
 

@@ -13,7 +13,7 @@
 //   copy_engine - the copy engines push slice p of every input into rank p's
 //                 scratch, chunk by chunk, while a short local kernel sums each
 //                 chunk that has arrived, in rank order (bulk messages, few SMs).
-// automatic picks by size from the 2 x H200 measurements in docs/PERF.md.
+// automatic picks by size from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,7 +1,7 @@
 // One GEMM configuration: bf16 x bf16 -> bf16, B [N,K], tile 128x128x64, cluster 1x2, pingpong,
 // hooked, D = A x B + S (tile_hooks.cuh): the epilogue producer waits for the source rows a tile
 // adds (GEMM + ReduceScatter's ring). The source load of one warpgroup's epilogue runs under the
-// other's mainloop, where the cooperative kernel stalls on it (about 6 % at K = 4096, PERF.md).
+// other's mainloop, where the cooperative kernel stalls on it (about 6 % at K = 4096, docs/decisions/0019).
 // It waits but does not report stored rows.
 #include "../cutlass_kernel.cuh"
 
