@@ -415,6 +415,16 @@ std::string find_in_path(const std::string& name) {
   return "";
 }
 
+// In a child about to exec a helper: the signals weftrun blocks (to read them
+// from its signalfd) and SIGPIPE, which it ignores, back to their defaults, so
+// the helper can be stopped (SIGTERM) and sees broken pipes.
+void restore_signals_for_exec() {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  signal(SIGPIPE, SIG_DFL);
+}
+
 struct Ran {
   int code = -1;       // exit code; -1 when it had to be killed at the limit or could not start
   std::string output;  // stdout and stderr together
@@ -442,6 +452,7 @@ Ran run_bounded(const std::vector<std::string>& args, const EnvList& env, const 
   pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
+    restore_signals_for_exec();
     dup2(in_pipe[0], 0);
     dup2(out_pipe[1], 1);
     dup2(out_pipe[1], 2);
@@ -547,6 +558,7 @@ class MpsDaemon {
     pid_t pid = fork();
     if (pid == 0) {
       setpgid(0, 0);
+      restore_signals_for_exec();
       prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);  // weftrun killed outright: the daemon goes too
       if (getppid() != parent) _exit(1);
       int devnull = open("/dev/null", O_RDONLY);
