@@ -63,6 +63,16 @@ TEST(ProgramsWithoutAGpu, EachSaysWhatIsMissingAndExitsNonZero) {
   EXPECT_EQ(run(WEFT_INFO_PATH, 20, /*stdout_only=*/true).output, "");
 }
 
+TEST(ProgramsWithoutAGpu, TheMainJobSaysWhatIsMissingBeforeBuildingAnything) {
+  if (gpu_visible()) GTEST_SKIP() << "a GPU is visible here: the no-GPU message cannot be checked";
+  const Ran r = run("bash " + std::string(WEFT_SOURCE_DIR) + "/scripts/run.sh", 10);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_NE(r.output.find("no NVIDIA GPU"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[build]"), std::string::npos) << "run.sh built before it checked the GPU:\n" << r.output;
+  EXPECT_EQ(r.output.find("[setup]"), std::string::npos) << "run.sh set up before it checked the GPU:\n" << r.output;
+}
+
 TEST(ProgramsWithoutAGpu, WeftInfoHelpsAndRefusesArguments) {
   const Ran help = run(std::string(WEFT_INFO_PATH) + " --help");
   EXPECT_EQ(help.code, 0) << help.output;
