@@ -13,7 +13,6 @@
 #include "weft/core/error.hpp"
 #include "weft/core/gpu_diagnosis.hpp"
 #include "weft/runtime/launch_env.hpp"
-#include "weft/runtime/team.hpp"
 
 namespace weft::test {
 namespace {
