@@ -2,6 +2,8 @@
 # The GPU test matrix, on whatever NVIDIA GPUs this machine has:
 #   - the whole GPU suite at world sizes 1, 2, 4 and 8, with ranks sharing a
 #     GPU through MPS (weftrun --share-gpu) where there are more ranks than GPUs;
+#   - the overlapped operators at world 2 and 4 with one hardware queue per rank
+#     (CUDA_DEVICE_MAX_CONNECTIONS=1);
 #   - the provoked hangs: a rank that skips an AllReduce at world 4, named by
 #     the others within the wait timeout; a GEMM whose rows never arrive (world 1);
 #   - the examples at world 2 (each checks its own result);
@@ -80,6 +82,26 @@ for n in 1 2 4 8; do
   [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))  # no summary: the binary died
   verdict "suite, world $n ($args)" $ok "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, $((SECONDS - t0)) s${left:+; $left}"
   grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sort -u | head -n 20
+done
+
+# ---- the overlapped operators with one hardware queue per rank ---------------------------
+# CUDA_DEVICE_MAX_CONNECTIONS=1 (as Megatron-LM sets it): every stream of a
+# rank shares one queue, run in the order work was enqueued. A stream wait
+# enqueued before the kernel it waits for would hang here (docs/decisions/0049).
+for n in 2 4; do
+  args=$(ranks "$n") || continue
+  log="$LOGS/one_queue_w$n.log"
+  t0=$SECONDS
+  # shellcheck disable=SC2086
+  CUDA_DEVICE_MAX_CONNECTIONS=1 "$WEFTRUN" $args --tag-output --timeout 600 -- "$TESTS" \
+    --gtest_filter='AgGemm.*:GemmRs.*:GemmAr.*:Overlap.*' >"$log" 2>&1
+  rc=$?
+  p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
+  f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+  left=$(no_mps_left)
+  verdict "overlap, world $n, CUDA_DEVICE_MAX_CONNECTIONS=1" $([ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$left" ]; echo $?) \
+    "rc=$rc, ${p:-0} passed, ${f:-0} failed, $((SECONDS - t0)) s${left:+; $left}"
+  grep -E '^\[rank [0-9]+\] \[  FAILED  \] [A-Za-z]' "$log" | sort -u | head -n 10
 done
 
 # ---- provoked hangs: every wait is bounded and names who never signalled --------------------

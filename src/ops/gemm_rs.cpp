@@ -328,10 +328,9 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   }
 
   // Our flags and counters of the last run are zeroed and every peer hears
-  // that our staging is free. The side stream starts now, before the GEMMs,
-  // and once every peer said the same, each step's block goes to rank + 1
-  // chunk by chunk, each chunk as soon as our GEMM stored it (a plain first
-  // step's block: once the step is done).
+  // that our staging is free. Once every peer said the same, each step's
+  // block goes to rank + 1 chunk by chunk, each chunk as soon as our GEMM
+  // stored it (a plain first step's block: once the step is done).
   cudaStream_t side = overlap_->begin(stream, arrived, static_cast<int>(2 * world * chunks_));
   Overlap::mark(stream, "start");
   auto* next_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, next));
@@ -355,10 +354,9 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       if (Overlap::recording()) Overlap::mark(side, str("side: step ", s, " chunk ", c, " sent"));
     }
   };
-  // What the side stream does after the first step's block: the later steps'
-  // blocks, and our own (the ring's last step), final once stored.
-  auto send_after_first = [&] {
-    for (int s = 1; s < steps; ++s) send_block(s, true);
+  // Our own block (the ring's last step), final once stored: a caller that
+  // ships it takes it from there; with one launch it moves to out.
+  auto send_own_block = [&] {
     char* own = one_launch ? rows_of(d, me) : static_cast<char*>(out);
     if (own_block_stored) {
       WEFT_REQUIRE(own == out, "GemmRs::run_fused: a caller that ships out on must pass all_rows with one launch");
@@ -370,16 +368,16 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
       }
     }
   };
-  // A plain first step's sends queue behind its GEMM, so nothing may queue
-  // on the side stream before them: everything there is in ring order.
-  if (!plain_first) {
-    send_block(0, true);
-    send_after_first();
-  }
-
+  // Each of the side stream's waits on our stored rows is enqueued after the
+  // GEMM that stores them. Streams may share one hardware queue (more streams
+  // than CUDA_DEVICE_MAX_CONNECTIONS, or that set to 1, as Megatron-LM does),
+  // and a queue runs in the order work was enqueued: a wait enqueued before
+  // its GEMM would hold that GEMM back forever (docs/decisions/0049).
   if (one_launch) {
     whole_gemm_->run(whole, stream);
     Overlap::mark(stream, "GEMM");
+    for (int s = 0; s < steps; ++s) send_block(s, true);
+    send_own_block();
   } else {
     for (int s = 0; s < world; ++s) {
       const int blk = schedule::ring_gemm_block(me, s, world);
@@ -387,25 +385,28 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                     .b = b,
                     .c = s == steps ? out : rows_of(d, blk)};
       if (s == 0 && plain_first) {
+        // Its block leaves once the whole step is done.
         plain_first_gemm_->run(args, stream);
         Overlap::mark(stream, "step 0 GEMM");
         WEFT_CUDA(cudaEventRecord(first_step_done_, stream));
         WEFT_CUDA(cudaStreamWaitEvent(side, first_step_done_, 0));
         send_block(0, false);
-        send_after_first();
         continue;
       }
       if (s < steps || own_block_stored) args.done = block_done(blk);
       if (s == 0) {
         first_gemm_->run(args, stream);
         Overlap::mark(stream, "step 0 GEMM");
-        continue;
+      } else {
+        // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
+        args.source = rows_of(staging_.get(), blk);
+        args.signals = s == steps ? source_signals(blk) : block_signals(blk);
+        (s == steps && !own_block_stored ? last : step_gemm_.get())->run(args, stream);
+        if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
       }
-      // Each tile's epilogue waits for its chunk of the partial sum from rank - 1.
-      args.source = rows_of(staging_.get(), blk);
-      args.signals = s == steps ? source_signals(blk) : block_signals(blk);
-      (s == steps && !own_block_stored ? last : step_gemm_.get())->run(args, stream);
-      if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM"));
+      // The step's block goes to rank + 1 chunk by chunk, each as soon as stored.
+      if (s < steps) send_block(s, true);
+      else send_own_block();
     }
   }
   overlap_->join(stream);  // our sends are done: the next run may overwrite them
@@ -457,6 +458,10 @@ void GemmRs::run_one_launch_add(const void* a, const void* b, void* out, cudaStr
   Overlap::mark(stream, "start");
   auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer)) + peer * chunks_;
   const char* ours_of_peer = static_cast<const char*>(send_) + peer * block_bytes;
+  // The GEMM first: the side stream's waits on its stored rows are enqueued
+  // after it (streams may share a hardware queue: docs/decisions/0049).
+  add_gemm_->run(args, stream);
+  Overlap::mark(stream, "GEMM");
   for (std::int64_t c = 0; c < chunks_; ++c) {
     Overlap::push_chunk_when_stored(peer_landing, ours_of_peer, chunk_bytes, c, stored + peer * chunks_, chunk_stored,
                                     peer_arrived, side);
@@ -464,8 +469,6 @@ void GemmRs::run_one_launch_add(const void* a, const void* b, void* out, cudaStr
   }
   // Our block is final chunk by chunk as its adds complete (they report like stores).
   if (own_block_stored) own_block_stored(side, stored + me * chunks_, chunk_stored);
-  add_gemm_->run(args, stream);
-  Overlap::mark(stream, "GEMM");
   overlap_->join(stream);  // our sends are done: the next run may overwrite send_
 }
 
