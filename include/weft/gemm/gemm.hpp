@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/dtype.hpp"
 #include "weft/device/world.cuh"
-#include "weft/ops/collective.hpp"
 
 namespace weft {
 

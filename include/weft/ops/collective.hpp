@@ -1,24 +1,16 @@
-// weft/ops/collective.hpp - what every collective plan shares: element types, variant and mode names.
+// weft/ops/collective.hpp - what every collective plan shares: variant and mode names (element types: core/dtype.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "weft/core/dtype.hpp"
+
 namespace weft {
 
 /// Throws weft::Error: "unknown WHAT 'TEXT': expected one of NAMES" (used by parse_name).
 [[noreturn]] void throw_unknown_name(const std::string& what, const std::string& text, const std::string& names);
-
-/// Element types the reducing collectives accept (sums accumulate in fp32).
-enum class DType { bf16, fp16, fp32 };
-
-/// Bytes per element.
-std::size_t dtype_size(DType t);
-/// "bf16", "fp16", "fp32".
-const char* to_string(DType t);
-/// Parses the names above; throws naming the accepted ones.
-DType parse_dtype(const std::string& name);
 
 /// One entry of an operation's variant table: the enum value, its name, and
 /// an optional longer alias accepted when parsing.
