@@ -33,6 +33,7 @@
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/all_gather.hpp"
+#include "weft/ops/collective.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft {
