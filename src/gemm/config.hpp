@@ -87,10 +87,6 @@ const std::vector<const Config*>& cublas_configs();
 /// Every compiled configuration.
 const std::vector<const Config*>& all_configs();
 
-/// True if a compiled configuration named `name` computes what `o` asks (its
-/// types, B layout and hook): the test Gemm's constructor applies to a forced name.
-bool has_configuration(const GemmOptions& o, const std::string& name);
-
 /// One function per compiled configuration, each in src/gemm/configs/ (called
 /// by all_configs: a static library would drop self-registering objects).
 const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative();

@@ -126,8 +126,8 @@ bool serves(const gemm_detail::Config& c, const GemmOptions& o) {
 
 }  // namespace
 
-bool gemm_detail::has_configuration(const GemmOptions& o, const std::string& name) {
-  for (const auto* c : all_configs())
+bool Gemm::has_configuration(const GemmOptions& o, const std::string& name) {
+  for (const auto* c : gemm_detail::all_configs())
     if (c->name == name && serves(*c, o)) return true;
   return false;
 }

@@ -21,7 +21,6 @@ using weft::DType;
 using weft::GemmHook;
 using weft::GemmOptions;
 using weft::gemm_detail::all_configs;
-using weft::gemm_detail::has_configuration;
 
 TEST(GemmConfigs, NamesSayTileClusterScheduleAndHook) {
   // "TMxTNxTK cCMxCN cooperative|pingpong[ swapped| stream-K][ hooked[+...source...|+add]]"
@@ -66,14 +65,14 @@ TEST(GemmConfigs, TheRingStepsForcedNamesResolve) {
     o.b_layout = layout;
     SCOPED_TRACE(layout == BLayout::nk ? "B [N, K]" : "B [K, N]");
     o.hook = GemmHook::none;
-    EXPECT_TRUE(has_configuration(o, plain));
-    EXPECT_FALSE(has_configuration(o, source)) << "a source kernel must not serve a plain GEMM";
+    EXPECT_TRUE(weft::Gemm::has_configuration(o, plain));
+    EXPECT_FALSE(weft::Gemm::has_configuration(o, source)) << "a source kernel must not serve a plain GEMM";
     o.hook = GemmHook::wait_source_rows;
-    EXPECT_TRUE(has_configuration(o, source));
-    EXPECT_FALSE(has_configuration(o, plain)) << "a plain kernel cannot wait for source rows";
+    EXPECT_TRUE(weft::Gemm::has_configuration(o, source));
+    EXPECT_FALSE(weft::Gemm::has_configuration(o, plain)) << "a plain kernel cannot wait for source rows";
     if (layout == BLayout::nk) {
       o.hook = GemmHook::report_rows;
-      EXPECT_TRUE(has_configuration(o, ring_step_config(GemmHook::report_rows)));
+      EXPECT_TRUE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::report_rows)));
     }
   }
   // GemmRs's one-launch way at 2 ranks adds its own block onto the peer's partial sum.
@@ -82,14 +81,14 @@ TEST(GemmConfigs, TheRingStepsForcedNamesResolve) {
     o.m = 4096, o.n = 8192, o.k = 4096;
     o.b_layout = layout;
     o.hook = GemmHook::add_rows;
-    EXPECT_TRUE(has_configuration(o, ring_step_config(GemmHook::add_rows)));
+    EXPECT_TRUE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::add_rows)));
     o.hook = GemmHook::report_rows;
-    EXPECT_FALSE(has_configuration(o, ring_step_config(GemmHook::add_rows))) << "an adding kernel only adds";
+    EXPECT_FALSE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::add_rows))) << "an adding kernel only adds";
   }
   GemmOptions fp16;
   fp16.m = 4096, fp16.n = 8192, fp16.k = 4096;
   fp16.input = fp16.output = DType::fp16;
-  EXPECT_FALSE(has_configuration(fp16, source)) << "the hooked kernels are bf16 only";
+  EXPECT_FALSE(weft::Gemm::has_configuration(fp16, source)) << "the hooked kernels are bf16 only";
 }
 
 }  // namespace

@@ -39,20 +39,13 @@ int layer_of(const std::string& rel) {
 /// "includer -> included", with what removes each (docs/ROADMAP.md, the
 /// restructure).
 const std::map<std::string, std::string> kKnownBreaks = {
-    {"include/weft/runtime/context.hpp -> include/weft/device/world.cuh",
-     "the World plain-data struct moves where runtime and device can both include it"},
     {"src/runtime/stream_barrier.cu -> include/weft/device/shmem.cuh",
-     "the stream barrier's kernel moves out of runtime, or World moves down"},
+     "the stream barrier's kernel moves out of runtime, into the device layer's collectives"},
 };
 
 /// Private headers (src/<layer>/) included from another layer's folder, as
 /// "includer -> included": a layer above uses only the public API below it.
-const std::map<std::string, std::string> kKnownPrivateUses = {
-    {"src/ops/gemm_rs.cpp -> src/gemm/config.hpp",
-     "Gemm answers whether a configuration is compiled (has_configuration) through its public API"},
-    {"src/ops/gemm_rs.cpp -> src/gemm/row_bands.hpp",
-     "RowsDone gives the counter value of a complete band (band_stored_value) through the public API"},
-};
+const std::map<std::string, std::string> kKnownPrivateUses = {};
 
 struct Break {
   std::string edge;

@@ -93,6 +93,12 @@ struct RowSignals {
 struct RowsDone {
   std::uint64_t* counters = nullptr;  ///< device memory, one per band
   std::int64_t rows_per_counter = 1;
+
+  /// A band's counter once every tile of an [M, n] product has stored its
+  /// `band_rows` rows (rows_per_counter, or fewer for a last, short band).
+  static constexpr std::uint64_t complete_value(std::int64_t band_rows, std::int64_t n) {
+    return static_cast<std::uint64_t>(band_rows * n);
+  }
 };
 
 /// One run's operands.
@@ -183,6 +189,11 @@ class Gemm {
   /// Validates the shape, types and alignment (errors say what was expected).
   explicit Gemm(const GemmOptions& options);
   ~Gemm();
+  /// True if this build compiled a configuration named `name` that computes
+  /// what `o` asks (its types, B layout and hook): a plan that forces a
+  /// configuration (GemmOptions::config) asks first, as the constructor
+  /// refuses a forced name it cannot run.
+  static bool has_configuration(const GemmOptions& o, const std::string& name);
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 

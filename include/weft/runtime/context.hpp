@@ -18,11 +18,11 @@
 #include <memory>
 #include <string>
 
-#include "weft/device/world.cuh"
 #include "weft/runtime/heap.hpp"
 #include "weft/runtime/launch_env.hpp"
 #include "weft/runtime/store.hpp"
 #include "weft/runtime/team.hpp"
+#include "weft/runtime/world.hpp"
 
 namespace weft {
 
