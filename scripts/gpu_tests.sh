@@ -23,6 +23,13 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-${WEFT_BUILD_DIR:-build}}
 LOGS=${2:-$BUILD/gpu-test-logs}
 mkdir -p "$LOGS"
+# A build of the CI subset of GEMM kernels (WEFT_GEMM_KERNELS=subset) lacks
+# kernels the tuner and the tests choose: the GPU matrix needs all of them.
+if grep -q '^WEFT_GEMM_KERNELS:STRING=subset$' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+  echo "gpu_tests.sh: $BUILD compiles only the CI subset of GEMM kernels; rebuild it with every kernel:" \
+       "WEFT_GEMM_KERNELS=all WEFT_BUILD_DIR=$BUILD bash scripts/build.sh" >&2
+  exit 2
+fi
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # Plans at world 8 hold buffers of M = 2048 x 8 rows: room for them in every rank's heap.
 export WEFT_HEAP_SIZE=${WEFT_HEAP_SIZE:-2G}

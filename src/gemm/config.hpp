@@ -84,35 +84,7 @@ struct Config {
 /// cuBLAS as tuner candidates, one per type and layout (cublas_config.cpp).
 const std::vector<const Config*>& cublas_configs();
 
-/// Every compiled configuration.
+/// Every compiled configuration: the rows of src/gemm/kernel_table.cmake, in its order.
 const std::vector<const Config*>& all_configs();
-
-/// One function per compiled configuration, each in src/gemm/configs/ (called
-/// by all_configs: a static library would drop self-registering objects).
-const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative();
-const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative();
-const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_streamK();
-const Config* config_bf16_bf16_nk_256x128x64_c1x2_cooperative();
-const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative();
-const Config* config_bf16_bf16_nk_128x128x64_c2x1_cooperative();
-const Config* config_bf16_bf16_nk_64x256x64_c1x1_pingpong();
-const Config* config_bf16_bf16_nk_144x256x64_c1x2_cooperative_swapped();
-const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative();
-const Config* config_bf16_bf16_kn_64x256x64_c1x1_pingpong();
-const Config* config_bf16_fp32_nk_128x256x64_c2x1_cooperative();
-const Config* config_fp16_fp16_nk_128x256x64_c2x1_cooperative();
-const Config* config_fp16_fp16_nk_64x256x64_c1x1_pingpong();
-const Config* config_fp16_fp16_kn_128x256x64_c2x1_cooperative();
-const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked();
-const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked();
-const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_source();
-const Config* config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked_source();
-const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source();
-const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked();
-const Config* config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source();
-const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong();
-const Config* config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source();
-const Config* config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_add();
-const Config* config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_add();
 
 }  // namespace weft::gemm_detail

@@ -157,4 +157,70 @@ constexpr Config make_config(DType in, DType out, BLayout layout, const char* na
                 K::kWithSource, K::kReports, &K::workspace, &K::check, &K::run, false, K::kAddsRows};
 }
 
+/// The schedule of one row of src/gemm/kernel_table.cmake.
+enum class Schedule : int {
+  cooperative,           ///< two consumer warpgroups share each tile; one store warp (can report rows)
+  pingpong,              ///< the consumer warpgroups take tiles in turn
+  cooperative_stream_k,  ///< cooperative, K split across CTAs where tiles are few
+  cooperative_swapped,   ///< cooperative, computed as D^T = B x A^T (kSwapAB; decision 0018)
+};
+
+/// The hook of one row of the table (tile_hooks.cuh).
+enum class Hook : int {
+  none,          ///< a plain GEMM
+  waits,         ///< the mainloop waits for A rows; cooperative kernels report stored rows
+  waits_source,  ///< D = A x B + source, the epilogue waits for source rows
+  waits_add,     ///< some rows are added into another matrix (add_rows.cuh), the mainloop waits
+};
+
+/// One kernel as the table names it: a value, the template parameter of
+/// KernelOf, so that a kernel is chosen by named fields, not by the position
+/// of Kernel<...>'s thirteen arguments. Tile and cluster are the output's,
+/// along our M and N, whichever operand CUTLASS takes first.
+struct KernelSpec {
+  DType input, output;
+  BLayout b_layout;
+  int tile_m, tile_n, tile_k;
+  int cluster_m, cluster_n;
+  Schedule schedule;
+  Hook hook;
+};
+
+template <DType T>
+struct CutlassElement;
+template <>
+struct CutlassElement<DType::bf16> { using type = cutlass::bfloat16_t; };
+template <>
+struct CutlassElement<DType::fp16> { using type = cutlass::half_t; };
+template <>
+struct CutlassElement<DType::fp32> { using type = float; };
+
+/// Kernel<...> for a spec. Swapped, CUTLASS's tile and cluster are ours transposed.
+template <KernelSpec S>
+struct KernelOfSpec {
+  static constexpr bool kSwap = S.schedule == Schedule::cooperative_swapped;
+  using Out = typename CutlassElement<S.output>::type;
+  using type = Kernel<typename CutlassElement<S.input>::type, Out,
+                      std::conditional_t<S.b_layout == BLayout::nk, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>,
+                      kSwap ? S.tile_n : S.tile_m, kSwap ? S.tile_m : S.tile_n, S.tile_k,
+                      kSwap ? S.cluster_n : S.cluster_m, kSwap ? S.cluster_m : S.cluster_n,
+                      S.schedule != Schedule::pingpong,
+                      std::conditional_t<S.hook != Hook::none, HookedSchedulerTag,
+                                         std::conditional_t<S.schedule == Schedule::cooperative_stream_k,
+                                                            cutlass::gemm::StreamKScheduler,
+                                                            cutlass::gemm::PersistentScheduler>>,
+                      std::conditional_t<S.hook == Hook::waits_source, Out, void>, kSwap, S.hook == Hook::waits_add>;
+};
+template <KernelSpec S>
+using KernelOf = typename KernelOfSpec<S>::type;
+
+/// The Config of the table's row S, named `name` (the table's generator writes both).
+template <KernelSpec S>
+constexpr Config spec_config(const char* name) {
+  using K = KernelOf<S>;
+  static_assert(K::kClusterM == S.cluster_m && K::kClusterN == S.cluster_n, "the spec's cluster is the kernel's");
+  static_assert(K::kHooked == (S.hook != Hook::none) && K::kAddsRows == (S.hook == Hook::waits_add));
+  return make_config<K>(S.input, S.output, S.b_layout, name, S.tile_m, S.tile_n);
+}
+
 }  // namespace weft::gemm_detail

@@ -15,35 +15,19 @@
 namespace weft {
 namespace gemm_detail {
 
+// One function per compiled kernel, each in a unit generated from
+// src/gemm/kernel_table.cmake (cmake/WeftGemmKernels.cmake). Listed here, not
+// self-registering: a static library would drop objects nothing refers to.
+#define WEFT_GEMM_KERNEL(id) const Config* id();
+#include "gemm_configs.inc"
+#undef WEFT_GEMM_KERNEL
+
 const std::vector<const Config*>& all_configs() {
+  // In the table's order: the tuner's candidate order.
   static const std::vector<const Config*> configs = {
-      config_bf16_bf16_nk_128x256x64_c2x1_cooperative(),
-      config_bf16_bf16_nk_128x256x64_c1x2_cooperative(),
-      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_streamK(),
-      config_bf16_bf16_nk_256x128x64_c1x2_cooperative(),
-      config_bf16_bf16_nk_256x128x64_c2x1_cooperative(),
-      config_bf16_bf16_nk_128x128x64_c2x1_cooperative(),
-      config_bf16_bf16_nk_64x256x64_c1x1_pingpong(),
-      config_bf16_bf16_nk_144x256x64_c1x2_cooperative_swapped(),
-      config_bf16_bf16_kn_128x256x64_c2x1_cooperative(),
-      config_bf16_bf16_kn_64x256x64_c1x1_pingpong(),
-      config_bf16_fp32_nk_128x256x64_c2x1_cooperative(),
-      config_fp16_fp16_nk_128x256x64_c2x1_cooperative(),
-      config_fp16_fp16_nk_64x256x64_c1x1_pingpong(),
-      config_fp16_fp16_kn_128x256x64_c2x1_cooperative(),
-      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked(),
-      config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked(),
-      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_source(),
-      config_bf16_bf16_nk_256x128x64_c2x1_cooperative_hooked_source(),
-      config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_source(),
-      config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked(),
-      config_bf16_bf16_nk_128x256x64_c1x2_cooperative_hooked_source(),
-      config_bf16_bf16_nk_128x128x64_c1x2_pingpong(),
-      config_bf16_bf16_nk_128x256x64_c2x1_cooperative_hooked_add(),
-      config_bf16_bf16_kn_128x256x64_c2x1_cooperative_hooked_add(),
-      // Last, so that a hooked plan's first candidate (the pick under graph
-      // capture, untuned) is one that can report too.
-      config_bf16_bf16_nk_128x128x64_c1x2_pingpong_hooked_source(),
+#define WEFT_GEMM_KERNEL(id) id(),
+#include "gemm_configs.inc"
+#undef WEFT_GEMM_KERNEL
   };
   return configs;
 }

@@ -122,7 +122,7 @@ TEST(Layers, LayerOfAFileFollowsItsFolder) {
   EXPECT_EQ(layer_of("include/weft/core/dtype.hpp"), 0);
   EXPECT_EQ(layer_of("src/runtime/context.cpp"), 1);
   EXPECT_EQ(layer_of("include/weft/device.cuh"), 2);
-  EXPECT_EQ(layer_of("src/gemm/configs/config_bf16_bf16_nk_128x256x64_c2x1_cooperative.cu"), 3);
+  EXPECT_EQ(layer_of("src/gemm/cutlass_kernel.cuh"), 3);
   EXPECT_EQ(layer_of("include/weft/ops/gemm_rs.hpp"), 4);
   EXPECT_EQ(layer_of("tools/bench/bench_args.cpp"), 5);
   EXPECT_EQ(layer_of("tests/gpu/main.cpp"), -1);
