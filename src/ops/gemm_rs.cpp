@@ -76,11 +76,18 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
   // One launch walks the blocks in ring order within one tile order: a tile
   // must not straddle two blocks (its wait would hold back the block before
   // it, which the ring needs first), whatever the tile (at most 256 rows, in
-  // clusters of at most 2 along M).
-  const bool one_launch_possible = world > 1 && block_rows_ % kOneLaunchBlockRows == 0;
+  // clusters of at most 2 along M). The hooked scheduler's rotation walks the
+  // blocks ascending from the first one (r - 1, r, r + 1, ...) and the ring
+  // sends them descending (r - 1, r - 2, ...): the same order at 2 ranks
+  // only. At 3 or more the side stream's second send waits for a block the
+  // walk reaches last, while the walk's second block waits for what the
+  // previous rank's side stream holds back the same way: every rank stops
+  // (docs/ROADMAP.md, GEMM+ReduceScatter at 3 ranks and more).
+  const bool one_launch_possible = world == 2 && block_rows_ % kOneLaunchBlockRows == 0;
   WEFT_REQUIRE(o.way != FusedWay::ring_one_launch || one_launch_possible,
-               "GemmRs: FusedWay::ring_one_launch needs 2 or more ranks and M / W a multiple of ", kOneLaunchBlockRows,
-               ", got M / W = ", block_rows_, " on ", world, " rank(s)");
+               "GemmRs: FusedWay::ring_one_launch needs exactly 2 ranks (its tiles walk the blocks in the ring's "
+               "order only there) and M / W a multiple of ", kOneLaunchBlockRows, ", got M / W = ", block_rows_,
+               " on ", world, " rank(s)");
   // Adding our block onto the peer's partial sum takes exactly one peer, and
   // whole tiles on both sides of the blocks' boundary.
   const bool one_launch_add_possible = world == 2 && one_launch_possible;

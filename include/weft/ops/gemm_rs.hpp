@@ -15,9 +15,9 @@
 // the last step the block is rank r's own and D is the output; that step sends
 // nothing on (unless GemmAr ships it), so its GEMM may walk its tiles in any
 // order (GemmOptions::any_tile_order), which the tuner times.
-// The ring runs as one GEMM launch per step ("fused"), or as one persistent
-// GEMM over all M rows whose tiles walk the blocks in ring order ("fused, one
-// launch": the same waits and reports, without a kernel boundary and a
+// The ring runs as one GEMM launch per step ("fused"), or, at 2 ranks, as one
+// persistent GEMM over all M rows whose tiles walk the blocks in ring order
+// ("fused, one launch": the same waits and reports, without a kernel boundary and a
 // half-size GEMM per step; the first block's source rows are zeros). Either
 // way block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
 // are bitwise identical (each way with its own bits).
@@ -59,7 +59,7 @@ class Overlap;
 enum class FusedWay {
   automatic,        ///< every way the plan can run, timed on the first run with the sequential paths
   ring_per_step,    ///< the ring, one GEMM per step over M / W rows
-  ring_one_launch,  ///< the ring as one persistent GEMM over all M rows; needs M / W a multiple of 512
+  ring_one_launch,  ///< 2 ranks: the ring as one persistent GEMM over all M rows; needs M / 2 a multiple of 512
   /// The ring per step, its first step a plain GEMM (any tile order, or
   /// cuBLAS: the fastest the tuner finds) whose block leaves once whole,
   /// under the next step's GEMM; needs 2 ranks or more.
