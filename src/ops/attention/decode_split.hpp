@@ -1,0 +1,79 @@
+// decode_split.hpp (private) - how distributed decode attention splits a sequence's KV cache, and how
+// the partial results combine, as plain functions.
+//
+// Each rank holds a shard of every sequence's KV cache and attends over it;
+// within a rank the shard splits again across SMs. Every part p returns its
+// partial output o_p (softmax over its keys only, normalised) and its
+// log-sum-exp lse_p = log(sum over its keys of exp(score)); an empty part
+// returns lse = -inf and contributes nothing. The exact result over all keys is
+//   lse = log(sum_p exp(lse_p)),   o = sum_p exp(lse_p - lse) x o_p,
+// computed against the largest lse_p so that no exp overflows. The merge is
+// associative up to rounding, so the SM splits and the ranks combine with the
+// same functions: the kernels (device) and the CPU tests (host, float64
+// references, world sizes 1 to 8) call these.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "weft/device/types.cuh"
+
+namespace weft::attention_detail {
+
+/// Keys [lo, hi) of a sequence of `length` keys held by rank `rank` of
+/// `world` when shards are contiguous: ceil(length / world) keys each, the
+/// last ranks' shorter or empty (a sequence shorter than the world leaves
+/// ranks with nothing).
+WEFT_HD void contiguous_shard(std::int64_t length, int world, int rank, std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t per = (length + world - 1) / world;
+  lo = per * rank < length ? per * rank : length;
+  hi = lo + per < length ? lo + per : length;
+}
+
+/// Pages of `pages` that rank `rank` holds when pages are dealt round-robin
+/// (page q on rank q mod world): its i-th page is rank + i x world.
+WEFT_HD std::int64_t interleaved_page_count(std::int64_t pages, int world, int rank) {
+  return pages > rank ? (pages - rank + world - 1) / world : 0;
+}
+WEFT_HD std::int64_t interleaved_page(int world, int rank, std::int64_t i) { return rank + i * world; }
+
+/// Keys of a sequence of `length` keys in page q of `page_size` keys (the last page may end early).
+WEFT_HD std::int64_t keys_in_page(std::int64_t length, std::int64_t page_size, std::int64_t q) {
+  const std::int64_t lo = q * page_size;
+  const std::int64_t hi = lo + page_size < length ? lo + page_size : length;
+  return hi > lo ? hi - lo : 0;
+}
+
+/// A running merge of parts (output, lse): feed each part with add, read the
+/// result with output_scale and lse. Scales are relative to the largest lse seen.
+struct LseMerge {
+  float max_lse = -INFINITY;
+  float sum = 0.0f;  ///< sum of exp(lse_p - max_lse) over the parts added
+
+  /// Adds a part's lse; returns the factor by which the running output
+  /// (a sum of scaled parts) must be multiplied before this part's scaled
+  /// output, exp(lse_p - new max) x o_p, is added to it. Empty parts (lse =
+  /// -inf) return 1 and change nothing.
+  WEFT_HD float add(float lse, float& part_scale) {
+    if (lse == -INFINITY) {
+      part_scale = 0.0f;
+      return 1.0f;
+    }
+    if (lse <= max_lse) {
+      part_scale = expf(lse - max_lse);
+      sum += part_scale;
+      return 1.0f;
+    }
+    const float rescale = max_lse == -INFINITY ? 0.0f : expf(max_lse - lse);
+    sum = sum * rescale + 1.0f;
+    max_lse = lse;
+    part_scale = 1.0f;
+    return rescale;
+  }
+  /// What the running output is multiplied by at the end: 1 / sum (0 if every part was empty).
+  WEFT_HD float output_scale() const { return sum > 0.0f ? 1.0f / sum : 0.0f; }
+  /// The merged log-sum-exp (-inf if every part was empty).
+  WEFT_HD float lse() const { return sum > 0.0f ? max_lse + logf(sum) : -INFINITY; }
+};
+
+}  // namespace weft::attention_detail

@@ -1,0 +1,179 @@
+// Distributed decode attention's split of the KV cache and its log-sum-exp
+// merge (src/ops/attention/decode_split.hpp), on the CPU: every key is in
+// exactly one shard at world sizes 1 to 8, contiguous or in interleaved pages,
+// and partial results merged in fp32 - first over a rank's SM splits, then
+// over the ranks - match a float64 attention over the whole sequence.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ops/attention/decode_split.hpp"
+
+namespace {
+
+using weft::attention_detail::contiguous_shard;
+using weft::attention_detail::interleaved_page;
+using weft::attention_detail::interleaved_page_count;
+using weft::attention_detail::keys_in_page;
+using weft::attention_detail::LseMerge;
+
+constexpr int kDim = 16;
+
+struct Head {
+  std::vector<double> q, k, v;  // q [kDim], k and v [length][kDim]
+};
+
+Head random_head(std::mt19937_64& rng, std::int64_t length) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  Head h;
+  h.q.resize(kDim);
+  h.k.resize(length * kDim);
+  h.v.resize(length * kDim);
+  for (auto& x : h.q) x = 2.0 * normal(rng);  // scores spread wide enough to test the max-shift
+  for (auto& x : h.k) x = normal(rng);
+  for (auto& x : h.v) x = normal(rng);
+  return h;
+}
+
+// Attention of q over the given keys, in float64: (output [kDim], lse); lse = -inf over no keys.
+struct Partial {
+  std::vector<double> o = std::vector<double>(kDim, 0.0);
+  double lse = -INFINITY;
+};
+Partial attend(const Head& h, const std::vector<std::int64_t>& keys) {
+  Partial p;
+  if (keys.empty()) return p;
+  std::vector<double> s(keys.size());
+  double mx = -INFINITY;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    double dot = 0;
+    for (int d = 0; d < kDim; ++d) dot += h.q[d] * h.k[keys[i] * kDim + d];
+    s[i] = dot / std::sqrt(static_cast<double>(kDim));
+    mx = std::max(mx, s[i]);
+  }
+  double sum = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) sum += std::exp(s[i] - mx);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    for (int d = 0; d < kDim; ++d) p.o[d] += std::exp(s[i] - mx) / sum * h.v[keys[i] * kDim + d];
+  p.lse = mx + std::log(sum);
+  return p;
+}
+
+// Merges parts in fp32 as a kernel does: running output rescaled per part.
+struct MergedF {
+  std::vector<float> o = std::vector<float>(kDim, 0.0f);
+  float lse = -INFINITY;
+};
+MergedF merge(const std::vector<MergedF>& parts) {
+  LseMerge m;
+  std::vector<float> acc(kDim, 0.0f);
+  for (const auto& part : parts) {
+    float part_scale;
+    const float rescale = m.add(part.lse, part_scale);
+    for (int d = 0; d < kDim; ++d) acc[d] = acc[d] * rescale + part_scale * part.o[d];
+  }
+  MergedF out;
+  for (int d = 0; d < kDim; ++d) out.o[d] = acc[d] * m.output_scale();
+  out.lse = m.lse();
+  return out;
+}
+MergedF to_float(const Partial& p) {
+  MergedF f;
+  for (int d = 0; d < kDim; ++d) f.o[d] = static_cast<float>(p.o[d]);
+  f.lse = static_cast<float>(p.lse);
+  return f;
+}
+
+// The keys each rank holds.
+std::vector<std::vector<std::int64_t>> shards(std::int64_t length, int world, bool paged, std::int64_t page_size) {
+  std::vector<std::vector<std::int64_t>> keys(world);
+  for (int r = 0; r < world; ++r) {
+    if (!paged) {
+      std::int64_t lo, hi;
+      contiguous_shard(length, world, r, lo, hi);
+      for (std::int64_t i = lo; i < hi; ++i) keys[r].push_back(i);
+    } else {
+      const std::int64_t pages = (length + page_size - 1) / page_size;
+      for (std::int64_t i = 0; i < interleaved_page_count(pages, world, r); ++i) {
+        const std::int64_t q = interleaved_page(world, r, i);
+        for (std::int64_t j = 0; j < keys_in_page(length, page_size, q); ++j) keys[r].push_back(q * page_size + j);
+      }
+    }
+  }
+  return keys;
+}
+
+TEST(DecodeSplit, EveryKeyIsInExactlyOneShard) {
+  for (int world = 1; world <= 8; ++world) {
+    for (std::int64_t length : {0, 1, 5, 17, 4097}) {
+      for (bool paged : {false, true}) {
+        for (std::int64_t page_size : {1, 16, 7}) {
+          std::vector<int> seen(length, 0);
+          for (const auto& keys : shards(length, world, paged, page_size))
+            for (std::int64_t key : keys) ++seen[key];
+          for (std::int64_t i = 0; i < length; ++i)
+            ASSERT_EQ(seen[i], 1) << "W " << world << " length " << length << (paged ? " paged " : " contiguous ")
+                                  << page_size << ": key " << i;
+          if (!paged) break;
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeSplit, MergedPartsMatchAttentionOverTheWholeSequence) {
+  std::mt19937_64 rng(0xdec0de);
+  int checked = 0;
+  for (int world = 1; world <= 8; ++world) {
+    for (std::int64_t length : {1, 3, 17, 4097}) {  // 1 and 3: shorter than most worlds, so some shards are empty
+      const Head h = random_head(rng, length);
+      std::vector<std::int64_t> all(length);
+      for (std::int64_t i = 0; i < length; ++i) all[i] = i;
+      const Partial reference = attend(h, all);
+      for (bool paged : {false, true}) {
+        for (int splits : {1, 3, 8}) {  // SM splits within each rank
+          std::vector<MergedF> per_rank;
+          for (const auto& keys : shards(length, world, paged, 16)) {
+            std::vector<MergedF> parts;
+            for (int s = 0; s < splits; ++s) {
+              std::int64_t lo, hi;
+              contiguous_shard(static_cast<std::int64_t>(keys.size()), splits, s, lo, hi);
+              parts.push_back(to_float(attend(h, std::vector<std::int64_t>(keys.begin() + lo, keys.begin() + hi))));
+            }
+            per_rank.push_back(merge(parts));
+          }
+          const MergedF out = merge(per_rank);
+          SCOPED_TRACE(testing::Message() << "W " << world << " length " << length << (paged ? " paged" : "")
+                                          << " splits " << splits);
+          EXPECT_NEAR(out.lse, reference.lse, 1e-5 * std::max(1.0, std::fabs(reference.lse)));
+          double err = 0, norm = 0;
+          for (int d = 0; d < kDim; ++d) {
+            err = std::max(err, std::fabs(out.o[d] - reference.o[d]));
+            norm = std::max(norm, std::fabs(reference.o[d]));
+          }
+          EXPECT_LE(err, 1e-5 * std::max(1.0, norm));
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 8 * 4 * 2 * 3);
+}
+
+TEST(DecodeSplit, EmptyPartsContributeNothing) {
+  MergedF empty;  // lse = -inf, o = 0
+  MergedF part;
+  for (int d = 0; d < kDim; ++d) part.o[d] = static_cast<float>(d) - 3.5f;
+  part.lse = 2.25f;
+  const MergedF out = merge({empty, part, empty});
+  EXPECT_EQ(out.lse, part.lse);
+  for (int d = 0; d < kDim; ++d) EXPECT_FLOAT_EQ(out.o[d], part.o[d]);
+  const MergedF none = merge({empty, empty});
+  EXPECT_EQ(none.lse, -INFINITY) << "no keys at all: lse -inf";
+  for (int d = 0; d < kDim; ++d) EXPECT_EQ(none.o[d], 0.0f) << "and a zero output, not NaN";
+}
+
+}  // namespace
