@@ -136,11 +136,16 @@ class GemmRs {
   /// own); in one launch, its one GEMM's. "" before they are chosen.
   std::string fused_gemm_config(FusedWay way) const;
   /// True if the plan built this fused way (GemmRsOptions::way, and what the
-  /// shape allows: one launch needs 2 ranks or more and M / W a multiple of
+  /// shape allows: one launch needs exactly 2 ranks and M / 2 a multiple of
   /// 512; a plain first step, 2 ranks or more; one launch adding, exactly 2
   /// ranks and M / 2 a multiple of 512).
   bool builds(FusedWay way) const;
   const GemmRsOptions& options() const { return options_; }
+
+ private:
+  // GemmAr runs the ring and ships our block on from the side stream: the
+  // interface below is its, not a user's.
+  friend class GemmAr;
 
   /// For a caller that ships `out` on (GemmAr): called once per fused run,
   /// before the GEMMs are enqueued, with the side stream (forked from the run's
@@ -159,7 +164,6 @@ class GemmRs {
   /// Rows per chunk, the copy and signal unit.
   std::int64_t chunk_rows() const { return chunk_rows_; }
 
- private:
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
   /// The last ring step's GEMM when nobody ships our block, for `way`.
   Gemm* last_step_gemm(FusedWay way) const;
