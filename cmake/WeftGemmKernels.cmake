@@ -28,11 +28,8 @@ function(_weft_kernel_fail row why)
 endfunction()
 
 # weft_gemm_kernel(INPUT OUTPUT B_LAYOUT TILE_MxNxK CLUSTER_MxN SCHEDULE HOOK [SUBSET])
-macro(weft_gemm_kernel)
-  _weft_gemm_kernel("${ARGN}")
-endmacro()
-
-function(_weft_gemm_kernel row)
+function(weft_gemm_kernel)
+  set(row ${ARGN})
   list(LENGTH row n)
   if(n LESS 7 OR n GREATER 8)
     _weft_kernel_fail("${row}" "expected INPUT OUTPUT B_LAYOUT TILE CLUSTER SCHEDULE HOOK [SUBSET]")

@@ -3,8 +3,6 @@
 // primitives are overlap.hpp's, the ring order schedule.hpp's.
 #include "weft/ops/gemm_rs.hpp"
 
-#include <algorithm>
-
 #include "overlap.hpp"
 #include "ring_step.hpp"
 #include "schedule.hpp"
@@ -259,7 +257,7 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   const std::uint64_t block_bytes = static_cast<std::uint64_t>(block_rows_ * n * 2);
   const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * n * 2);
   // A chunk's stored-row counter once final (every chunk has chunk_rows_ rows).
-  const std::uint64_t chunk_stored = RowsDone::complete_value(std::min(chunk_rows_, block_rows_), n);
+  const std::uint64_t chunk_stored = RowsDone::complete_value(chunk_rows_, n);
   const int steps = world - 1;
   if (steps == 0) {
     first_gemm_->run(a, b, out, stream);
@@ -438,7 +436,7 @@ void GemmRs::run_one_launch_add(const void* a, const void* b, void* out, cudaStr
                        (all_rows ? peer * block_bytes : 0);
   auto* arrived = arrived_.as<std::uint64_t>();  // [block][chunk]: the peer's partial sum of the chunk is in out
   auto* stored = arrived + world * chunks_;      // [block][chunk]: elements of the chunk our GEMM stored or added
-  const std::uint64_t chunk_stored = RowsDone::complete_value(std::min(chunk_rows_, block_rows_), n);
+  const std::uint64_t chunk_stored = RowsDone::complete_value(chunk_rows_, n);
   // The peer's block first: stored into send_ (at its own rows) and sent as
   // each chunk is complete; then ours, each tile waiting (in its mainloop's
   // producer) for its chunk of the peer's partial sum, then adding onto it.
