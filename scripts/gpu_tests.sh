@@ -175,5 +175,12 @@ if args=$(ranks 4); then
     "rc=$rc, job gone $ms ms after SIGINT${left:+; $left}"
 fi
 
+# ---- a job that sees no GPU skips (exit 77, CTest's skip code) and says why --------------
+log="$LOGS/no_visible_gpu.log"
+CUDA_VISIBLE_DEVICES= "$TESTS" >"$log" 2>&1
+rc=$?
+verdict "CUDA_VISIBLE_DEVICES empty" $([ "$rc" -eq 77 ] && grep -q 'SKIPPED' "$log"; echo $?) \
+  "rc=$rc: $(grep -m 1 -o 'SKIPPED.*' "$log" | cut -c1-100)"
+
 echo "GPU: $passed passed, $failed failed, $skipped skipped test cases (world sizes$worlds); steps: $steps_ok ok, $steps_failed failed"
 [ "$steps_failed" -eq 0 ] && [ "$failed" -eq 0 ]
