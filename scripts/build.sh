@@ -5,9 +5,9 @@
 # compiles, so the job count is the smaller of the cores and the available
 # memory / 3.5 GB (at least 1): more jobs than memory allows would swap or be
 # killed. WEFT_JOBS=N sets the count instead. Before a first build it prints
-# how long that build takes (25 CUTLASS kernels; measured: about 17 minutes
-# with 2 jobs and 3 with 16, so about 1 + 32 / jobs minutes; a slower 2-core
-# machine took 35). WEFT_GEMM_KERNELS=subset compiles 13 of them (CI).
+# how long that build takes (36 CUTLASS kernels; measured with 25: about 17
+# minutes with 2 jobs and 3 with 16, so about 1 + 1.3 x kernels / jobs
+# minutes). WEFT_GEMM_KERNELS=subset compiles 20 of them (CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # nvcc: CUDA_HOME's, else CUDA_PATH's, else PATH's, else /usr/local/cuda's (as scripts/setup.sh checks).

@@ -124,13 +124,21 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
                to_string(o.input));
   WEFT_REQUIRE(o.output == o.input || o.output == DType::fp32, "Gemm: the output must be ", to_string(o.input),
                " (the input type) or fp32, got ", to_string(o.output));
-  WEFT_REQUIRE(o.k % 8 == 0, "Gemm: K = ", o.k, " must be a multiple of 8 (rows of A",
-               o.b_layout == BLayout::nk ? " and B" : "", " must be 16-byte aligned)");
-  WEFT_REQUIRE(o.b_layout == BLayout::nk || o.n % 8 == 0, "Gemm: N = ", o.n,
-               " must be a multiple of 8 for B stored [K,N] (16-byte aligned rows)");
+  // weft's kernels load and store by TMA: 16-byte aligned rows. cuBLAS takes
+  // any shape, so a plan that may run cuBLAS runs it alone where they cannot.
   const std::int64_t out_align = 16 / static_cast<std::int64_t>(dtype_size(o.output));
-  WEFT_REQUIRE(o.n % out_align == 0, "Gemm: N = ", o.n, " must be a multiple of ", out_align, " for ",
-               to_string(o.output), " output (16-byte aligned rows of C)");
+  std::string untileable;
+  if (o.k % 8 != 0)
+    untileable = str("K = ", o.k, " must be a multiple of 8 (rows of A", o.b_layout == BLayout::nk ? " and B" : "",
+                     " must be 16-byte aligned)");
+  else if (o.b_layout == BLayout::kn && o.n % 8 != 0)
+    untileable = str("N = ", o.n, " must be a multiple of 8 for B stored [K,N] (16-byte aligned rows)");
+  else if (o.n % out_align != 0)
+    untileable = str("N = ", o.n, " must be a multiple of ", out_align, " for ", to_string(o.output),
+                     " output (16-byte aligned rows of C)");
+  cublas_only_ = !untileable.empty();
+  WEFT_REQUIRE(!cublas_only_ || (o.allow_cublas && o.hook == GemmHook::none && o.config.empty()), "Gemm: ",
+               untileable, o.hook == GemmHook::none ? " (GemmOptions::allow_cublas runs such shapes on cuBLAS)" : "");
   WEFT_REQUIRE(!o.any_tile_order || o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows,
                "Gemm: GemmOptions::any_tile_order is for plans that wait (wait_a_rows, wait_source_rows) and report "
                "nothing; got a plan", *hook_name(o.hook) ? hook_name(o.hook) : " without a hook");
@@ -149,7 +157,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   if (o.allow_cublas && o.hook == GemmHook::none)
     for (const auto* c : gemm_detail::cublas_configs()) pool.push_back(c);
   for (const auto* c : pool)
-    if (serves(*c, o) && (name.empty() || name == c->name)) candidates_.push_back(c);
+    if (serves(*c, o) && (name.empty() || name == c->name) && (!cublas_only_ || c->cublas)) candidates_.push_back(c);
   if (candidates_.empty()) {
     std::string have;
     for (const auto* c : gemm_detail::all_configs())
@@ -484,9 +492,11 @@ void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {
 
 void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
   WEFT_REQUIRE(x.a && x.b && x.c, "Gemm::run: A, B and C must be device pointers");
+  // cuBLAS alone (an untileable shape) needs whole elements; TMA, 16 bytes.
+  const std::uintptr_t align = cublas_only_ ? dtype_size(options_.input) : 16;
   for (const void* ptr : {x.a, x.b, static_cast<const void*>(x.c)})
-    WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0, "Gemm::run: ", ptr,
-                 " is not 16-byte aligned (TMA needs 16-byte aligned matrices)");
+    WEFT_REQUIRE(reinterpret_cast<std::uintptr_t>(ptr) % align == 0, "Gemm::run: ", ptr, " is not ", align,
+                 "-byte aligned", cublas_only_ ? "" : " (TMA needs 16-byte aligned matrices)");
   if (options_.hook == GemmHook::wait_source_rows)
     WEFT_REQUIRE(x.source && (reinterpret_cast<std::uintptr_t>(x.source) & 15u) == 0,
                  "Gemm::run: this plan adds a source matrix S [M, N]; expected a 16-byte aligned device pointer, got ",

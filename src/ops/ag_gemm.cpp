@@ -19,8 +19,12 @@ const char* path_name(AgWay way) {
   return "fused, automatic";
 }
 
-AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std::move(ctx)), options_(o) {
+AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
+    : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
+  const AgGemmOptions& o = options_;
+  ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
+  options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(o.n, o.k));
   const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", o.m, o.n, o.k, o.dtype, o.chunks_per_shard, world,
                                                               o.k * 2);
   shard_rows_ = rows.rows_per_rank;
@@ -28,7 +32,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& o) : ctx_(std:
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("AgGemm", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
   overlap_ = std::make_unique<Overlap>(ctx_, "ag_gemm", o.mode, str("AgGemm ", o.m, " x ", o.n, " x ", o.k));
-  gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), "bf16", "ag_gemm.gathered");
+  gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), to_string(o.dtype), "ag_gemm.gathered");
   arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
   overlap_->count_tile_waits(static_cast<int>(world * chunks_));  // WEFT_TILE_WAITS: per flag of arrived_
   GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
@@ -75,7 +79,7 @@ std::string AgGemm::gemm_config() const {
 }
 
 void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t stream) {
-  ops_detail::require_operands("AgGemm::run", {a_shard, b, c});
+  ops_detail::require_operands("AgGemm::run", {a_shard, b, c}, ops_detail::operand_alignment(options_.n, options_.k));
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("AgGemm run: ", options_.m, " x ", options_.n, " x ", options_.k));
   if (a_shard != local_shard())
@@ -101,7 +105,7 @@ void AgGemm::gather(cudaStream_t stream, bool nccl) {
   // In place: our shard already sits in its slot of the gathered A.
   if (nccl)
     WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                            ncclBfloat16, ctx_->nccl(), stream));
+                            ops_detail::nccl_type(options_.dtype), ctx_->nccl(), stream));
   else
     all_gather_->run(local_shard(), gathered_.get(), stream);
 }

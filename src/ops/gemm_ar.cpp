@@ -10,13 +10,23 @@ namespace weft {
 
 using ops_detail::Overlap;
 
-GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& o) : ctx_(std::move(ctx)), options_(o) {
+GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
+    : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
-  const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
-                                                              o.n * 2, schedule::kMinStoredChunkBytes);
-  block_rows_ = rows.rows_per_rank;
-  chunks_ = rows.chunks;
-  chunk_rows_ = rows.chunk_rows;
+  const GemmArOptions& o = options_;
+  ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);
+  // The fused path is GemmRs's ring: M / W rows per rank, and rows the engine tiles.
+  std::string why_not_fused = ops_detail::untileable_reason(o.n, o.k);
+  if (why_not_fused.empty() && o.m % world != 0)
+    why_not_fused = str("M = ", o.m, " is not a multiple of the world size ", world, " (the ring's blocks)");
+  options_.mode = ops_detail::runnable_mode("GemmAr", o.m, o.n, o.k, o.mode, why_not_fused);
+  if (o.mode != OverlapMode::sequential) {
+    const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", o.m, o.n, o.k, o.dtype, o.chunks_per_block,
+                                                                world, o.n * 2, schedule::kMinStoredChunkBytes);
+    block_rows_ = rows.rows_per_rank;
+    chunks_ = rows.chunks;
+    chunk_rows_ = rows.chunk_rows;
+  }
   ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
   overlap_ = std::make_unique<Overlap>(ctx_, "gemm_ar", o.mode, str("GemmAr ", o.m, " x ", o.n, " x ", o.k));
   if (o.mode != OverlapMode::sequential) {
@@ -50,10 +60,10 @@ std::string GemmAr::gemm_config() const {
 }
 
 void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
-  ops_detail::require_operands("GemmAr::run", {a, b, out});
+  ops_detail::require_operands("GemmAr::run", {a, b, out}, ops_detail::operand_alignment(options_.n, options_.k));
   WEFT_REQUIRE(ctx_->heap().contains(out, static_cast<std::uint64_t>(options_.m * options_.n * 2)),
                "GemmAr::run: out (", out, ", ", options_.m, " x ", options_.n,
-               " bf16) must be in the symmetric heap: peers write their blocks into it");
+               " ", to_string(options_.dtype), ") must be in the symmetric heap: peers write their blocks into it");
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmAr run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(
@@ -69,7 +79,7 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
 void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {
   plain_gemm_->run(a, b, out, stream);
   if (nccl)
-    WEFT_NCCL(ncclAllReduce(out, out, static_cast<std::size_t>(options_.m * options_.n), ncclBfloat16, ncclSum,
+    WEFT_NCCL(ncclAllReduce(out, out, static_cast<std::size_t>(options_.m * options_.n), ops_detail::nccl_type(options_.dtype), ncclSum,
                             ctx_->nccl(), stream));
   else
     all_reduce_->run(out, out, stream);

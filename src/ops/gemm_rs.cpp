@@ -63,8 +63,12 @@ FusedWay ops_detail::fused_way_of(const std::string& path) {
   return FusedWay::automatic;
 }
 
-GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std::move(ctx)), options_(o) {
+GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
+    : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
+  const GemmRsOptions& o = options_;
+  ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);
+  options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(o.n, o.k));
   const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
                                                               o.n * 2, schedule::kMinStoredChunkBytes);
   block_rows_ = rows.rows_per_rank;
@@ -114,7 +118,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
       first_gemm_ = std::make_unique<Gemm>(cooperative_step(first));
     }
     if (steps > 0) {
-      staging_ = SymmetricBuffer(ctx_->heap(), all_bytes, "bf16", "gemm_rs.staging");
+      staging_ = SymmetricBuffer(ctx_->heap(), all_bytes, to_string(o.dtype), "gemm_rs.staging");
       arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(2 * world * chunks_ * 8), "u64",
                                  "gemm_rs.arrived");
       overlap_->count_tile_waits(static_cast<int>(world * chunks_));  // WEFT_TILE_WAITS: per [block][chunk] flag
@@ -170,7 +174,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& o) : ctx_(std:
     GemmOptions whole = g;
     whole.m = o.m;
     plain_gemm_ = std::make_unique<Gemm>(whole);
-    partial_ = SymmetricBuffer(ctx_->heap(), all_bytes, "bf16", "gemm_rs.partial");
+    partial_ = SymmetricBuffer(ctx_->heap(), all_bytes, to_string(o.dtype), "gemm_rs.partial");
     reduce_scatter_ = std::make_unique<ReduceScatter>(
         ctx_, ReduceScatterOptions{.count = static_cast<std::uint64_t>(block_rows_ * o.n), .dtype = o.dtype});
   }
@@ -222,7 +226,7 @@ std::string GemmRs::fused_gemm_config(FusedWay way) const {
 }
 
 void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
-  ops_detail::require_operands("GemmRs::run", {a, b, out});
+  ops_detail::require_operands("GemmRs::run", {a, b, out}, ops_detail::operand_alignment(options_.n, options_.k));
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmRs run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(
@@ -238,7 +242,7 @@ void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_
   plain_gemm_->run(a, b, partial_.get(), stream);
   if (nccl)
     WEFT_NCCL(ncclReduceScatter(partial_.get(), out, static_cast<std::size_t>(options_.m / ctx_->world_size() * options_.n),
-                                ncclBfloat16, ncclSum, ctx_->nccl(), stream));
+                                ops_detail::nccl_type(options_.dtype), ncclSum, ctx_->nccl(), stream));
   else
     reduce_scatter_->run(partial_.get(), out, stream);
 }

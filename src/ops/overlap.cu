@@ -68,13 +68,17 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+void require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype) {
+  WEFT_REQUIRE(m > 0 && n > 0 && k > 0, who, ": M, N, K must be positive, got ", m, " x ", n, " x ", k);
+  WEFT_REQUIRE(dtype == DType::bf16 || dtype == DType::fp16, who,
+               ": dtype must be bf16 or fp16 (the hooked GEMM kernels' types), got ", to_string(dtype));
+}
+
 RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
                     int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes) {
-  WEFT_REQUIRE(m > 0 && n > 0 && k > 0, who, ": M, N, K must be positive, got ", m, " x ", n, " x ", k);
+  require_shape(who, m, n, k, dtype);
   WEFT_REQUIRE(m % world == 0, who, ": M = ", m, " must be a multiple of the world size ", world,
                " (each rank owns M / W rows)");
-  WEFT_REQUIRE(dtype == DType::bf16, who, ": dtype must be bf16 (the hooked GEMM kernels' type), got ",
-               to_string(dtype));
   WEFT_REQUIRE(chunks_wanted >= 1, who, ": chunks per rank must be >= 1, got ", chunks_wanted);
   RowChunks r;
   r.rows_per_rank = m / world;
@@ -86,17 +90,30 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
   return r;
 }
 
+std::string untileable_reason(std::int64_t n, std::int64_t k) {
+  if (k % 8 != 0) return str("K = ", k, " is not a multiple of 8 (the GEMM engine's TMA loads need 16-byte aligned rows)");
+  if (n % 8 != 0) return str("N = ", n, " is not a multiple of 8 (the GEMM engine's TMA stores need 16-byte aligned rows)");
+  return "";
+}
+
+OverlapMode runnable_mode(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode requested,
+                          const std::string& why_not_fused) {
+  if (why_not_fused.empty() || requested == OverlapMode::sequential) return requested;
+  WEFT_LOG(info, who, " ", m, " x ", n, " x ", k, ": ", why_not_fused, "; runs the sequential path (cuBLAS and the collective)");
+  return OverlapMode::sequential;
+}
+
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
                              BLayout layout, OverlapMode mode) {
   return str(who, " plan: ", m, " x ", n, " x ", k, " ", to_string(dtype), ", B ",
              layout == BLayout::nk ? "[N,K]" : "[K,N]", ", ", to_string(mode));
 }
 
-void require_operands(const char* who, std::initializer_list<const void*> operands) {
+void require_operands(const char* who, std::initializer_list<const void*> operands, unsigned alignment) {
   for (const void* p : operands) {
     WEFT_REQUIRE(p, who, ": every operand must be a device pointer, got a null one");
-    WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(p) & 15u) == 0, who, ": ", p,
-                 " is not 16-byte aligned (TMA needs 16-byte aligned matrices)");
+    WEFT_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % alignment == 0, who, ": ", p, " is not ", alignment,
+                 "-byte aligned", alignment == 16 ? " (TMA needs 16-byte aligned matrices)" : " (one element)");
   }
 }
 

@@ -28,12 +28,30 @@ struct RowChunks {
 };
 
 /// The checks every overlapped plan makes at construction: positive M, N, K;
-/// M a multiple of the world size; bf16 (the hooked kernels' type);
-/// chunks_wanted >= 1. Throws naming `who`. Returns the row split: rows of
+/// bf16 or fp16 (the hooked kernels' types). Throws naming `who`.
+void require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype);
+
+/// require_shape, then: M a multiple of the world size; chunks_wanted >= 1. Throws naming `who`. Returns the row split: rows of
 /// `row_bytes` bytes in schedule::copy_chunks chunks (at most chunks_wanted,
 /// none under min_chunk_bytes or WEFT_OVERLAP_MIN_CHUNK where set, equal rows).
 RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
                     int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
+
+/// Why the GEMM engine cannot tile an [M, K] x B GEMM of 2-byte elements ("" where it
+/// can): its TMA loads and stores need 16-byte aligned rows, so K, and N, multiples of
+/// 8. Such plans run their sequential path on cuBLAS (which takes any K) and say so
+/// once, at info level: an overlapped operator never refuses a shape cuBLAS and the
+/// collective can compute.
+std::string untileable_reason(std::int64_t n, std::int64_t k);
+
+/// The alignment a plan's operands need: 16 bytes where weft's kernels may run
+/// (TMA), one 2-byte element where the shape leaves cuBLAS alone.
+inline unsigned operand_alignment(std::int64_t n, std::int64_t k) { return k % 8 || n % 8 ? 2 : 16; }
+
+/// The mode a plan runs in: `requested`, or sequential where `why_not_fused` is not
+/// empty (logged once, at info, naming `who`, the shape and the reason).
+OverlapMode runnable_mode(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode requested,
+                          const std::string& why_not_fused);
 
 /// "AgGemm plan: 8192 x 14336 x 8192 bf16, B [N,K], auto": what the ranks compare (verify_same_call).
 std::string plan_description(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype,
@@ -63,12 +81,16 @@ std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> c
 /// copies and to the slack that cluster placement needs.
 int sms_beside_copies(const Context& ctx);
 
+/// NCCL's name for a 2-byte element type (the sequential paths' NCCL baselines).
+inline ncclDataType_t nccl_type(DType t) { return t == DType::fp16 ? ncclHalf : ncclBfloat16; }
+
 /// True while `stream` is being captured into a CUDA graph.
 bool capturing(cudaStream_t stream);
 
-/// Every operand non-null and 16-byte aligned (TMA's requirement), checked
-/// before a run starts any collective work; throws naming `who` and the pointer.
-void require_operands(const char* who, std::initializer_list<const void*> operands);
+/// Every operand non-null and `alignment`-byte aligned (16: TMA's requirement;
+/// 2, an element, for plans that run cuBLAS only), checked before a run starts
+/// any collective work; throws naming `who` and the pointer.
+void require_operands(const char* who, std::initializer_list<const void*> operands, unsigned alignment = 16);
 
 /// The machinery of one overlapped plan, and which way it runs. Collective construction.
 class Overlap {

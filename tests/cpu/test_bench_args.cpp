@@ -281,7 +281,8 @@ TEST(BenchArgs, OptionsOfOtherOperationsAreNamedNotIgnored) {
 TEST(BenchArgs, EachOperationsTypes) {
   EXPECT_NE(error_of({"gemm", "--dtype", "fp32"}).find("gemm takes --dtype bf16 or fp16, got 'fp32'"),
             std::string::npos);
-  EXPECT_NE(error_of({"ag_gemm", "--dtype", "fp16"}).find("ag_gemm takes --dtype bf16 only"), std::string::npos);
+  EXPECT_NE(error_of({"ag_gemm", "--dtype", "fp32"}).find("ag_gemm takes --dtype bf16 or fp16"), std::string::npos);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs", "--dtype", "fp16"}).dtype, "fp16");
   EXPECT_NE(error_of({"gemm", "--dtype", "fp16", "--out", "bf16"}).find("--out expects the input type (fp16) or fp32, "
                                                                         "got 'bf16'"),
             std::string::npos);

@@ -61,36 +61,38 @@ TEST(GemmConfigs, TheRingStepsForcedNamesResolve) {
   using weft::ops_detail::ring_step_config;
   const std::string plain = ring_step_config(GemmHook::none), source = ring_step_config(GemmHook::wait_source_rows);
   EXPECT_NE(plain, source);
-  for (BLayout layout : {BLayout::nk, BLayout::kn}) {
-    GemmOptions o;
-    o.m = 4096, o.n = 8192, o.k = 4096;
-    o.b_layout = layout;
-    SCOPED_TRACE(layout == BLayout::nk ? "B [N, K]" : "B [K, N]");
-    o.hook = GemmHook::none;
-    EXPECT_TRUE(weft::Gemm::has_configuration(o, plain));
-    EXPECT_FALSE(weft::Gemm::has_configuration(o, source)) << "a source kernel must not serve a plain GEMM";
-    o.hook = GemmHook::wait_source_rows;
-    EXPECT_TRUE(weft::Gemm::has_configuration(o, source));
-    EXPECT_FALSE(weft::Gemm::has_configuration(o, plain)) << "a plain kernel cannot wait for source rows";
-    if (layout == BLayout::nk) {
+  // Every overlapped operator runs bf16 and fp16: each type has every ring step's kernel.
+  for (DType t : {DType::bf16, DType::fp16}) {
+    SCOPED_TRACE(to_string(t));
+    for (BLayout layout : {BLayout::nk, BLayout::kn}) {
+      GemmOptions o;
+      o.m = 4096, o.n = 8192, o.k = 4096;
+      o.b_layout = layout;
+      o.input = o.output = t;
+      SCOPED_TRACE(layout == BLayout::nk ? "B [N, K]" : "B [K, N]");
+      o.hook = GemmHook::none;
+      EXPECT_TRUE(weft::Gemm::has_configuration(o, plain));
+      EXPECT_FALSE(weft::Gemm::has_configuration(o, source)) << "a source kernel must not serve a plain GEMM";
+      o.hook = GemmHook::wait_source_rows;
+      EXPECT_TRUE(weft::Gemm::has_configuration(o, source));
+      EXPECT_FALSE(weft::Gemm::has_configuration(o, plain)) << "a plain kernel cannot wait for source rows";
+      if (layout == BLayout::nk) {
+        o.hook = GemmHook::report_rows;
+        EXPECT_TRUE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::report_rows)));
+      }
+    }
+    // GemmRs's one-launch way at 2 ranks adds its own block onto the peer's partial sum.
+    for (BLayout layout : {BLayout::nk, BLayout::kn}) {
+      GemmOptions o;
+      o.m = 4096, o.n = 8192, o.k = 4096;
+      o.b_layout = layout;
+      o.input = o.output = t;
+      o.hook = GemmHook::add_rows;
+      EXPECT_TRUE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::add_rows)));
       o.hook = GemmHook::report_rows;
-      EXPECT_TRUE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::report_rows)));
+      EXPECT_FALSE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::add_rows))) << "an adding kernel only adds";
     }
   }
-  // GemmRs's one-launch way at 2 ranks adds its own block onto the peer's partial sum.
-  for (BLayout layout : {BLayout::nk, BLayout::kn}) {
-    GemmOptions o;
-    o.m = 4096, o.n = 8192, o.k = 4096;
-    o.b_layout = layout;
-    o.hook = GemmHook::add_rows;
-    EXPECT_TRUE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::add_rows)));
-    o.hook = GemmHook::report_rows;
-    EXPECT_FALSE(weft::Gemm::has_configuration(o, ring_step_config(GemmHook::add_rows))) << "an adding kernel only adds";
-  }
-  GemmOptions fp16;
-  fp16.m = 4096, fp16.n = 8192, fp16.k = 4096;
-  fp16.input = fp16.output = DType::fp16;
-  EXPECT_FALSE(weft::Gemm::has_configuration(fp16, source)) << "the hooked kernels are bf16 only";
 }
 
 }  // namespace

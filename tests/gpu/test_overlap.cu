@@ -3,7 +3,8 @@
 // each rank from every rank's inputs (regenerated from their seeds, so the
 // reference needs no communication and runs where ranks share a GPU):
 // relative error on fresh random inputs and poisoned outputs, M not a multiple
-// of the tile (1000); the gathered A bitwise; 1,000 back-to-back runs bitwise
+// of the tile (1000), bf16 and fp16, shapes the engine cannot tile (the
+// sequential fallback); the gathered A bitwise; 1,000 back-to-back runs bitwise
 // equal; a CUDA-graph replay equal to eager; and the errors for bad input.
 #include <cublas_v2.h>
 
@@ -33,10 +34,10 @@ struct Cublas {
   ~Cublas() { cublasDestroy(h); }
 };
 
-// fp32 C[m,n] (+)= A[m,k] x B^T, B [n,k], bf16 inputs.
-void reference(cublasHandle_t h, std::int64_t m, std::int64_t n, std::int64_t k, const void* a, const void* b,
-               float* c, bool add = false) {
-  ASSERT_EQ(cublas_gemm(h, m, n, k, DType::bf16, DType::fp32, BLayout::nk, a, b, c, add ? 1.0f : 0.0f),
+// fp32 C[m,n] (+)= A[m,k] x B^T, B [n,k], inputs of type t.
+void reference(cublasHandle_t h, DType t, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+               const void* b, float* c, bool add = false) {
+  ASSERT_EQ(cublas_gemm(h, m, n, k, t, DType::fp32, BLayout::nk, a, b, c, add ? 1.0f : 0.0f),
             CUBLAS_STATUS_SUCCESS);
 }
 
@@ -56,6 +57,7 @@ void* dalloc(std::uint64_t bytes) {
 }
 
 std::uint64_t salt = 1000;
+OverlapMode last_mode = OverlapMode::automatic;  // the mode the last checked plan was built with (options().mode)
 
 // Runs `op` once per check on fresh inputs; returns the relative error of the
 // output against the fp32 reference and (ag) the gathered A's mismatched bytes.
@@ -65,10 +67,11 @@ struct AgResult {
 };
 
 AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode, Cublas& cb,
-                       AgWay way = AgWay::automatic) {
+                       AgWay way = AgWay::automatic, DType t = DType::bf16) {
   cudaStream_t s = test::stream();
   const int w = ctx().world_size(), me = ctx().rank();
-  AgGemm plan(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .mode = mode, .way = way});
+  const std::string ts = to_string(t);
+  AgGemm plan(ctx_ptr(), AgGemmOptions{.m = m, .n = n, .k = k, .dtype = t, .mode = mode, .way = way});
   const std::int64_t rows = m / w;
   void* shard = dalloc(rows * k * 2);  // not the plan's slot: exercises the copy in
   void* b = dalloc(n * k * 2);
@@ -78,18 +81,20 @@ AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMo
   AgResult r{0, 0};
   for (int check = 0; check < 2; ++check) {  // second check: new data through the same plan
     const std::vector<std::uint64_t> a_seeds = fresh_seeds(++salt);
-    bench::fill_uniform(shard, rows * k, "bf16", a_seeds[me], s);
-    bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
+    bench::fill_uniform(shard, rows * k, ts, a_seeds[me], s);
+    bench::fill_uniform(b, n * k, ts, bench::fresh_seed(me, ++salt), s);
     bench::poison(c, m * n * 2, 0xFF, s);
     plan.run(shard, b, c, s);
     for (int p = 0; p < w; ++p)  // every rank's shard, rebuilt here
-      bench::fill_uniform(static_cast<char*>(gathered) + p * rows * k * 2, rows * k, "bf16", a_seeds[p], s);
-    reference(cb.h, m, n, k, gathered, b, ref);
-    r.err = std::max(r.err, bench::relative_error_vs_fp32(c, "bf16", ref, m * n, s));
+      bench::fill_uniform(static_cast<char*>(gathered) + p * rows * k * 2, rows * k, ts, a_seeds[p], s);
+    reference(cb.h, t, m, n, k, gathered, b, ref);
+    r.err = std::max(r.err, bench::relative_error_vs_fp32(c, ts, ref, m * n, s));
     r.gathered_mismatch += bench::count_mismatches(plan.gathered(), gathered, m * k * 2, s);
   }
   // A forced fused way runs as asked.
-  if (mode == OverlapMode::fused && way != AgWay::automatic) EXPECT_EQ(plan.path(), path_name(way));
+  if (mode == OverlapMode::fused && way != AgWay::automatic && plan.options().mode == OverlapMode::fused)
+    EXPECT_EQ(plan.path(), path_name(way));
+  last_mode = plan.options().mode;
   ctx().synchronize(s);
   for (void* p : {shard, b, c, gathered, static_cast<void*>(ref)}) cudaFree(p);
   return r;
@@ -97,39 +102,42 @@ AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMo
 
 // GemmRs (all_reduce = false) or GemmAr: A [m, k], B [n, k] per rank.
 double check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode,
-                         Cublas& cb, FusedWay way = FusedWay::automatic) {
+                         Cublas& cb, FusedWay way = FusedWay::automatic, DType t = DType::bf16) {
+  const std::string ts = to_string(t);
   cudaStream_t s = test::stream();
   const int w = ctx().world_size(), me = ctx().rank();
   const std::int64_t out_elems = all_reduce ? m * n : m / w * n;
   std::unique_ptr<GemmRs> rs;
   std::unique_ptr<GemmAr> ar;
-  if (all_reduce) ar = std::make_unique<GemmAr>(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .mode = mode, .way = way});
-  else rs = std::make_unique<GemmRs>(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = mode, .way = way});
+  if (all_reduce) ar = std::make_unique<GemmAr>(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .dtype = t, .mode = mode, .way = way});
+  else rs = std::make_unique<GemmRs>(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .dtype = t, .mode = mode, .way = way});
   void* a = dalloc(m * k * 2);
   void* b = dalloc(n * k * 2);
   void* a_peer = dalloc(m * k * 2);
   void* b_peer = dalloc(n * k * 2);
-  SymmetricBuffer out(ctx().heap(), out_elems * 2, "bf16", "test.out");
+  SymmetricBuffer out(ctx().heap(), out_elems * 2, ts, "test.out");
   float* sum = static_cast<float*>(dalloc(m * n * 4));
   double err = 0;
   for (int check = 0; check < 2; ++check) {
     const std::vector<std::uint64_t> a_seeds = fresh_seeds(++salt), b_seeds = fresh_seeds(++salt);
-    bench::fill_uniform(a, m * k, "bf16", a_seeds[me], s);
-    bench::fill_uniform(b, n * k, "bf16", b_seeds[me], s);
+    bench::fill_uniform(a, m * k, ts, a_seeds[me], s);
+    bench::fill_uniform(b, n * k, ts, b_seeds[me], s);
     bench::poison(out.get(), out_elems * 2, 0xFF, s);
     if (all_reduce) ar->run(a, b, out.get(), s);
     else rs->run(a, b, out.get(), s);
     for (int p = 0; p < w; ++p) {  // the sum of every rank's GEMM, its inputs rebuilt here
-      bench::fill_uniform(a_peer, m * k, "bf16", a_seeds[p], s);
-      bench::fill_uniform(b_peer, n * k, "bf16", b_seeds[p], s);
-      reference(cb.h, m, n, k, a_peer, b_peer, sum, p > 0);
+      bench::fill_uniform(a_peer, m * k, ts, a_seeds[p], s);
+      bench::fill_uniform(b_peer, n * k, ts, b_seeds[p], s);
+      reference(cb.h, t, m, n, k, a_peer, b_peer, sum, p > 0);
     }
     const float* ref = all_reduce ? sum : sum + me * (m / w) * n;  // ReduceScatter: this rank's rows
-    err = std::max(err, bench::relative_error_vs_fp32(out.get(), "bf16", ref, out_elems, s));
+    err = std::max(err, bench::relative_error_vs_fp32(out.get(), ts, ref, out_elems, s));
   }
   // A forced fused way runs as asked.
   const std::string path = all_reduce ? ar->path() : rs->path();
-  if (mode == OverlapMode::fused && way != FusedWay::automatic) EXPECT_EQ(path, path_name(way));
+  last_mode = all_reduce ? ar->options().mode : rs->options().mode;
+  if (mode == OverlapMode::fused && way != FusedWay::automatic && last_mode == OverlapMode::fused)
+    EXPECT_EQ(path, path_name(way));
   ctx().synchronize(s);
   for (void* p : {a, b, a_peer, b_peer, static_cast<void*>(sum)}) cudaFree(p);
   return err;
@@ -196,6 +204,58 @@ static void expect_every_reduce_path_matches(bool all_reduce) {
 TEST(GemmRs, EveryPathMatchesTheSummedReference) { expect_every_reduce_path_matches(false); }
 
 TEST(GemmAr, EveryPathMatchesTheSummedReference) { expect_every_reduce_path_matches(true); }
+
+// fp16 through every operator, every mode and every fused way that runs at
+// this world size, against cuBLAS's fp32-accumulated reference.
+TEST(Overlap, Fp16EveryOperatorModeAndWayMatches) {
+  Cublas cb;
+  const int w = ctx().world_size();
+  for (OverlapMode mode : kModes) {
+    AgResult r = check_ag_gemm(2048, 768, 1024, mode, cb, AgWay::automatic, DType::fp16);
+    EXPECT_LT(r.err, 1e-2) << "AgGemm " << to_string(mode);
+    EXPECT_EQ(r.gathered_mismatch, 0u) << "AgGemm " << to_string(mode);
+    for (bool all_reduce : {false, true})
+      EXPECT_LT(check_gemm_reduce(all_reduce, 1024 * w, 1024, 1024, mode, cb, FusedWay::automatic, DType::fp16), 1e-2)
+          << (all_reduce ? "GemmAr " : "GemmRs ") << to_string(mode);
+  }
+  for (AgWay way : {AgWay::one_gemm, AgWay::plain_steps}) {
+    if (way == AgWay::plain_steps && w == 1) continue;
+    AgResult r = check_ag_gemm(2048 * w, 768, 8192, OverlapMode::fused, cb, way, DType::fp16);
+    EXPECT_LT(r.err, 1e-2) << "AgGemm way " << static_cast<int>(way);
+    EXPECT_EQ(r.gathered_mismatch, 0u) << "AgGemm way " << static_cast<int>(way);
+  }
+  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch, FusedWay::ring_plain_first,
+                       FusedWay::one_launch_add}) {
+    if (way != FusedWay::ring_per_step && w == 1) continue;
+    if ((way == FusedWay::one_launch_add || way == FusedWay::ring_one_launch) && w != 2) continue;
+    for (bool all_reduce : {false, true})
+      EXPECT_LT(check_gemm_reduce(all_reduce, 512 * w, 8192, 1024, OverlapMode::fused, cb, way, DType::fp16), 1e-2)
+          << (all_reduce ? "GemmAr" : "GemmRs") << " way " << static_cast<int>(way);
+  }
+}
+
+// Shapes the GEMM engine cannot tile (K = 8190: rows of A not 16-byte
+// aligned; GemmAr's M = 1001, not a multiple of the world size past one
+// rank) run the sequential path on cuBLAS, whatever mode was asked, and are
+// correct, in both types.
+TEST(Overlap, UntileableShapesRunSequentiallyOnCublas) {
+  Cublas cb;
+  const int w = ctx().world_size();
+  for (DType t : {DType::bf16, DType::fp16})
+    for (OverlapMode mode : {OverlapMode::fused, OverlapMode::automatic}) {
+      SCOPED_TRACE(str(to_string(t), " ", to_string(mode)));
+      AgResult r = check_ag_gemm(501 * w, 768, 8190, mode, cb, AgWay::automatic, t);
+      EXPECT_EQ(last_mode, OverlapMode::sequential) << "AgGemm K = 8190";
+      EXPECT_LT(r.err, 1e-2) << "AgGemm K = 8190";
+      EXPECT_EQ(r.gathered_mismatch, 0u) << "AgGemm K = 8190";
+      EXPECT_LT(check_gemm_reduce(false, 501 * w, 768, 8190, mode, cb, FusedWay::automatic, t), 1e-2) << "GemmRs";
+      EXPECT_EQ(last_mode, OverlapMode::sequential) << "GemmRs K = 8190";
+      EXPECT_LT(check_gemm_reduce(true, 1001, 768, 8190, mode, cb, FusedWay::automatic, t), 1e-2) << "GemmAr";
+      EXPECT_EQ(last_mode, OverlapMode::sequential) << "GemmAr M = 1001, K = 8190";
+      EXPECT_LT(check_gemm_reduce(true, 1001, 768, 1024, mode, cb, FusedWay::automatic, t), 1e-2) << "GemmAr M = 1001";
+      EXPECT_EQ(last_mode, w == 1 ? mode : OverlapMode::sequential) << "GemmAr M = 1001, K = 1024";
+    }
+}
 
 // FusedWay::one_launch_add: exactly 2 ranks, and an `out` the peer can write
 // (the symmetric heap); forced, with any other `out` it refuses, naming why.
@@ -399,8 +459,8 @@ TEST(Overlap, BadInputIsRejectedNamingWhatWasExpected) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { AgGemm(ctx_ptr(), AgGemmOptions{.m = 1024, .n = 256, .k = 256, .dtype = DType::fp16}); })
-                .find("must be bf16"),
+  EXPECT_NE(message([&] { AgGemm(ctx_ptr(), AgGemmOptions{.m = 1024, .n = 256, .k = 256, .dtype = DType::fp32}); })
+                .find("must be bf16 or fp16"),
             std::string::npos);
   if (w > 1)
     EXPECT_NE(message([&] { GemmRs(ctx_ptr(), GemmRsOptions{.m = 1024 * w + 1, .n = 256, .k = 256}); })

@@ -87,7 +87,7 @@ const OptionInfo kOptions[] = {
      "all (fused and sequential), or a comma list (default auto)"},
     {"--dtype", true, kCollectives, "--dtype T", "element type: bf16, fp16 or fp32; sizes must be whole elements (default bf16)"},
     {"--dtype", true, kGemm, "--dtype T", "input type: bf16 or fp16 (default bf16)"},
-    {"--dtype", true, kOverlap, "--dtype T", "bf16, the one type the overlapped operators take (default bf16)"},
+    {"--dtype", true, kOverlap, "--dtype T", "bf16 or fp16 (default bf16)"},
     {"--check", false, kCollectives, "--check", "verify bitwise against NCCL first (fresh random data, poisoned outputs) (default off)"},
     {"--check", false, kGemm, "--check",
      "always on for gemm: each shape's output is compared with cuBLAS's fp32 output"},
@@ -532,8 +532,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
                    args.dtype, ") or fp32, got '", args.out_dtype, "'");
     }
   }
-  WEFT_REQUIRE(!is_overlap_op(args.op) || args.dtype == "bf16", args.op,
-               " takes --dtype bf16 only (the type of its hooked GEMMs), got '", args.dtype, "'");
+  WEFT_REQUIRE(!is_overlap_op(args.op) || args.dtype == "bf16" || args.dtype == "fp16", args.op,
+               " takes --dtype bf16 or fp16 (the types of its hooked GEMMs), got '", args.dtype, "'");
   for (auto b : args.bytes)
     WEFT_REQUIRE(b % elem == 0, "--bytes ", b, " is not a whole number of ", args.dtype, " elements (", elem,
                  " bytes each)");

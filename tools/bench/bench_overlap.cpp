@@ -39,10 +39,10 @@
 namespace weft::bench {
 namespace {
 
-// Row-major C[m,n] (bf16 or fp32) = A[m,k] x B^T, B [n,k] bf16.
-void cublas_nk(cublasHandle_t h, std::int64_t m, std::int64_t n, std::int64_t k, const void* a, const void* b,
+// Row-major C[m,n] (type t or fp32) = A[m,k] x B^T, B [n,k], inputs of type t.
+void cublas_nk(cublasHandle_t h, DType t, std::int64_t m, std::int64_t n, std::int64_t k, const void* a, const void* b,
                void* c, bool fp32_out) {
-  require_cublas(cublas_gemm(h, m, n, k, DType::bf16, fp32_out ? DType::fp32 : DType::bf16, BLayout::nk, a, b, c),
+  require_cublas(cublas_gemm(h, m, n, k, t, fp32_out ? DType::fp32 : t, BLayout::nk, a, b, c),
                  "cublasGemmEx");
 }
 
@@ -67,7 +67,11 @@ void* device_alloc(std::uint64_t bytes) {
 int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
   Context& ctx = *ctx_ptr;
   const int world = ctx.world_size(), me = ctx.rank();
-  WEFT_REQUIRE(args.dtype == "bf16", "weft-bench ", args.op, ": --dtype must be bf16 (the hooked GEMMs' type)");
+  WEFT_REQUIRE(args.dtype == "bf16" || args.dtype == "fp16", "weft-bench ", args.op,
+               ": --dtype must be bf16 or fp16 (the hooked GEMMs' types), got '", args.dtype, "'");
+  const DType dt = parse_dtype(args.dtype);
+  const char* const ts = args.dtype.c_str();  // the type's name, as fill_uniform and the checks take it
+  const ncclDataType_t nccl_dt = dt == DType::fp16 ? ncclHalf : ncclBfloat16;
   WEFT_REQUIRE(args.b_layout == "nk", "weft-bench ", args.op, ": --b-layout must be nk (weights as PyTorch stores them)");
   cudaStream_t stream;
   WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -115,29 +119,29 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
       Row row{args.op, mode_name, "", "", M, N, K};
       // This rank's GEMM shape and the collective's, for the baselines.
       const std::int64_t gm = M, gn = n, gk = k;
-      Gemm weft_gemm(gemm_options(gm, gn, gk));
+      Gemm weft_gemm(gemm_options(gm, gn, gk, dt));
       void* b = device_alloc(gn * gk * 2);
       const std::uint64_t b_seed = fresh_seed(me, ++salt);
-      fill_uniform(b, gn * gk, "bf16", b_seed, stream);
+      fill_uniform(b, gn * gk, ts, b_seed, stream);
       void* c32 = device_alloc(gm * gn * 4);  // fp32 GEMM output (reference)
       void* c_ref = device_alloc(gm * gn * 2);
       if (ag) {
-        AgGemmOptions plan_options{.m = M, .n = n, .k = K, .mode = mode, .way = args.ag_way};
+        AgGemmOptions plan_options{.m = M, .n = n, .k = K, .dtype = dt, .mode = mode, .way = args.ag_way};
         if (args.chunks) plan_options.chunks_per_shard = args.chunks;
         AgGemm plan(ctx_ptr, plan_options);
         void* a_shard = plan.local_shard();
         void* a_nccl = device_alloc(rows_per_rank * K * 2);
         void* gathered_nccl = device_alloc(M * K * 2);
         void* c = device_alloc(M * n * 2);
-        SymmetricBuffer weft_gathered(ctx.heap(), M * K * 2, "bf16", "bench.gathered");
+        SymmetricBuffer weft_gathered(ctx.heap(), M * K * 2, ts, "bench.gathered");
         AllGather weft_ag(ctx_ptr, AllGatherOptions{.bytes_per_rank = static_cast<std::uint64_t>(rows_per_rank * K * 2)});
         const std::uint64_t seed = fresh_seed(me, ++salt);
-        fill_uniform(a_shard, rows_per_rank * K, "bf16", seed, stream);
+        fill_uniform(a_shard, rows_per_rank * K, ts, seed, stream);
         WEFT_CUDA(cudaMemcpyAsync(a_nccl, a_shard, rows_per_rank * K * 2, cudaMemcpyDeviceToDevice, stream));
         // Without NCCL the reference gathered A is every rank's shard from its
         // seed, and the baseline's collective is weft's.
         auto nccl_ag = [&] {
-          if (nccl) WEFT_NCCL(ncclAllGather(a_nccl, gathered_nccl, rows_per_rank * K, ncclBfloat16, nccl, stream));
+          if (nccl) WEFT_NCCL(ncclAllGather(a_nccl, gathered_nccl, rows_per_rank * K, nccl_dt, nccl, stream));
           else weft_ag.run(a_nccl, weft_gathered.get(), stream);
         };
         if (nccl) {
@@ -145,19 +149,19 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         } else {
           const std::vector<std::uint64_t> seeds = seeds_of(seed);
           for (int p = 0; p < world; ++p)
-            fill_uniform(static_cast<char*>(gathered_nccl) + p * rows_per_rank * K * 2, rows_per_rank * K, "bf16",
+            fill_uniform(static_cast<char*>(gathered_nccl) + p * rows_per_rank * K * 2, rows_per_rank * K, ts,
                          seeds[p], stream);
         }
         poison(c, M * n * 2, 0xFF, stream);
         plan.run(a_shard, b, c, stream);  // first run: chooses the path (automatic)
         // The fused GEMM alone, in the configuration the plan runs it in.
-        GemmOptions hooked_options = gemm_options(gm, gn, gk);
+        GemmOptions hooked_options = gemm_options(gm, gn, gk, dt);
         hooked_options.hook = GemmHook::wait_a_rows;
         if (plan.path() == path_name(AgWay::one_gemm)) hooked_options.config = plan.gemm_config();
         Gemm hooked(hooked_options);
         // Or, with plain steps, one plain GEMM per shard (cuBLAS's, where the plan took it).
         const bool plain_steps = plan.path() == path_name(AgWay::plain_steps);
-        GemmOptions step_options = gemm_options(rows_per_rank, gn, gk);
+        GemmOptions step_options = gemm_options(rows_per_rank, gn, gk, dt);
         step_options.allow_cublas = true;
         if (plain_steps) step_options.config = plan.gemm_config();
         Gemm step(step_options);
@@ -181,8 +185,8 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         }
         plan.run(a_shard, b, c, stream);
         if (args.check) {
-          cublas_nk(blas, M, n, K, gathered_nccl, b, c32, true);
-          row.rel_err = relative_error_vs_fp32(c, "bf16", static_cast<const float*>(c32), M * n, stream);
+          cublas_nk(blas, dt, M, n, K, gathered_nccl, b, c32, true);
+          row.rel_err = relative_error_vs_fp32(c, ts, static_cast<const float*>(c32), M * n, stream);
           row.gathered_mismatch = static_cast<long long>(count_mismatches(plan.gathered(), gathered_nccl, M * K * 2, stream));
           ok &= row.rel_err < 1e-2 && row.gathered_mismatch == 0;
         }
@@ -190,10 +194,10 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
             [&] { plan.run(a_shard, b, c, stream); },
             [&] {
               nccl_ag();
-              cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false);
+              cublas_nk(blas, dt, M, n, K, gathered_nccl, b, c_ref, false);
             },
             [&] { weft_gemm.run(gathered_nccl, b, c_ref, stream); },
-            [&] { cublas_nk(blas, M, n, K, gathered_nccl, b, c_ref, false); },
+            [&] { cublas_nk(blas, dt, M, n, K, gathered_nccl, b, c_ref, false); },
             nccl_ag,
             [&] { weft_ag.run(a_nccl, weft_gathered.get(), stream); },
             fused_gemms,
@@ -209,30 +213,30 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         const bool ar = args.op == "gemm_ar";
         void* a = device_alloc(M * k * 2);
         const std::uint64_t a_seed = fresh_seed(me, ++salt);
-        fill_uniform(a, M * k, "bf16", a_seed, stream);
+        fill_uniform(a, M * k, ts, a_seed, stream);
         const std::int64_t out_elems = ar ? M * N : rows_per_rank * N;
-        SymmetricBuffer out(ctx.heap(), out_elems * 2, "bf16", "bench.out");
+        SymmetricBuffer out(ctx.heap(), out_elems * 2, ts, "bench.out");
         void* ref32 = device_alloc(out_elems * 4);
         void* out_ref = device_alloc(out_elems * 2);
         void* comm_out = device_alloc(out_elems * 2);
-        SymmetricBuffer comm_buf(ctx.heap(), M * N * 2, "bf16", "bench.comm");
+        SymmetricBuffer comm_buf(ctx.heap(), M * N * 2, ts, "bench.comm");
         std::unique_ptr<GemmRs> rs;
         std::unique_ptr<GemmAr> arp;
         std::unique_ptr<ReduceScatter> weft_rs;
         std::unique_ptr<AllReduce> weft_ar;
         if (ar) {
-          GemmArOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
+          GemmArOptions plan_options{.m = M, .n = N, .k = k, .dtype = dt, .mode = mode};
           if (args.chunks) plan_options.chunks_per_block = args.chunks;
           plan_options.way = args.way;
           arp = std::make_unique<GemmAr>(ctx_ptr, plan_options);
-          weft_ar = std::make_unique<AllReduce>(ctx_ptr, AllReduceOptions{.count = static_cast<std::uint64_t>(M * N)});
+          weft_ar = std::make_unique<AllReduce>(ctx_ptr, AllReduceOptions{.count = static_cast<std::uint64_t>(M * N), .dtype = dt});
         } else {
-          GemmRsOptions plan_options{.m = M, .n = N, .k = k, .mode = mode};
+          GemmRsOptions plan_options{.m = M, .n = N, .k = k, .dtype = dt, .mode = mode};
           if (args.chunks) plan_options.chunks_per_block = args.chunks;
           plan_options.way = args.way;
           rs = std::make_unique<GemmRs>(ctx_ptr, plan_options);
           weft_rs = std::make_unique<ReduceScatter>(
-              ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N)});
+              ctx_ptr, ReduceScatterOptions{.count = static_cast<std::uint64_t>(rows_per_rank * N), .dtype = dt});
         }
         auto run_weft = [&] {
           if (ar) arp->run(a, b, out.get(), stream);
@@ -250,7 +254,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         // A plain first step runs an unhooked GEMM (cuBLAS's, where the plan took it).
         const bool plain_first = plan_path == path_name(FusedWay::ring_plain_first);
         const bool per_step = plan_path == path_name(FusedWay::ring_per_step) || plain_first;
-        GemmOptions ring_options = gemm_options(rows_per_rank, N, k);
+        GemmOptions ring_options = gemm_options(rows_per_rank, N, k, dt);
         ring_options.hook = plain_first ? GemmHook::none : GemmHook::report_rows;
         ring_options.allow_cublas = plain_first;
         if (per_step && then != std::string::npos) ring_options.config = plan_configs.substr(0, then);
@@ -271,7 +275,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         // Adding in one launch: its GEMM over all M rows, our block added onto C's own rows.
         const bool adding = plan_path == path_name(FusedWay::one_launch_add);
         if (adding) {
-          GemmOptions adding_options = gemm_options(M, N, k);
+          GemmOptions adding_options = gemm_options(M, N, k, dt);
           adding_options.hook = GemmHook::add_rows;
           adding_options.config = plan_configs;
           whole = std::make_unique<Gemm>(adding_options);
@@ -282,7 +286,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           whole_options.config = plan_configs;
           whole = std::make_unique<Gemm>(whole_options);
           whole_source = device_alloc(M * N * 2);
-          fill_uniform(whole_source, M * N, "bf16", fresh_seed(me, ++salt), stream);
+          fill_uniform(whole_source, M * N, ts, fresh_seed(me, ++salt), stream);
         }
         auto ring_gemms = [&] {
           if (adding) {
@@ -322,16 +326,16 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         if (args.check) {
           const float* ref = static_cast<const float*>(ref32);
           if (nccl) {
-            cublas_nk(blas, M, N, k, a, b, c32, true);
+            cublas_nk(blas, dt, M, N, k, a, b, c32, true);
             nccl_coll(c32, ref32, ncclFloat32);
           } else {  // the sum of every rank's GEMM, each rank's A and B rebuilt from their seeds
             const std::vector<std::uint64_t> a_seeds = seeds_of(a_seed), b_seeds = seeds_of(b_seed);
             void* a_p = device_alloc(M * k * 2);
             void* b_p = device_alloc(N * k * 2);
             for (int p = 0; p < world; ++p) {
-              fill_uniform(a_p, M * k, "bf16", a_seeds[p], stream);
-              fill_uniform(b_p, N * k, "bf16", b_seeds[p], stream);
-              require_cublas(cublas_gemm(blas, M, N, k, DType::bf16, DType::fp32, BLayout::nk, a_p, b_p, c32,
+              fill_uniform(a_p, M * k, ts, a_seeds[p], stream);
+              fill_uniform(b_p, N * k, ts, b_seeds[p], stream);
+              require_cublas(cublas_gemm(blas, M, N, k, dt, DType::fp32, BLayout::nk, a_p, b_p, c32,
                                          p == 0 ? 0.0f : 1.0f),
                              "cublasGemmEx");
             }
@@ -339,18 +343,18 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
             for (void* q : {a_p, b_p}) cudaFree(q);
             ref = static_cast<const float*>(c32) + (ar ? 0 : me * rows_per_rank * N);
           }
-          row.rel_err = relative_error_vs_fp32(out.get(), "bf16", ref, out_elems, stream);
+          row.rel_err = relative_error_vs_fp32(out.get(), ts, ref, out_elems, stream);
           ok &= row.rel_err < 1e-2;
         }
         const std::vector<double> t = timed(row, {
             run_weft,
             [&] {
-              cublas_nk(blas, M, N, k, a, b, c_ref, false);
-              nccl_coll(c_ref, out_ref, ncclBfloat16);
+              cublas_nk(blas, dt, M, N, k, a, b, c_ref, false);
+              nccl_coll(c_ref, out_ref, nccl_dt);
             },
             [&] { weft_gemm.run(a, b, c_ref, stream); },
-            [&] { cublas_nk(blas, M, N, k, a, b, c_ref, false); },
-            [&] { nccl_coll(c_ref, out_ref, ncclBfloat16); },
+            [&] { cublas_nk(blas, dt, M, N, k, a, b, c_ref, false); },
+            [&] { nccl_coll(c_ref, out_ref, nccl_dt); },
             weft_coll,
             ring_gemms,
         });
@@ -375,9 +379,9 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
   WEFT_CUDA(cudaStreamDestroy(stream));
   if (me == 0 && !nccl) {
     // Ranks share a GPU: weft's time and the check, as a record of the run, not as figures.
-    std::printf("%s, %d ranks sharing GPUs, bf16. Times on a shared GPU are not performance figures; no NCCL "
+    std::printf("%s, %d ranks sharing GPUs, %s. Times on a shared GPU are not performance figures; no NCCL "
                 "baseline (NCCL refuses ranks that share a GPU).\n",
-                args.op.c_str(), world);
+                args.op.c_str(), world, ts);
     for (const Row& r : rows)
       std::printf("%6lld %6lld %6lld %-10s %-24s | weft %8.3f ms | rel err %s\n", static_cast<long long>(r.m),
                   static_cast<long long>(r.n), static_cast<long long>(r.k), r.mode.c_str(), r.path.c_str(), r.weft,
@@ -398,10 +402,10 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
                     r.seq / r.weft, r.plan_fused, r.plan_seq, r.gemm_hooked, r.rel_err, r.gathered_mismatch,
                     sample_order_name(args.order));
     } else {
-      std::printf("%s on %d GPUs, bf16, ms per call (median of %d samples of %d back-to-back calls, all contenders in turn, %s order, max over ranks).\n"
+      std::printf("%s on %d GPUs, %s, ms per call (median of %d samples of %d back-to-back calls, all contenders in turn, %s order, max over ranks).\n"
                   "seq = NCCL + cuBLAS one after the other; ideal = max(faster GEMM alone, faster comm alone);\n"
                   "x seq = seq / weft (> 1: weft faster); x ideal = weft / ideal\n",
-                  args.op.c_str(), world, args.samples, calls, sample_order_name(args.order));
+                  args.op.c_str(), world, ts, args.samples, calls, sample_order_name(args.order));
       std::printf("%6s %6s %6s %-10s %-10s | %8s %8s %8s %8s %8s %8s %8s | %6s %7s | %s\n", "M", "N", "K", "mode", "path",
                   "weft", "seq", "gemm", "cuBLAS", "NCCL", "weft cc", "ideal", "x seq", "x ideal", "rel err");
       for (const Row& r : rows) {

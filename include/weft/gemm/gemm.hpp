@@ -143,8 +143,10 @@ struct GemmOptions {
   /// The communication hook (bf16, with the configurations compiled for it).
   GemmHook hook = GemmHook::none;
   /// Let the tuner also time cuBLAS (plain plans only) and run it where it is
-  /// faster. Off by default, so a Gemm is weft's own kernels unless asked;
-  /// the overlapped operators turn it on for their unhooked GEMMs.
+  /// faster, or alone where weft's kernels cannot tile the shape (K, or N, not
+  /// a multiple of 8: their TMA needs 16-byte aligned rows). Off by default, so
+  /// a Gemm is weft's own kernels unless asked; the overlapped operators turn
+  /// it on for their unhooked GEMMs.
   bool allow_cublas = false;
   /// For ranks that tune the same GEMM together (the overlapped plans'
   /// GEMMs): a collective that replaces each timing of a list (ms; the same
@@ -250,6 +252,7 @@ class Gemm {
   std::size_t workspace_bytes_ = 0;
   int sm_count_ = 0;
   bool from_cache_ = false;
+  bool cublas_only_ = false;  // a shape weft's kernels cannot tile (K or N): cuBLAS alone (allow_cublas)
   bool launched_ = false;  // prepare() launched chosen_ (or every candidate) once, outside graph capture
   std::uint64_t* exits_ = nullptr;  // hooked plans: CTAs past their last wait (RowSignals::consume), 0 between runs
 };

@@ -56,8 +56,8 @@ const char* path_name(AgWay way);
 struct AgGemmOptions {
   std::int64_t m = 0;  ///< rows of the gathered A (all ranks together); a multiple of the world size
   std::int64_t n = 0;  ///< this rank's columns of C (N / W for a column-sharded weight)
-  std::int64_t k = 0;  ///< inner dimension, a multiple of 8
-  DType dtype = DType::bf16;  ///< bf16 (the hooked kernels' type)
+  std::int64_t k = 0;  ///< inner dimension (not a multiple of 8: the sequential path, on cuBLAS)
+  DType dtype = DType::bf16;  ///< bf16 or fp16
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
   /// Copy and signal granularity: at most this many chunks per shard, fewer
@@ -110,6 +110,8 @@ class AgGemm {
   float measured_sequential_ms() const;
   /// The GEMM configuration the path uses.
   std::string gemm_config() const;
+  /// The options as planned: `mode` is sequential where the shape left the
+  /// fused paths out (K or N not a multiple of 8; logged at info).
   const AgGemmOptions& options() const { return options_; }
 
  private:

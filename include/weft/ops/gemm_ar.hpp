@@ -26,7 +26,7 @@ namespace weft {
 /// What a GemmAr plan is built for (the fields mean what they mean for GemmRs).
 struct GemmArOptions {
   std::int64_t m = 0, n = 0, k = 0;
-  DType dtype = DType::bf16;
+  DType dtype = DType::bf16;  ///< bf16 or fp16
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
   int chunks_per_block = 8;
@@ -63,6 +63,8 @@ class GemmAr {
   float measured_sequential_ms() const;
   /// The GEMM configuration(s) the path uses.
   std::string gemm_config() const;
+  /// The options as planned: `mode` is sequential where the shape left the
+  /// fused paths out (K or N not a multiple of 8, M not a multiple of the world size; logged at info).
   const GemmArOptions& options() const { return options_; }
 
  private:
@@ -71,7 +73,7 @@ class GemmAr {
 
   std::shared_ptr<Context> ctx_;
   GemmArOptions options_;
-  std::int64_t block_rows_, chunk_rows_, chunks_;
+  std::int64_t block_rows_ = 0, chunk_rows_ = 0, chunks_ = 0;
   std::unique_ptr<GemmRs> reduce_;  // fused: the ring into our rows of out
   std::unique_ptr<ops_detail::Overlap> overlap_;  // the path; fused: the side stream and pushes
   SymmetricBuffer arrived_;  // u64 [W][chunks]: chunk c of rank q's block has landed in out

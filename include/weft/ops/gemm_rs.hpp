@@ -84,8 +84,8 @@ const char* path_name(FusedWay way);
 struct GemmRsOptions {
   std::int64_t m = 0;  ///< rows of A and of the full sum; a multiple of the world size
   std::int64_t n = 0;  ///< columns of the output
-  std::int64_t k = 0;  ///< this rank's slice of the inner dimension (K / W), a multiple of 8
-  DType dtype = DType::bf16;  ///< bf16 (the hooked GEMM kernels' type)
+  std::int64_t k = 0;  ///< this rank's slice of the inner dimension (K / W); not a multiple of 8: sequential, on cuBLAS
+  DType dtype = DType::bf16;  ///< bf16 or fp16
   BLayout b_layout = BLayout::nk;
   OverlapMode mode = OverlapMode::automatic;
   /// Copy and signal granularity: at most this many chunks per block of M / W
@@ -140,6 +140,8 @@ class GemmRs {
   /// 512; a plain first step, 2 ranks or more; one launch adding, exactly 2
   /// ranks and M / 2 a multiple of 512).
   bool builds(FusedWay way) const;
+  /// The options as planned: `mode` is sequential where the shape left the
+  /// fused paths out (K or N not a multiple of 8; logged at info).
   const GemmRsOptions& options() const { return options_; }
 
  private:
