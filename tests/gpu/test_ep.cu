@@ -152,9 +152,10 @@ struct Result {
 };
 
 // One layout -> dispatch -> combine round on `plan`, checked against the
-// host reference. `combine_only_result`: skip the per-row dispatch check
-// (repeated rounds of the same inputs check dispatch once).
-Result run_round(ExpertParallel& plan, const Case& c, bool check_dispatch) {
+// host reference (dispatch row by row only if `check_dispatch`). Then
+// `repeats` more rounds of the same inputs, each compared bitwise with the
+// first (recv_x and out), outputs poisoned before each.
+Result run_round(ExpertParallel& plan, const Case& c, bool check_dispatch, int repeats = 0) {
   const int world = ctx().world_size(), me = ctx().rank(), H = c.hidden, k = c.k;
   cudaStream_t st = test::stream();
   std::vector<Source> srcs;
@@ -240,6 +241,20 @@ Result run_round(ExpertParallel& plan, const Case& c, bool check_dispatch) {
       }
     }
   }
+  if (repeats > 0) {  // every rank repeats, whatever it found: the calls are collective
+    const auto first_recv = host_copy(d_recv, nrows * H, st);
+    for (int i = 1; i <= repeats; ++i) {
+      WEFT_CUDA(cudaMemsetAsync(d_recv, 0xA5, std::max<std::size_t>(nrows, 1) * H * 2, st));
+      WEFT_CUDA(cudaMemsetAsync(d_out, 0x5A, std::max<std::int64_t>(mine.tokens, 1) * H * 2, st));
+      const EpHandle again = plan.layout(d_topk, mine.tokens, st);
+      plan.dispatch(again, d_x, d_w, d_recv, d_rw, st);
+      plan.combine(again, d_y, d_out, st);
+      const auto out = host_copy(d_out, static_cast<std::size_t>(mine.tokens) * H, st);
+      const auto recv = host_copy(d_recv, nrows * H, st);
+      if (res.error.empty() && recv != first_recv) res.error = str("repeat ", i, ": recv_x differs bitwise from the first call's");
+      if (res.error.empty() && out != res.out) res.error = str("repeat ", i, ": combine differs bitwise from the first call's");
+    }
+  }
   cudaFree(d_topk);
   cudaFree(d_w);
   cudaFree(d_x);
@@ -320,13 +335,7 @@ TEST(ExpertParallel, CombineIsBitwiseEqualOverAHundredCalls) {
   Case c{E, 8, 2048, Routing::skewed, ragged_tokens(world, 97, 13), 7};
   std::string error;
   try {
-    const Result first = run_round(plan, c, true);
-    error = first.error;
-    for (int i = 1; i < 100 && error.empty(); ++i) {
-      const Result again = run_round(plan, c, false);
-      if (!again.error.empty()) error = str("call ", i, ": ", again.error);
-      else if (again.out != first.out) error = str("call ", i, " differs bitwise from the first");
-    }
+    error = run_round(plan, c, true, 99).error;  // 100 calls in all
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -339,12 +348,12 @@ TEST(ExpertParallel, BackToBackCallsWithFreshRoutingsNeedNoReset) {
   const int E = experts_for(64, world);
   // A small starting capacity: the staging grows (collectively) along the way.
   ExpertParallel plan(test::ctx_ptr(),
-                      {.experts = E, .hidden = 2048, .top_k = 4, .max_tokens = 400, .max_sms = 3, .recv_capacity = 16});
+                      {.experts = E, .hidden = 1024, .top_k = 4, .max_tokens = 400, .max_sms = 3, .recv_capacity = 16});
   std::string error;
-  for (int i = 0; i < 40 && error.empty(); ++i) {
+  for (int i = 0; i < 30 && error.empty(); ++i) {
     std::vector<std::int64_t> tokens;
     for (int s = 0; s < world; ++s) tokens.push_back((mix(i * 31 + s) % 400));
-    Case c{E, 4, 2048, static_cast<Routing>(i % 3), tokens, 1000 + static_cast<std::uint64_t>(i)};
+    Case c{E, 4, 1024, static_cast<Routing>(i % 3), tokens, 1000 + static_cast<std::uint64_t>(i)};
     try {
       error = run_round(plan, c, i % 5 == 0).error;
     } catch (const std::exception& e) {
