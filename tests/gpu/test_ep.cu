@@ -1,4 +1,5 @@
-// Expert-parallel dispatch and combine (weft::ExpertParallel) on the GPU.
+// Expert-parallel dispatch and combine on the GPU: weft::ExpertParallel
+// (throughput mode) and weft::ExpertParallelLowLatency (at the end).
 //
 // Every rank rebuilds every rank's routing, weights and tokens from a seed,
 // so each receiver computes on the host what it must receive:
@@ -449,4 +450,264 @@ TEST(ExpertParallel, BadPlansAreNamed) {
   }
   EXPECT_NE(disagree.find(str("experts ", 8 * world)), std::string::npos) << disagree;
   EXPECT_NE(disagree.find(str("experts ", 16 * world)), std::string::npos) << disagree;
+}
+
+// ---- low-latency mode ---------------------------------------------------------
+
+namespace {
+
+// One low-latency step's inputs on this rank, and what it must receive and return.
+struct LlStep {
+  std::vector<Source> srcs;
+  std::vector<std::uint16_t> x;   // this rank's tokens [T][H]
+  std::vector<std::uint16_t> y;   // the experts' outputs, [per][W][M][H]
+  // expected[(le * W + s)]: the (token, slot) pairs of source s for local expert le, in token order
+  std::vector<std::vector<std::pair<std::int64_t, int>>> expected;
+};
+
+LlStep ll_step(const Case& c, int max_tokens) {
+  const int world = ctx().world_size(), me = ctx().rank(), H = c.hidden, k = c.k, per = c.experts / world;
+  LlStep st;
+  for (int s = 0; s < world; ++s) st.srcs.push_back(make_source(c, s));
+  const Source& mine = st.srcs[me];
+  st.x.resize(static_cast<std::size_t>(mine.tokens) * H);
+  for (std::int64_t t = 0; t < mine.tokens; ++t)
+    for (int ch = 0; ch < H; ++ch) st.x[t * H + ch] = payload(c.seed, me, t, ch);
+  st.expected.assign(static_cast<std::size_t>(per) * world, {});
+  st.y.assign(static_cast<std::size_t>(per) * world * max_tokens * H, 0);
+  for (int le = 0; le < per; ++le)
+    for (int s = 0; s < world; ++s) {
+      auto& rows = st.expected[le * world + s];
+      for (std::int64_t t = 0; t < st.srcs[s].tokens; ++t)
+        for (int j = 0; j < k; ++j)
+          if (st.srcs[s].topk[t * k + j] == static_cast<std::int64_t>(me) * per + le) rows.push_back({t, j});
+      for (std::size_t p = 0; p < rows.size(); ++p) {
+        const std::size_t row = (static_cast<std::size_t>(le) * world + s) * max_tokens + p;
+        for (int ch = 0; ch < H; ++ch) st.y[row * H + ch] = expert_out(c, s, rows[p].first, ch, me * per + le);
+      }
+    }
+  return st;
+}
+
+// Checks what dispatch left in the plan's buffers against the step's expectation ("" if right).
+std::string check_ll_dispatch(ExpertParallelLowLatency& ll, const Case& c, const LlStep& st, int max_tokens) {
+  const int world = ctx().world_size(), H = c.hidden, per = c.experts / world;
+  cudaStream_t s = test::stream();
+  const auto counts = host_copy(ll.recv_count(), static_cast<std::size_t>(per) * world, s);
+  const auto src = host_copy(ll.recv_source(), static_cast<std::size_t>(per) * world * max_tokens, s);
+  const auto recv = host_copy(static_cast<const std::uint16_t*>(ll.recv_x()),
+                              static_cast<std::size_t>(per) * world * max_tokens * H, s);
+  for (int le = 0; le < per; ++le)
+    for (int w = 0; w < world; ++w) {
+      const auto& rows = st.expected[le * world + w];
+      if (counts[le * world + w] != static_cast<std::int32_t>(rows.size()))
+        return str("local expert ", le, " from rank ", w, ": ", counts[le * world + w], " rows, expected ", rows.size());
+      for (std::size_t p = 0; p < rows.size(); ++p) {
+        const std::size_t row = (static_cast<std::size_t>(le) * world + w) * max_tokens + p;
+        if (src[row] != rows[p].first * 32 + rows[p].second)
+          return str("row ", row, ": source entry ", src[row], ", expected token ", rows[p].first, " slot ",
+                     rows[p].second);
+        for (int ch = 0; ch < H; ++ch)
+          if (recv[row * H + ch] != payload(c.seed, w, rows[p].first, ch))
+            return str("row ", row, " channel ", ch, ": bits ", recv[row * H + ch], ", expected rank ", w, " token ",
+                       rows[p].first, "'s ", payload(c.seed, w, rows[p].first, ch));
+      }
+    }
+  return "";
+}
+
+// Combine's output against float64: one rounding of an fp32 sum.
+std::string check_ll_combine(const Case& c, const LlStep& st, const std::vector<std::uint16_t>& out) {
+  const int me = ctx().rank(), H = c.hidden, k = c.k;
+  const Source& mine = st.srcs[me];
+  for (std::int64_t t = 0; t < mine.tokens; ++t)
+    for (int ch = 0; ch < H; ++ch) {
+      double ref = 0, mag = 0;
+      for (int j = 0; j < k; ++j) {
+        const std::int64_t e = mine.topk[t * k + j];
+        if (e < 0) continue;
+        const double term = static_cast<double>(mine.weights[t * k + j]) *
+                            bf16_to_float(expert_out(c, me, t, ch, static_cast<int>(e)));
+        ref += term;
+        mag += std::fabs(term);
+      }
+      const double got = bf16_to_float(out[t * H + ch]);
+      if (!(std::fabs(got - ref) <= mag / 128 + 1e-37))
+        return str("combine token ", t, " channel ", ch, ": ", got, ", float64 reference ", ref);
+    }
+  return "";
+}
+
+struct LlBuffers {
+  std::int64_t* topk = nullptr;
+  float* w = nullptr;
+  std::uint16_t *x = nullptr, *y = nullptr, *out = nullptr;
+  LlBuffers(const Case& c, int max_tokens, int world) {
+    const std::size_t per = c.experts / world;
+    WEFT_CUDA(cudaMalloc(&topk, static_cast<std::size_t>(max_tokens) * c.k * 8));
+    WEFT_CUDA(cudaMalloc(&w, static_cast<std::size_t>(max_tokens) * c.k * 4));
+    WEFT_CUDA(cudaMalloc(&x, static_cast<std::size_t>(max_tokens) * c.hidden * 2));
+    WEFT_CUDA(cudaMalloc(&out, static_cast<std::size_t>(max_tokens) * c.hidden * 2));
+    WEFT_CUDA(cudaMalloc(&y, per * world * max_tokens * c.hidden * 2));
+  }
+  ~LlBuffers() {
+    cudaFree(topk);
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(out);
+  }
+  // This step's inputs on the device, the output poisoned.
+  void load(const Case& c, const LlStep& st, int max_tokens) {
+    cudaStream_t s = test::stream();
+    const Source& mine = st.srcs[ctx().rank()];
+    if (mine.tokens) {
+      WEFT_CUDA(cudaMemcpyAsync(topk, mine.topk.data(), mine.topk.size() * 8, cudaMemcpyHostToDevice, s));
+      WEFT_CUDA(cudaMemcpyAsync(w, mine.weights.data(), mine.weights.size() * 4, cudaMemcpyHostToDevice, s));
+      WEFT_CUDA(cudaMemcpyAsync(x, st.x.data(), st.x.size() * 2, cudaMemcpyHostToDevice, s));
+    }
+    WEFT_CUDA(cudaMemcpyAsync(y, st.y.data(), st.y.size() * 2, cudaMemcpyHostToDevice, s));
+    WEFT_CUDA(cudaMemsetAsync(out, 0x5A, static_cast<std::size_t>(max_tokens) * c.hidden * 2, s));
+    ctx().synchronize(s);  // the host vectors may go
+  }
+};
+
+std::vector<std::int64_t> ll_tokens(int world, int max_tokens, std::uint64_t salt) {
+  std::vector<std::int64_t> t;
+  for (int s = 0; s < world; ++s)
+    t.push_back(s == 1 ? 0 : s == 2 ? 1 : static_cast<std::int64_t>(mix(salt * 77 + s) % (max_tokens + 1)));
+  return t;
+}
+
+}  // namespace
+
+TEST(ExpertParallelLowLatency, DispatchBitwiseAndCombineWithinBf16) {
+  const int world = ctx().world_size();
+  struct Shape {
+    int experts, k, hidden, max_tokens;
+  };
+  const Shape shapes[] = {{64, 8, 2048, 64}, {256, 8, 7168, 16}, {8, 2, 4096, 33}, {256, 1, 7168, 24}};
+  std::uint64_t seed = 500;
+  cudaStream_t s = test::stream();
+  for (const Shape& sh : shapes) {
+    const int E = experts_for(sh.experts, world);
+    ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = sh.hidden, .top_k = sh.k,
+                                                  .max_tokens = sh.max_tokens});
+    for (Routing how : {Routing::uniform, Routing::skewed, Routing::with_none}) {
+      Case c{E, sh.k, sh.hidden, how, ll_tokens(world, sh.max_tokens, seed), seed};
+      ++seed;
+      std::string error;
+      try {
+        const LlStep st = ll_step(c, sh.max_tokens);
+        LlBuffers b(c, sh.max_tokens, world);
+        b.load(c, st, sh.max_tokens);
+        const std::int64_t T = c.tokens[ctx().rank()];
+        ll.dispatch_send(b.topk, b.x, T, s);
+        ll.dispatch_recv(s);
+        error = check_ll_dispatch(ll, c, st, sh.max_tokens);
+        ll.combine(b.y, b.topk, b.w, b.out, T, s);
+        const auto out = host_copy(b.out, static_cast<std::size_t>(T) * c.hidden, s);
+        if (error.empty()) error = check_ll_combine(c, st, out);
+        ll.check_errors(s);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      EXPECT_EQ(error, "") << "rank " << ctx().rank() << ": " << describe(c);
+      EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
+    }
+  }
+}
+
+TEST(ExpertParallelLowLatency, GraphReplaysWithFreshRoutingsEqualEagerCalls) {
+  const int world = ctx().world_size(), M = 32;
+  const int E = experts_for(64, world);
+  ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = 2048, .top_k = 8, .max_tokens = M});
+  const Case shape{E, 8, 2048, Routing::uniform, std::vector<std::int64_t>(world, M), 0};
+  LlBuffers b(shape, M, world);
+  cudaStream_t s = test::stream();
+  // The graph: one step of M tokens per rank, on the buffers b holds.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::string error;
+  try {
+    WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ll.dispatch_send(b.topk, b.x, M, s);
+    ll.dispatch_recv(s);
+    ll.combine(b.y, b.topk, b.w, b.out, M, s);
+    WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+    WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  } catch (const std::exception& e) {
+    error = str("capture: ", e.what());
+  }
+  for (int i = 0; i < 12 && error.empty(); ++i) {
+    Case c = shape;
+    c.seed = 900 + static_cast<std::uint64_t>(i);
+    c.routing = static_cast<Routing>(i % 3);
+    try {
+      const LlStep st = ll_step(c, M);
+      b.load(c, st, M);
+      ll.dispatch(b.topk, b.x, M, s);  // eager
+      ll.combine(b.y, b.topk, b.w, b.out, M, s);
+      const auto eager = host_copy(b.out, static_cast<std::size_t>(M) * c.hidden, s);
+      error = check_ll_combine(c, st, eager);
+      WEFT_CUDA(cudaMemsetAsync(b.out, 0x5A, static_cast<std::size_t>(M) * c.hidden * 2, s));
+      WEFT_CUDA(cudaGraphLaunch(exec, s));  // the same step, replayed
+      const auto replayed = host_copy(b.out, static_cast<std::size_t>(M) * c.hidden, s);
+      if (error.empty() && replayed != eager) error = str("replay ", i, " differs bitwise from the eager call");
+      if (error.empty()) error = check_ll_dispatch(ll, c, st, M);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!error.empty()) error = str("step ", i, ": ", error);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(test::all_ranks(error.empty()));
+}
+
+TEST(ExpertParallelLowLatency, BadInputIsNamed) {
+  const int world = ctx().world_size(), last = world - 1;
+  const int E = experts_for(16, world);
+  ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = 64, .top_k = 2, .max_tokens = 8});
+  cudaStream_t s = test::stream();
+  std::string too_many;
+  try {
+    ll.dispatch_send(nullptr, nullptr, 9, s);
+  } catch (const std::exception& e) {
+    too_many = e.what();
+  }
+  EXPECT_NE(too_many.find("9 tokens exceed the plan's max_tokens = 8"), std::string::npos) << too_many;
+  // Rank `last` lists an expert out of range at token 5: it is named there, and no rank hangs.
+  std::vector<std::int64_t> topk(16);
+  for (int t = 0; t < 8; ++t)
+    for (int j = 0; j < 2; ++j) topk[t * 2 + j] = (t + j) % E;
+  if (ctx().rank() == last) topk[5 * 2 + 1] = E + 3;
+  std::vector<float> w(16, 0.5f);
+  std::int64_t* d_topk = device_copy(topk);
+  float* d_w = device_copy(w);
+  std::uint16_t *d_x = nullptr, *d_y = nullptr, *d_out = nullptr;
+  WEFT_CUDA(cudaMalloc(&d_x, 8 * 64 * 2));
+  WEFT_CUDA(cudaMalloc(&d_out, 8 * 64 * 2));
+  WEFT_CUDA(cudaMalloc(&d_y, static_cast<std::size_t>(E) * 8 * 64 * 2));
+  WEFT_CUDA(cudaMemset(d_x, 0, 8 * 64 * 2));
+  WEFT_CUDA(cudaMemset(d_y, 0, static_cast<std::size_t>(E) * 8 * 64 * 2));
+  std::string bad;
+  try {
+    ll.dispatch(d_topk, d_x, 8, s);
+    ll.combine(d_y, d_topk, d_w, d_out, 8, s);
+    ll.check_errors(s);
+  } catch (const std::exception& e) {
+    bad = e.what();
+  }
+  if (ctx().rank() == last)
+    EXPECT_NE(bad.find(str("rank ", last, "'s token 5 (slot 1) has an expert id out of range")), std::string::npos)
+        << bad;
+  else
+    EXPECT_EQ(bad, "");
+  cudaFree(d_topk);
+  cudaFree(d_w);
+  cudaFree(d_x);
+  cudaFree(d_y);
+  cudaFree(d_out);
 }

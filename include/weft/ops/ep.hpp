@@ -132,4 +132,82 @@ class ExpertParallel {
   std::int64_t* host_counts_ = nullptr;  // pinned [W][row]
 };
 
+/// What a low-latency plan is built for. Equal on every rank (checked).
+struct EpLowLatencyOptions {
+  int experts = 0;          ///< E: a multiple of the world size, at most 1024
+  int hidden = 0;           ///< H: bf16 channels, a multiple of 8
+  int top_k = 0;            ///< k: 1 to 32
+  int max_tokens = 0;       ///< M: most tokens a rank routes in one call (1 to 4096)
+  int max_sms = 0;          ///< cap on the SMs its kernels occupy; 0 = the rank's share of its GPU
+};
+
+/// Expert-parallel dispatch and combine for decoding: no host synchronisation,
+/// CUDA-graph capturable, fixed buffers. The receive buffer is expert-major,
+/// [local experts][W sources][M][H] (moe_detail::low_latency_row): local
+/// expert e's tokens from source s are rows 0 .. recv_count[e][s] of its
+/// block, in the source's token order. A token goes once to each of its
+/// experts (not once per rank: the rows are the experts' inputs, in place).
+/// Combine returns out[t] = sum over slots j ascending of w[t][j] x y(t, j)
+/// (fp32, one rounding): bitwise repeatable.
+///
+///   weft::ExpertParallelLowLatency ll(ctx, {.experts = 256, .hidden = 7168, .top_k = 8, .max_tokens = 128});
+///   ll.dispatch_send(topk_idx, x, T, stream);   // returns once the tokens are on their way
+///   ... other work ...
+///   ll.dispatch_recv(stream);                   // waits for every rank's tokens
+///   ... experts: y [local experts][W x M][H] from ll.recv_x() ...
+///   ll.combine(y, topk_idx, topk_weights, out, T, stream);
+///
+/// Every rank makes the same calls in this order (send, recv, combine) each
+/// step. A bad expert id (outside [-1, E), or listed twice) skips its token
+/// and is recorded on the device; check_errors() reports it.
+class ExpertParallelLowLatency {
+ public:
+  /// Collective. Allocates the symmetric receive and combine buffers.
+  ExpertParallelLowLatency(std::shared_ptr<Context> ctx, const EpLowLatencyOptions& options);
+  ~ExpertParallelLowLatency();
+  ExpertParallelLowLatency(const ExpertParallelLowLatency&) = delete;
+  ExpertParallelLowLatency& operator=(const ExpertParallelLowLatency&) = delete;
+
+  /// Sends each of the num_tokens (<= M) tokens of x ([T, H] bf16) to the
+  /// ranks of its experts (topk_idx [T, k] int64, -1 = none). Does not wait for other ranks' tokens.
+  void dispatch_send(const std::int64_t* topk_idx, const void* x, std::int64_t num_tokens, cudaStream_t stream);
+  /// Waits until every rank's tokens for this rank have arrived; fills recv_count().
+  void dispatch_recv(cudaStream_t stream);
+  /// dispatch_send then dispatch_recv.
+  void dispatch(const std::int64_t* topk_idx, const void* x, std::int64_t num_tokens, cudaStream_t stream) {
+    dispatch_send(topk_idx, x, num_tokens, stream);
+    dispatch_recv(stream);
+  }
+  /// y: the experts' outputs in recv_x()'s layout (any device memory); topk_idx
+  /// and topk_weights ([T, k] float) as this step's dispatch had them; out [T, H] bf16.
+  void combine(const void* y, const std::int64_t* topk_idx, const float* topk_weights, void* out,
+               std::int64_t num_tokens, cudaStream_t stream);
+
+  /// [local experts][W][M][H] bf16 (symmetric heap): the tokens received.
+  void* recv_x() const { return recv_x_.get(); }
+  /// [local experts][W] int32 (device): rows received per local expert and source.
+  const std::int32_t* recv_count() const { return recv_count_; }
+  /// [local experts][W][M] int32 (symmetric heap): each row's token index at its source x 32 + its slot.
+  const std::int32_t* recv_source() const { return recv_src_.as<std::int32_t>(); }
+  /// Synchronises `stream` and throws if a dispatch since the last check met a
+  /// bad expert id on this rank (naming the token, slot and id); clears it.
+  void check_errors(cudaStream_t stream);
+  const EpLowLatencyOptions& options() const { return opt_; }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  EpLowLatencyOptions opt_;
+  int blocks_ = 1;
+  int stage_ = 0;  // 1 after send, 2 after recv, 0 after combine
+  std::int64_t tokens_ = 0;
+  SymmetricBuffer recv_x_;      // [per][W][M][H]
+  SymmetricBuffer recv_src_;    // [per][W][M]
+  SymmetricBuffer comb_buf_;    // [M][k][H]: the experts' outputs of this rank's tokens
+  SignalArray count_signals_;   // [per][W]: (epoch << 32) | rows, set by each source
+  SignalArray combine_signals_; // [W]: rank p's outputs for this rank are here
+  SignalArray recv_signals_;    // the receive kernel's epoch (no flags used)
+  std::int32_t* recv_count_ = nullptr;  // device [per][W]
+  std::uint64_t* scratch_ = nullptr;    // device: [0] error key, [1] send blocks done, [2] combine blocks done
+};
+
 }  // namespace weft
