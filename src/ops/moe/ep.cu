@@ -17,7 +17,9 @@
 //             send: a warp per token writes its row once into each
 //             destination rank's staging (token-major: source, then token
 //             order), with a meta record: source token, the pairs' rows in
-//             the receiver's expert-major recv_x, and their weights;
+//             the receiver's expert-major recv_x, and their weights (for
+//             this rank's own experts it writes recv_x's rows directly and
+//             stages the meta record only);
 //             receive: once every source's last block has signalled, a warp
 //             per staged token copies it to each of its recv_x rows.
 //   combine   (the rank's SM share, waits on every rank)
@@ -241,6 +243,7 @@ struct MoveArgs {
   int experts, world, k, hidden;
   std::int64_t tokens;       // this rank's T
   std::int64_t recv_tokens;  // tokens staged here
+  std::int64_t self_lo, self_hi;  // staged rows of this rank's own tokens: meta only, data already in recv_x
   const std::int64_t* topk;  // [T][k]
   const float* weights;      // [T][k]
   const uint4* x;            // [T][H] bf16
@@ -281,7 +284,7 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kEpWarps + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kEpWarps;
-  const int W = a.world, E = a.experts, k = a.k, per = E / W, cols = E + W, mstride = 2 + 2 * k;
+  const int W = a.world, E = a.experts, k = a.k, per = E / W, cols = E + W, mstride = 2 + 2 * k, me = a.w.rank;
   const std::int64_t vecs = a.hidden / 8;  // 16-byte vectors per row
 
   // Send: each token once to each of its ranks, ascending.
@@ -304,10 +307,18 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
     for (int r = 0; r < W; ++r) {
       const std::int32_t row = __shfl_sync(0xffffffffu, my_row, r);
       if (row < 0) continue;
-      uint4* dst = a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs;
-      dev::copy_warp(dst, src, static_cast<std::size_t>(vecs) * 16);
-      std::int32_t* m = a.w.symm_at(a.meta, r) + static_cast<std::int64_t>(row) * mstride;
       const unsigned here = __ballot_sync(0xffffffffu, owner == r);
+      if (r == me) {
+        // This rank's own experts: straight into recv_x, one row per pair; the staging keeps the meta only.
+        for (unsigned left = here; left != 0; left &= left - 1) {
+          const std::int32_t prow = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
+          dev::copy_warp(a.recv_x + static_cast<std::int64_t>(prow) * vecs, src, static_cast<std::size_t>(vecs) * 16);
+        }
+      } else {
+        uint4* dst = a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs;
+        dev::copy_warp(dst, src, static_cast<std::size_t>(vecs) * 16);
+      }
+      std::int32_t* m = a.w.symm_at(a.meta, r) + static_cast<std::int64_t>(row) * mstride;
       if (owner == r) {
         const int idx = __popc(here & ((1u << lane) - 1u));
         m[2 + idx] = pair_row;
@@ -328,6 +339,7 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
     const int n = __ldcg(m + 1);
     const std::int32_t prow = lane < n ? __ldcg(m + 2 + lane) : -1;
     if (a.recv_weights && lane < n) a.recv_weights[prow] = __int_as_float(__ldcg(m + 2 + k + lane));
+    if (i >= a.self_lo && i < a.self_hi) continue;  // this rank's own tokens: placed by the send
     const uint4* src = a.staging + i * vecs;
     // Every lane runs every iteration (the shuffles need the whole warp); four loads in flight.
     for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * 4) {
@@ -567,6 +579,8 @@ void ExpertParallel::dispatch(const EpHandle& h, const void* x, const float* top
                "ExpertParallel::dispatch: x and recv_x must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel dispatch #", h.id));
   const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
+  std::int64_t self_lo = 0;  // this rank's own tokens come after those of lower ranks
+  for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
   MoveArgs a{ctx_->world(),
              opt_.experts,
              ctx_->world_size(),
@@ -574,6 +588,8 @@ void ExpertParallel::dispatch(const EpHandle& h, const void* x, const float* top
              opt_.hidden,
              tokens_,
              h.recv_tokens,
+             self_lo,
+             self_lo + h.tokens_from[ctx_->rank()],
              topk_,
              topk_weights,
              static_cast<const uint4*>(x),
@@ -608,6 +624,8 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
              opt_.hidden,
              tokens_,
              h.recv_tokens,
+             0,
+             0,
              topk_,
              nullptr,
              nullptr,
