@@ -77,7 +77,7 @@ Bounded run_bounded(const std::string& cmd, int limit_s) {
 }
 
 const std::vector<std::string> kAllOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
-                                          "ag_gemm",    "gemm_rs",    "gemm_ar"};
+                                          "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep"};
 }  // namespace
 
 TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
@@ -443,4 +443,26 @@ TEST(SweepScripts, OverlapNamesAMissingBaselinesFile) {
   EXPECT_NE(r.output.find("--torch-baselines: no file /nonexistent/torch_tp_baselines.py"), std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("Traceback"), std::string::npos) << r.output;
+}
+
+TEST(BenchArgs, EpTakesItsShapeAndNamesABadOne) {
+  const BenchArgs d = parse_bench_args({"weft-bench", "ep"});
+  EXPECT_EQ(d.ep_tokens, 4096);
+  EXPECT_EQ(d.ep_hidden, 7168);
+  EXPECT_EQ(d.ep_topk, 8);
+  EXPECT_EQ(d.ep_experts, 256);
+  const BenchArgs a =
+      parse_bench_args({"weft-bench", "ep", "--tokens", "128", "--hidden", "2048", "--topk", "2", "--experts", "64",
+                        "--max-sms", "16", "--check"});
+  EXPECT_EQ(a.ep_tokens, 128);
+  EXPECT_EQ(a.ep_hidden, 2048);
+  EXPECT_EQ(a.ep_topk, 2);
+  EXPECT_EQ(a.ep_experts, 64);
+  EXPECT_EQ(a.max_sms, 16);
+  EXPECT_TRUE(a.check);
+  EXPECT_NE(error_of({"ep", "--hidden", "1001"}).find("--hidden 1001 is not a multiple of 8"), std::string::npos);
+  EXPECT_NE(error_of({"ep", "--topk", "9", "--experts", "8"}).find("--topk 9 exceeds --experts 8"), std::string::npos);
+  EXPECT_NE(error_of({"ep", "--tokens", "0"}).find("--tokens expects a whole number from 1"), std::string::npos);
+  EXPECT_NE(error_of({"ep", "--bytes", "1K"}).find("--bytes is for all_gather"), std::string::npos);
+  EXPECT_NE(error_of({"all_gather", "--tokens", "8"}).find("--tokens is for ep"), std::string::npos);
 }

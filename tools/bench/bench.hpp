@@ -26,4 +26,9 @@ int bench_gemm(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 /// bound (exit code 0, or 3 if a check failed). Collective; rank 0 prints.
 int bench_overlap(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
+/// weft-bench ep: expert-parallel dispatch and combine alone and together, against a
+/// copy-engine bound over the same bytes (exit code 0, or 3 if --check failed).
+/// Collective; rank 0 prints.
+int bench_ep(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+
 }  // namespace weft::bench

@@ -35,6 +35,10 @@ const OpInfo kOpInfo[] = {
     {"gemm_ar", "GEMM + AllReduce, overlapped, against cuBLAS then NCCL (and each part alone, and the ideal)",
      "Shapes are the layer's, PyTorch-style: K the full depth, K/W per rank; every rank gets\n"
      "the whole sum (M and K multiples of the world size W)."},
+    {"ep", "MoE expert-parallel dispatch and combine (throughput mode) against a copy bound measured alike",
+     "Each rank routes --tokens tokens to --topk of --experts experts (uniform random), E / W\n"
+     "experts per rank. Bandwidth as DeepEP counts it: bytes per valid token-rank pair over time;\n"
+     "remote bytes/s counts the pairs that leave the rank."},
 };
 constexpr std::size_t kOpCount = std::size(kOpInfo);
 
@@ -46,10 +50,10 @@ const std::vector<std::string> kOps = [] {
 
 // Which operations an option applies to: one bit per operation, in kOpInfo's order.
 constexpr unsigned kAllGather = 1u << 0, kAllReduce = 1u << 1, kReduceScatter = 1u << 2, kGemm = 1u << 3,
-                   kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6;
+                   kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6, kEp = 1u << 7;
 constexpr unsigned kCollectives = kAllGather | kAllReduce | kReduceScatter;
 constexpr unsigned kOverlap = kAgGemm | kGemmRs | kGemmAr;
-constexpr unsigned kEvery = kCollectives | kGemm | kOverlap;
+constexpr unsigned kEvery = kCollectives | kGemm | kOverlap | kEp;
 
 unsigned op_bit(const std::string& op) {
   for (std::size_t i = 0; i < kOpCount; ++i)
@@ -103,6 +107,15 @@ const OptionInfo kOptions[] = {
      "let each sample's GPU work start while the host still enqueues it (by default the stream\n"
      "is held until the whole sample is enqueued, so events time the GPU, not the host)"},
     {"--max-sms", true, kCollectives, "--max-sms N", "cap on the SMs an SM variant may occupy, 0 to 1024 (default 0: the plan chooses)"},
+    {"--max-sms", true, kEp, "--max-sms N",
+     "cap on the SMs dispatch and combine occupy, 0 to 1024 (default 0: the rank's share of its GPU)"},
+    {"--check", false, kEp, "--check",
+     "verify first: identity experts, so combine must return x times the sum of the token's\n"
+     "weights (bf16 tolerance), with fresh routing and poisoned outputs (default off)"},
+    {"--tokens", true, kEp, "--tokens N", "tokens each rank routes, 1 to 1048576 (default 4096)"},
+    {"--hidden", true, kEp, "--hidden H", "channels per token, bf16, a multiple of 8, 8 to 65536 (default 7168)"},
+    {"--topk", true, kEp, "--topk K", "experts per token, 1 to 32, at most --experts (default 8)"},
+    {"--experts", true, kEp, "--experts E", "experts over all ranks, a multiple of the world size, 1 to 1024 (default 256)"},
     {"--shapes", true, kGemm, "--shapes LIST",
      "M,N,K;M,N,K... (also MxNxK), each dimension 1 to 16777216\n"
      "(default: the per-rank GEMMs of the tensor-parallel benchmark shapes)"},
@@ -163,6 +176,7 @@ const std::vector<std::string>& variants_of(const std::string& op) {
   static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "ce", "auto"};
   static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "auto"};
   static const std::vector<std::string> gemm = {"auto"};
+  if (op == "ep") return gemm;
   static const std::vector<std::string> overlap = {"fused", "sequential", "auto"};
   if (is_overlap_op(op)) return overlap;
   return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" ? gemm : rs;
@@ -497,6 +511,10 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
       }
     }
     else if (a == "--n") n_value = one_dim(a, v);
+    else if (a == "--tokens") args.ep_tokens = parse_int(a, v, 1, 1 << 20);
+    else if (a == "--hidden") args.ep_hidden = parse_int(a, v, 8, 1 << 16);
+    else if (a == "--topk") args.ep_topk = parse_int(a, v, 1, 32);
+    else if (a == "--experts") args.ep_experts = parse_int(a, v, 1, 1024);
     else if (a == "--k") k_value = one_dim(a, v);
   }
   if (!way.empty() && args.op == "ag_gemm") args.ag_way = parse_name(kAgWays, way, "--way");
@@ -511,6 +529,12 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     WEFT_REQUIRE(!shapes_given, "give either --shapes or --m/--n/--k, not both");
     args.shapes.clear();
     for (std::int64_t m : m_list) args.shapes.push_back({m, n_value, k_value});
+  }
+  if (args.op == "ep") {
+    WEFT_REQUIRE(args.ep_hidden % 8 == 0, "--hidden ", args.ep_hidden,
+                 " is not a multiple of 8: tokens move as 16-byte vectors of 8 bf16");
+    WEFT_REQUIRE(args.ep_topk <= args.ep_experts, "--topk ", args.ep_topk, " exceeds --experts ", args.ep_experts,
+                 ": a token lists distinct experts");
   }
   if (args.op == "ag_gemm" && args.shapes.empty())
     args.shapes = parse_shapes("2048,28672,8192;4096,28672,8192;8192,28672,8192;2048,8192,8192;4096,8192,8192;"

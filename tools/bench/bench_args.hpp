@@ -15,7 +15,7 @@ namespace weft::bench {
 
 /// Everything weft-bench was asked to do.
 struct BenchArgs {
-  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar"
+  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep"
   std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
   std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant; overlap ops: modes
   std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
@@ -40,6 +40,11 @@ struct BenchArgs {
   /// --no-source-rows B,E: with --hook wait_source_rows, rows [B, E) add no
   /// source (GemmArgs::no_source_begin/end; Gemm::run checks the bounds)
   std::int64_t no_source_begin = 0, no_source_end = 0;
+  // ep only
+  std::int64_t ep_tokens = 4096;  ///< --tokens: tokens each rank routes
+  int ep_hidden = 7168;           ///< --hidden: channels per token (bf16)
+  int ep_topk = 8;                ///< --topk: experts per token
+  int ep_experts = 256;           ///< --experts: experts over all ranks
 };
 
 /// The largest per-rank message --bytes takes (1024T): far above any GPU's

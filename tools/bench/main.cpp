@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
     const std::uint64_t world = launch.world_size;
     if (args.op == "gemm") {
       opts.heap_bytes = std::uint64_t{256} << 20;
+    } else if (args.op == "ep") {
+      // The plan's staging at most every rank's tokens (rows and their meta records), the copy bound's sink.
+      const std::uint64_t t = args.ep_tokens, h = args.ep_hidden, k = args.ep_topk;
+      opts.heap_bytes = world * t * (2 * h + 4 * (2 + 2 * k)) + t * 2 * h + (std::uint64_t{256} << 20);
     } else if (bench::is_overlap_op(args.op)) {
       // The plan's gathered A or staging, the bench's symmetric output and
       // comparison buffers: a few times the largest matrix.
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
                      ctx->team().ranks_per_gpu, to_string(ctx->team().sharing));
     }
     if (args.op == "gemm") return bench::bench_gemm(ctx, args);
+    if (args.op == "ep") return bench::bench_ep(ctx, args);
     if (bench::is_overlap_op(args.op)) return bench::bench_overlap(ctx, args);
     return bench::bench_collective(ctx, args);
   } catch (const Error& e) {

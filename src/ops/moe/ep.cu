@@ -1,0 +1,648 @@
+// Expert-parallel dispatch and combine, throughput mode: the plan (host) and its four kernels.
+//
+// One call is layout -> dispatch -> combine:
+//
+//   count     (local; grid over 128-token chunks, a warp per chunk)
+//             validates each token's row, counts per chunk the pairs of each
+//             expert and the tokens for each rank, and records each pair's and
+//             each token-rank's position within its chunk (token order).
+//   exchange  (one block, waits on every rank)
+//             scans the chunk counts into prefixes, writes this rank's counts
+//             row (pairs per expert, tokens per rank, T, E, H, k, the first bad
+//             token) into every rank's matrix, waits for every rank's row, and
+//             derives the send tables: where this rank's pairs of expert e
+//             start on e's owner, where its tokens start on each rank.
+//             The host reads the matrix once: receive sizes, errors.
+//   dispatch  (the rank's SM share, waits on every rank)
+//             send: a warp per token writes its row once into each
+//             destination rank's staging (token-major: source, then token
+//             order), with a meta record: source token, the pairs' rows in
+//             the receiver's expert-major recv_x, and their weights (for
+//             this rank's own experts it writes recv_x's rows directly and
+//             stages the meta record only);
+//             receive: once every source's last block has signalled, a warp
+//             per staged token copies it to each of its recv_x rows.
+//   combine   (the rank's SM share, waits on every rank)
+//             reduce: a warp per staged token sums w x y over its pairs in
+//             slot order (fp32) and stores the partial, bf16, over the staged
+//             token; gather: once every rank's partials are ready, a warp per
+//             own token sums its partials from the ranks it went to, in rank
+//             order (fp32), and rounds once.
+//
+// Flags (three SignalArrays of W, one device epoch each): on rank r, slot p
+// is set to the epoch by rank p: "p's counts row is here" (exchange), "all of
+// p's tokens for r are here" (dispatch), "p's partials are ready" (combine).
+// A kernel's last block (a local acq_rel counter) raises them, so the flag's
+// release covers every block's stores.
+//
+// Buffer reuse across calls, without a reset: a rank writes into a peer's
+// staging only in dispatch, after the exchange of the same call, which every
+// rank enters only after its previous combine finished reading peers'
+// staging (stream order). The counts matrix is double-buffered by epoch
+// parity: a rank writing call n + 2's row has seen every rank's row of
+// n + 1, written after that rank's host read of call n.
+#include <algorithm>
+#include <cstring>
+
+#include <cuda_bf16.h>
+
+#include "../kernel_util.cuh"
+#include "ep_layout.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device.cuh"
+#include "weft/ops/ep.hpp"
+
+namespace weft {
+namespace {
+
+using namespace ops_detail;
+using moe_detail::ExpertPlacement;
+
+constexpr int kChunk = 128;           // tokens per warp in the count kernel
+constexpr int kCountWarps = 4;        // warps per count block
+constexpr int kEpThreads = 256;       // threads per dispatch / combine block
+constexpr int kEpWarps = kEpThreads / 32;
+constexpr int kExchangeThreads = 1024;
+constexpr int kMaxExperts = 1024;
+constexpr int kMaxTopK = 32;
+constexpr int kMaxWorld = 32;
+constexpr int kRowTail = 8;  // after [E pairs][W tokens]: T, E, H, k, bad token, slot, code, value
+constexpr std::uint64_t kNoError = ~std::uint64_t{0};
+
+// Error codes in the counts row (RowError's values).
+constexpr int kOutOfRange = static_cast<int>(moe_detail::RowError::expert_out_of_range);
+constexpr int kTwice = static_cast<int>(moe_detail::RowError::expert_twice);
+
+// The plan's local scratch, carved from one cudaMalloc.
+struct Scratch {
+  std::uint64_t* error;        // [1]: min over bad pairs of (token << 8 | slot << 2 | code)
+  std::uint64_t* done;         // [2]: blocks done, dispatch / combine
+  std::int32_t* chunk_counts;  // [chunks][E + W]: counts, then exclusive prefixes over chunks
+  std::int32_t* pair_local;    // [T][k]: the pair's position among its chunk's pairs of its expert
+  std::int32_t* rank_local;    // [T][W]: the token's position among its chunk's tokens for rank r, -1 if not sent
+  std::int32_t* token_rows;    // [T][W]: the token's staging row on rank r, -1 if not sent (combine reads)
+  std::int32_t* pair_base;     // [E]: where this rank's pairs of expert e start in e's owner's recv_x
+  std::int32_t* token_base;    // [W]: where this rank's tokens start in rank r's staging
+};
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+Scratch carve(void* base, std::int64_t max_tokens, int E, int W, int k, std::uint64_t* bytes_out) {
+  const std::uint64_t chunks = (max_tokens + kChunk - 1) / kChunk;
+  std::uint64_t off = 0;
+  auto take = [&](std::uint64_t n) {
+    const std::uint64_t at = off;
+    off = align_up(off + n, 256);
+    return static_cast<char*>(base) + at;
+  };
+  Scratch s{};
+  s.error = reinterpret_cast<std::uint64_t*>(take(8));
+  s.done = reinterpret_cast<std::uint64_t*>(take(16));
+  s.chunk_counts = reinterpret_cast<std::int32_t*>(take(chunks * (E + W) * 4));
+  s.pair_local = reinterpret_cast<std::int32_t*>(take(max_tokens * k * 4));
+  s.rank_local = reinterpret_cast<std::int32_t*>(take(max_tokens * W * 4));
+  s.token_rows = reinterpret_cast<std::int32_t*>(take(max_tokens * W * 4));
+  s.pair_base = reinterpret_cast<std::int32_t*>(take(E * 4));
+  s.token_base = reinterpret_cast<std::int32_t*>(take(W * 4));
+  if (bytes_out) *bytes_out = off;
+  return s;
+}
+
+// ---- count ------------------------------------------------------------------
+
+struct CountArgs {
+  const std::int64_t* topk;  // [T][k]
+  std::int64_t tokens;
+  int experts, world, k;
+  Scratch s;
+};
+
+__global__ void __launch_bounds__(kCountWarps * 32) count_kernel(CountArgs a) {
+  extern __shared__ int counters[];  // [warps][E + W]
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
+  const int E = a.experts, W = a.world, k = a.k, cols = E + W, per = E / W;
+  int* cnt = counters + warp * cols;
+  const std::int64_t chunk = static_cast<std::int64_t>(blockIdx.x) * kCountWarps + warp;
+  const std::int64_t t0 = chunk * kChunk;
+  if (t0 >= a.tokens) return;  // the whole warp
+  const std::int64_t t1 = t0 + kChunk < a.tokens ? t0 + kChunk : a.tokens;
+  for (int i = lane; i < cols; i += 32) cnt[i] = 0;
+  __syncwarp();
+  for (std::int64_t t = t0; t < t1; ++t) {
+    const bool in = lane < k;
+    const std::int64_t ex = in ? a.topk[t * k + lane] : -1;
+    const bool bad = in && (ex < -1 || ex >= E);
+    const bool valid = in && ex >= 0 && !bad;
+    // Lanes with the same valid expert; invalid lanes get a value of their own.
+    const unsigned same = __match_any_sync(0xffffffffu, valid ? static_cast<unsigned long long>(ex)
+                                                               : ~static_cast<unsigned long long>(lane) - 1);
+    const bool repeat = valid && static_cast<int>(__ffs(same)) - 1 != lane;  // an earlier slot lists it
+    const unsigned errors = __ballot_sync(0xffffffffu, bad || repeat);
+    if (errors != 0) {
+      const int first = __ffs(errors) - 1;  // the slot token_destinations stops at
+      if (lane == first)
+        atomicMin(reinterpret_cast<unsigned long long*>(a.s.error),
+                  static_cast<unsigned long long>((static_cast<std::uint64_t>(t) << 8) |
+                                                  (static_cast<std::uint64_t>(lane) << 2) |
+                                                  static_cast<std::uint64_t>(bad ? kOutOfRange : kTwice)));
+      continue;  // uniform: `errors` is the warp's
+    }
+    if (valid) a.s.pair_local[t * k + lane] = cnt[ex]++;  // experts are distinct within a row
+    const unsigned ranks = __reduce_or_sync(0xffffffffu, valid ? 1u << (static_cast<int>(ex) / per) : 0u);
+    if (lane < W) a.s.rank_local[t * W + lane] = ((ranks >> lane) & 1u) ? cnt[E + lane]++ : -1;
+    __syncwarp();
+  }
+  __syncwarp();
+  for (int i = lane; i < cols; i += 32) a.s.chunk_counts[chunk * cols + i] = cnt[i];
+}
+
+// ---- exchange ---------------------------------------------------------------
+
+struct ExchangeArgs {
+  dev::World w;
+  const std::int64_t* topk;
+  std::int64_t tokens;
+  int experts, world, k, hidden;
+  std::int64_t* counts;  // symmetric [2][W][row]
+  int row;               // E + W + kRowTail
+  std::uint64_t* flags;  // [W]
+  dev::LaunchEpoch epoch;
+  Scratch s;
+};
+
+__global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int me = a.w.rank, W = a.world, E = a.experts, cols = E + W, tid = static_cast<int>(threadIdx.x);
+  std::int64_t* matrix = a.counts + static_cast<std::int64_t>(e & 1) * W * a.row;
+  std::int64_t* mine = matrix + static_cast<std::int64_t>(me) * a.row;
+  const std::int64_t chunks = (a.tokens + kChunk - 1) / kChunk;
+  for (int c = tid; c < cols; c += blockDim.x) {
+    std::int32_t sum = 0;
+    for (std::int64_t ch = 0; ch < chunks; ++ch) {
+      std::int32_t* at = a.s.chunk_counts + ch * cols + c;
+      const std::int32_t v = *at;
+      *at = sum;
+      sum += v;
+    }
+    mine[c] = sum;
+  }
+  if (tid == 0) {
+    std::int64_t* tail = mine + cols;
+    tail[0] = a.tokens;
+    tail[1] = a.experts;
+    tail[2] = a.hidden;
+    tail[3] = a.k;
+    const std::uint64_t err = *a.s.error;
+    if (err == kNoError) {
+      tail[4] = -1;
+      tail[5] = tail[6] = tail[7] = 0;
+    } else {
+      const auto t = static_cast<std::int64_t>(err >> 8);
+      const int slot = static_cast<int>((err >> 2) & 63u);
+      tail[4] = t;
+      tail[5] = slot;
+      tail[6] = static_cast<std::int64_t>(err & 3u);
+      tail[7] = a.topk[t * a.k + slot];
+    }
+  }
+  __syncthreads();
+  // My row into every peer's matrix (plain stores; the release below covers them).
+  for (int p = 0; p < W; ++p) {
+    if (p == me) continue;
+    std::int64_t* theirs = a.w.symm_at(mine, p);
+    for (int c = tid; c < a.row; c += blockDim.x) theirs[c] = mine[c];
+  }
+  __syncthreads();
+  if (tid < W) {
+    dev::notify(a.w, a.flags + me, tid, e, dev::SignalOp::set, dev::Scope::sys);
+    dev::wait_until(a.w, a.flags + tid, dev::Cmp::ge, e, dev::Scope::sys, tid);
+  }
+  __syncthreads();
+  // Send tables. P[s][x] = matrix[s][x]: source s's pairs of expert x; T[s][r] = matrix[s][E + r].
+  const ExpertPlacement pl{E, W};
+  for (int x = tid; x < E; x += blockDim.x) {
+    const int r = pl.owner(x), le = pl.local(x);
+    std::int64_t base = 0;
+    for (int l = 0; l < le; ++l)
+      for (int s = 0; s < W; ++s) base += __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + pl.global(r, l));
+    for (int s = 0; s < me; ++s) base += __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + x);
+    a.s.pair_base[x] = static_cast<std::int32_t>(base);
+  }
+  for (int r = tid; r < W; r += blockDim.x) {
+    std::int64_t base = 0;
+    for (int s = 0; s < me; ++s) base += __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + E + r);
+    a.s.token_base[r] = static_cast<std::int32_t>(base);
+  }
+  dev::epoch_end(a.epoch, e);
+}
+
+// ---- dispatch and combine -----------------------------------------------------
+
+struct MoveArgs {
+  dev::World w;
+  int experts, world, k, hidden;
+  std::int64_t tokens;       // this rank's T
+  std::int64_t recv_tokens;  // tokens staged here
+  std::int64_t self_lo, self_hi;  // staged rows of this rank's own tokens: meta only, data already in recv_x
+  const std::int64_t* topk;  // [T][k]
+  const float* weights;      // [T][k]
+  const uint4* x;            // [T][H] bf16
+  uint4* recv_x;             // [recv_rows][H] bf16
+  float* recv_weights;       // [recv_rows] or null
+  const uint4* y;            // combine: [recv_rows][H] bf16
+  uint4* out;                // combine: [T][H] bf16
+  uint4* staging;            // symmetric [capacity][H] bf16
+  std::int32_t* meta;        // symmetric [capacity][2 + 2k]
+  std::uint64_t* flags;      // [W]
+  dev::LaunchEpoch epoch;
+  Scratch s;
+};
+
+// The last block of the grid to get here raises flags[me] to `e` on every
+// rank: every block's stores precede it (bar.sync, then a release chain
+// through the acq_rel counter to the release store).
+__device__ void last_block_signals(const MoveArgs& a, std::uint64_t* done, std::uint64_t e) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const std::uint64_t before = dev::atomic_add(done, 1, dev::Scope::sys, dev::Order::acq_rel);
+    if (before == gridDim.x - 1) {
+      *done = 0;  // every block has counted; the next launch starts after this one
+      for (int p = 0; p < a.world; ++p) dev::notify(a.w, a.flags + a.w.rank, p, e, dev::SignalOp::set, dev::Scope::sys);
+    }
+  }
+}
+
+// Every block waits until every rank raised flags[p] to `e`.
+__device__ void wait_all(const MoveArgs& a, std::uint64_t e) {
+  if (static_cast<int>(threadIdx.x) < a.world)
+    dev::wait_until(a.w, a.flags + threadIdx.x, dev::Cmp::ge, e, dev::Scope::sys, static_cast<int>(threadIdx.x));
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kEpWarps + threadIdx.x / 32;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kEpWarps;
+  const int W = a.world, E = a.experts, k = a.k, per = E / W, cols = E + W, mstride = 2 + 2 * k, me = a.w.rank;
+  const std::int64_t vecs = a.hidden / 8;  // 16-byte vectors per row
+
+  // Send: each token once to each of its ranks, ascending.
+  for (std::int64_t t = warp0; t < a.tokens; t += warps) {
+    const std::int64_t chunk = t / kChunk;
+    const std::int32_t* prefix = a.s.chunk_counts + chunk * cols;
+    const std::int64_t ex = lane < k ? a.topk[t * k + lane] : -1;
+    const int owner = ex >= 0 ? static_cast<int>(ex) / per : -1;
+    std::int32_t pair_row = -1;
+    float weight = 0.f;
+    if (ex >= 0) {
+      pair_row = a.s.pair_base[ex] + prefix[ex] + a.s.pair_local[t * k + lane];
+      weight = a.weights[t * k + lane];
+    }
+    const std::int32_t my_rank_pos = lane < W ? a.s.rank_local[t * W + lane] : -1;
+    std::int32_t my_row = -1;
+    if (lane < W && my_rank_pos >= 0) my_row = a.s.token_base[lane] + prefix[E + lane] + my_rank_pos;
+    if (lane < W) a.s.token_rows[t * W + lane] = my_row;
+    const uint4* src = a.x + t * vecs;
+    for (int r = 0; r < W; ++r) {
+      const std::int32_t row = __shfl_sync(0xffffffffu, my_row, r);
+      if (row < 0) continue;
+      const unsigned here = __ballot_sync(0xffffffffu, owner == r);
+      if (r == me) {
+        // This rank's own experts: straight into recv_x, one row per pair; the staging keeps the meta only.
+        for (unsigned left = here; left != 0; left &= left - 1) {
+          const std::int32_t prow = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
+          dev::copy_warp(a.recv_x + static_cast<std::int64_t>(prow) * vecs, src, static_cast<std::size_t>(vecs) * 16);
+        }
+      } else {
+        uint4* dst = a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs;
+        dev::copy_warp(dst, src, static_cast<std::size_t>(vecs) * 16);
+      }
+      std::int32_t* m = a.w.symm_at(a.meta, r) + static_cast<std::int64_t>(row) * mstride;
+      if (owner == r) {
+        const int idx = __popc(here & ((1u << lane) - 1u));
+        m[2 + idx] = pair_row;
+        m[2 + k + idx] = __float_as_int(weight);
+      }
+      if (lane == 0) {
+        m[0] = static_cast<std::int32_t>(t);
+        m[1] = __popc(here);
+      }
+    }
+  }
+  last_block_signals(a, a.s.done, e);
+  wait_all(a, e);
+
+  // Receive: each staged token to its rows of recv_x.
+  for (std::int64_t i = warp0; i < a.recv_tokens; i += warps) {
+    const std::int32_t* m = a.meta + i * mstride;
+    const int n = __ldcg(m + 1);
+    const std::int32_t prow = lane < n ? __ldcg(m + 2 + lane) : -1;
+    if (a.recv_weights && lane < n) a.recv_weights[prow] = __int_as_float(__ldcg(m + 2 + k + lane));
+    if (i >= a.self_lo && i < a.self_hi) continue;  // this rank's own tokens: placed by the send
+    const uint4* src = a.staging + i * vecs;
+    // Every lane runs every iteration (the shuffles need the whole warp); four loads in flight.
+    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * 4) {
+      const std::int64_t v = v0 + lane;
+      uint4 val[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (v + 32 * u < vecs) val[u] = __ldcg(src + v + 32 * u);
+      for (int p = 0; p < n; ++p) {
+        uint4* dst = a.recv_x + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, prow, p)) * vecs;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (v + 32 * u < vecs) dst[v + 32 * u] = val[u];
+      }
+    }
+  }
+  dev::epoch_end(a.epoch, e);
+}
+
+__device__ __forceinline__ void add_bf16x8(float* acc, const uint4& v, float w) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] += w * f.x;
+    acc[2 * i + 1] += w * f.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float* acc) {
+  uint4 out;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+  return out;
+}
+
+__global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
+  const std::uint64_t e = dev::epoch_begin(a.epoch);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kEpWarps + threadIdx.x / 32;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kEpWarps;
+  const int W = a.world, k = a.k, mstride = 2 + 2 * k;
+  const std::int64_t vecs = a.hidden / 8;
+
+  // Reduce: partial = sum over the staged token's pairs, in slot order, of w x y.
+  for (std::int64_t i = warp0; i < a.recv_tokens; i += warps) {
+    const std::int32_t* m = a.meta + i * mstride;
+    const int n = __ldcg(m + 1);
+    const std::int32_t prow = lane < n ? __ldcg(m + 2 + lane) : -1;
+    const float pw = lane < n ? __int_as_float(__ldcg(m + 2 + k + lane)) : 0.f;
+    uint4* dst = a.staging + i * vecs;
+    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
+      const std::int64_t v = v0 + lane;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int p = 0; p < n; ++p) {
+        const std::int64_t row = __shfl_sync(0xffffffffu, prow, p);
+        const float w = __shfl_sync(0xffffffffu, pw, p);
+        if (v < vecs) add_bf16x8(acc, a.y[row * vecs + v], w);
+      }
+      if (v < vecs) dst[v] = pack_bf16x8(acc);
+    }
+  }
+  last_block_signals(a, a.s.done + 1, e);
+  wait_all(a, e);
+
+  // Gather: out[t] = sum over the ranks t went to, ascending, of their partials.
+  for (std::int64_t t = warp0; t < a.tokens; t += warps) {
+    const std::int32_t my_row = lane < W ? a.s.token_rows[t * W + lane] : -1;
+    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
+      const std::int64_t v = v0 + lane;
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int r = 0; r < W; ++r) {
+        const std::int32_t row = __shfl_sync(0xffffffffu, my_row, r);
+        if (row < 0 || v >= vecs) continue;
+        add_bf16x8(acc, __ldcg(a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs + v), 1.f);
+      }
+      if (v < vecs) a.out[t * vecs + v] = pack_bf16x8(acc);
+    }
+  }
+  dev::epoch_end(a.epoch, e);
+}
+
+const char* row_error_name(std::int64_t code) {
+  return code == kTwice ? "lists an expert twice" : "has an expert id out of range";
+}
+
+}  // namespace
+
+// ---- the plan -------------------------------------------------------------------
+
+ExpertParallel::ExpertParallel(std::shared_ptr<Context> ctx, const EpOptions& options)
+    : ctx_(std::move(ctx)), opt_(options) {
+  WEFT_REQUIRE(ctx_, "ExpertParallel needs a Context");
+  const int W = ctx_->world_size();
+  const char* placement = moe_detail::placement_error(opt_.experts, W);
+  WEFT_REQUIRE(*placement == 0, "ExpertParallel: experts = ", opt_.experts, " on ", W, " ranks: ", placement);
+  WEFT_REQUIRE(opt_.experts <= kMaxExperts, "ExpertParallel: experts = ", opt_.experts, " exceeds ", kMaxExperts);
+  WEFT_REQUIRE(W <= kMaxWorld, "ExpertParallel: world size ", W, " exceeds ", kMaxWorld);
+  WEFT_REQUIRE(opt_.hidden > 0 && opt_.hidden % 8 == 0, "ExpertParallel: hidden = ", opt_.hidden,
+               " must be a positive multiple of 8: tokens move as 16-byte vectors of 8 bf16");
+  WEFT_REQUIRE(opt_.top_k >= 1 && opt_.top_k <= kMaxTopK, "ExpertParallel: top_k = ", opt_.top_k,
+               " must be in [1, ", kMaxTopK, "]");
+  WEFT_REQUIRE(opt_.max_tokens > 0, "ExpertParallel: max_tokens = ", opt_.max_tokens, " must be positive");
+  WEFT_REQUIRE(opt_.max_sms >= 0, "ExpertParallel: max_sms = ", opt_.max_sms, " must be >= 0 (0: no cap)");
+  WEFT_REQUIRE(opt_.recv_capacity >= 0, "ExpertParallel: recv_capacity = ", opt_.recv_capacity, " must be >= 0");
+  // Every rank must describe the same plan; the error names each differing rank's values and rank 0's.
+  ctx_->verify_same_call(str("ExpertParallel plan: experts ", opt_.experts, ", hidden ", opt_.hidden, ", top_k ",
+                             opt_.top_k, ", max_tokens ", opt_.max_tokens, ", recv_capacity ", opt_.recv_capacity));
+  const int sms = std::max(1, ctx_->team().sm_count);
+  blocks_ = opt_.max_sms > 0 ? std::min(opt_.max_sms, sms) : sms;
+
+  const int row = opt_.experts + W + kRowTail;
+  counts_ = SymmetricBuffer(ctx_->heap(), 2ull * W * row * 8, "i64", "ep.counts");
+  exchange_signals_ = SignalArray(ctx_->heap(), W, "ep.exchange.flags");
+  dispatch_signals_ = SignalArray(ctx_->heap(), W, "ep.dispatch.flags");
+  combine_signals_ = SignalArray(ctx_->heap(), W, "ep.combine.flags");
+  grow_staging(opt_.recv_capacity > 0 ? opt_.recv_capacity : 2 * opt_.max_tokens);
+
+  std::uint64_t bytes = 0;
+  carve(nullptr, opt_.max_tokens, opt_.experts, W, opt_.top_k, &bytes);
+  WEFT_CUDA(cudaMalloc(&scratch_, bytes));
+  WEFT_CUDA(cudaMemset(scratch_, 0, bytes));
+  WEFT_CUDA(cudaMallocHost(&host_counts_, static_cast<std::size_t>(W) * row * 8));
+  const int count_smem = kCountWarps * (opt_.experts + W) * 4;
+  if (count_smem > 48 * 1024)
+    WEFT_CUDA(cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, count_smem));
+}
+
+ExpertParallel::~ExpertParallel() {
+  if (scratch_) cudaFree(scratch_);
+  if (host_counts_) cudaFreeHost(host_counts_);
+}
+
+void ExpertParallel::grow_staging(std::int64_t rows) {
+  WEFT_REQUIRE(rows < (std::int64_t{1} << 31), "ExpertParallel: ", rows, " receive rows exceed the 2^31 limit");
+  rows = std::max<std::int64_t>(rows, 1);
+  // Free first, then allocate: the same sequence on every rank (they decide from the same counts).
+  staging_ = SymmetricBuffer();
+  meta_ = SymmetricBuffer();
+  staging_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(rows) * opt_.hidden * 2, "bf16", "ep.staging");
+  meta_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(rows) * (2 + 2 * opt_.top_k) * 4, "i32",
+                          "ep.meta");
+  capacity_ = rows;
+}
+
+EpHandle ExpertParallel::layout(const std::int64_t* topk_idx, std::int64_t num_tokens, cudaStream_t stream) {
+  const int W = ctx_->world_size(), me = ctx_->rank(), E = opt_.experts, k = opt_.top_k, per = E / W;
+  stage_ = 0;
+  WEFT_REQUIRE(num_tokens >= 0 && num_tokens <= opt_.max_tokens, "ExpertParallel::layout: num_tokens = ", num_tokens,
+               " must be in [0, max_tokens = ", opt_.max_tokens, "]");
+  WEFT_REQUIRE(num_tokens == 0 || topk_idx, "ExpertParallel::layout: topk_idx is null for ", num_tokens, " tokens");
+  if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel layout #", layouts_ + 1));
+  const Scratch s = carve(scratch_, opt_.max_tokens, E, W, k, nullptr);
+  WEFT_CUDA(cudaMemsetAsync(s.error, 0xff, 8, stream));
+  if (num_tokens > 0) {
+    const auto chunks = (num_tokens + kChunk - 1) / kChunk;
+    const auto grid = static_cast<unsigned>((chunks + kCountWarps - 1) / kCountWarps);
+    const int smem = kCountWarps * (E + W) * 4;
+    count_kernel<<<grid, kCountWarps * 32, smem, stream>>>(CountArgs{topk_idx, num_tokens, E, W, k, s});
+    WEFT_CUDA(cudaGetLastError());
+  }
+  const int row = E + W + kRowTail;
+  ExchangeArgs xa{ctx_->world(), topk_idx, num_tokens, E, W, k, opt_.hidden, counts_.as<std::int64_t>(), row,
+                  exchange_signals_.flags(), exchange_signals_.launch_epoch(), s};
+  launch_pdl(exchange_kernel, 1, kExchangeThreads, stream, xa);
+  WEFT_CUDA(cudaGetLastError());
+  ++layouts_;  // the exchange's device epoch: one launch per layout
+  const std::int64_t* matrix = counts_.as<std::int64_t>() + static_cast<std::int64_t>(layouts_ & 1) * W * row;
+  WEFT_CUDA(cudaMemcpyAsync(host_counts_, matrix, static_cast<std::size_t>(W) * row * 8, cudaMemcpyDeviceToHost,
+                            stream));
+  ctx_->synchronize(stream);
+
+  // Every rank checks every row, so all raise the same error.
+  auto at = [&](int src, int col) { return host_counts_[static_cast<std::int64_t>(src) * row + col]; };
+  const int tail = E + W;
+  const char* names[] = {"experts", "hidden", "top_k"};
+  const std::int64_t mine[] = {E, opt_.hidden, k};
+  for (int src = 0; src < W; ++src)
+    for (int i = 0; i < 3; ++i)
+      WEFT_REQUIRE(at(src, tail + 1 + i) == mine[i], "ExpertParallel::layout: ranks disagree on ", names[i],
+                   ": rank ", me, " has ", mine[i], ", rank ", src, " has ", at(src, tail + 1 + i));
+  for (int src = 0; src < W; ++src)
+    WEFT_REQUIRE(at(src, tail + 4) < 0, "ExpertParallel::layout: rank ", src, "'s token ", at(src, tail + 4),
+                 " (slot ", at(src, tail + 5), ", expert id ", at(src, tail + 7), ") ", row_error_name(at(src, tail + 6)),
+                 ": ids must be in [-1, ", E, ") and distinct within a token");
+
+  EpHandle h;
+  h.id = layouts_;
+  h.num_tokens = num_tokens;
+  h.expert_rows.assign(per, 0);
+  h.expert_offset.assign(per, 0);
+  h.tokens_from.assign(W, 0);
+  h.tokens_to.assign(W, 0);
+  std::int64_t most = 0;
+  for (int r = 0; r < W; ++r) {
+    std::int64_t into_r = 0;
+    for (int src = 0; src < W; ++src) into_r += at(src, E + r);
+    most = std::max(most, into_r);
+  }
+  for (int src = 0; src < W; ++src) h.tokens_from[src] = at(src, E + me);
+  for (int r = 0; r < W; ++r) h.tokens_to[r] = at(me, E + r);
+  for (int l = 0; l < per; ++l) {
+    for (int src = 0; src < W; ++src) h.expert_rows[l] += at(src, me * per + l);
+    h.expert_offset[l] = h.recv_rows;
+    h.recv_rows += h.expert_rows[l];
+  }
+  for (int src = 0; src < W; ++src) h.recv_tokens += h.tokens_from[src];
+  WEFT_REQUIRE(h.recv_rows < (std::int64_t{1} << 31), "ExpertParallel::layout: ", h.recv_rows,
+               " receive rows exceed the 2^31 limit");
+  if (most > capacity_) grow_staging(std::max(most, capacity_ + capacity_ / 2));  // every rank alike
+  topk_ = topk_idx;
+  tokens_ = num_tokens;
+  current_ = h;
+  stage_ = 1;
+  return h;
+}
+
+void ExpertParallel::check_handle(const EpHandle& h, const char* call, int stage) const {
+  WEFT_REQUIRE(h.id == current_.id && h.id != 0, "ExpertParallel::", call, ": the handle is from layout #", h.id,
+               ", but the plan holds layout #", current_.id, "'s routing; call ", call, " on the latest layout's handle");
+  WEFT_REQUIRE(stage_ == stage, "ExpertParallel::", call, ": calls go layout, dispatch, combine, once each per layout (",
+               stage_ == 1   ? "dispatch has not run"
+               : stage_ == 2 ? "dispatch has run"
+               : stage_ == 3 ? "combine has run"
+                             : "no valid layout",
+               ")");
+}
+
+void ExpertParallel::dispatch(const EpHandle& h, const void* x, const float* topk_weights, void* recv_x,
+                              float* recv_weights, cudaStream_t stream) {
+  check_handle(h, "dispatch", 1);
+  WEFT_REQUIRE(tokens_ == 0 || (x && topk_weights), "ExpertParallel::dispatch: x and topk_weights are needed for ",
+               tokens_, " tokens");
+  WEFT_REQUIRE(h.recv_rows == 0 || recv_x, "ExpertParallel::dispatch: recv_x is null for ", h.recv_rows, " rows");
+  WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(x) | reinterpret_cast<std::uintptr_t>(recv_x)) % 16 == 0,
+               "ExpertParallel::dispatch: x and recv_x must be 16-byte aligned");
+  if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel dispatch #", h.id));
+  const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
+  std::int64_t self_lo = 0;  // this rank's own tokens come after those of lower ranks
+  for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
+  MoveArgs a{ctx_->world(),
+             opt_.experts,
+             ctx_->world_size(),
+             opt_.top_k,
+             opt_.hidden,
+             tokens_,
+             h.recv_tokens,
+             self_lo,
+             self_lo + h.tokens_from[ctx_->rank()],
+             topk_,
+             topk_weights,
+             static_cast<const uint4*>(x),
+             static_cast<uint4*>(recv_x),
+             recv_weights,
+             nullptr,
+             nullptr,
+             staging_.as<uint4>(),
+             meta_.as<std::int32_t>(),
+             dispatch_signals_.flags(),
+             dispatch_signals_.launch_epoch(),
+             s};
+  const std::int64_t work = std::max(tokens_, h.recv_tokens);
+  const int grid = static_cast<int>(std::clamp<std::int64_t>((work + kEpWarps - 1) / kEpWarps, 1, blocks_));
+  launch_pdl(dispatch_kernel, grid, kEpThreads, stream, a);
+  WEFT_CUDA(cudaGetLastError());
+  stage_ = 2;
+}
+
+void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaStream_t stream) {
+  check_handle(h, "combine", 2);
+  WEFT_REQUIRE(h.recv_rows == 0 || y, "ExpertParallel::combine: y is null for ", h.recv_rows, " rows");
+  WEFT_REQUIRE(tokens_ == 0 || out, "ExpertParallel::combine: out is null for ", tokens_, " tokens");
+  WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(y) | reinterpret_cast<std::uintptr_t>(out)) % 16 == 0,
+               "ExpertParallel::combine: y and out must be 16-byte aligned");
+  if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel combine #", h.id));
+  const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
+  MoveArgs a{ctx_->world(),
+             opt_.experts,
+             ctx_->world_size(),
+             opt_.top_k,
+             opt_.hidden,
+             tokens_,
+             h.recv_tokens,
+             0,
+             0,
+             topk_,
+             nullptr,
+             nullptr,
+             nullptr,
+             nullptr,
+             static_cast<const uint4*>(y),
+             static_cast<uint4*>(out),
+             staging_.as<uint4>(),
+             meta_.as<std::int32_t>(),
+             combine_signals_.flags(),
+             combine_signals_.launch_epoch(),
+             s};
+  const std::int64_t work = std::max(tokens_, h.recv_tokens);
+  const int grid = static_cast<int>(std::clamp<std::int64_t>((work + kEpWarps - 1) / kEpWarps, 1, blocks_));
+  launch_pdl(combine_kernel, grid, kEpThreads, stream, a);
+  WEFT_CUDA(cudaGetLastError());
+  stage_ = 3;
+}
+
+}  // namespace weft

@@ -1,0 +1,713 @@
+// Expert-parallel dispatch and combine on the GPU: weft::ExpertParallel
+// (throughput mode) and weft::ExpertParallelLowLatency (at the end).
+//
+// Every rank rebuilds every rank's routing, weights and tokens from a seed,
+// so each receiver computes on the host what it must receive:
+//   - dispatch bitwise: each token's payload names its source rank and token
+//     index (channels 0-2), the rest are seeded bits; recv_x rows in
+//     expert-major order (local expert, source rank, token), recv_weights;
+//   - combine within bf16 tolerance of a float64 reference, and bitwise equal
+//     across 100 repeated calls;
+//   - routings: uniform, skewed (half of all tokens to expert 0), -1 entries,
+//     a rank with no tokens, T = 1, T a multiple of nothing, k = 1, 2, 8,
+//     E = 8, 64, 256, hidden 2048, 4096, 7168;
+//   - bad input: expert ids out of range or twice (named on every rank,
+//     with rank, token and slot), ranks disagreeing on E, hidden not a
+//     multiple of 8, calls out of order.
+// Outputs are poisoned before every call.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/ep.hpp"
+
+using namespace weft;
+using weft::test::ctx;
+
+namespace {
+
+enum class Routing { uniform, skewed, with_none };
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float bf16_to_float(std::uint16_t b) {
+  const std::uint32_t u = std::uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+std::uint16_t float_to_bf16(float f) {  // round to nearest even (finite values only here)
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// One source rank's call: routing, weights, and its tokens' bits.
+struct Source {
+  std::int64_t tokens = 0;
+  std::vector<std::int64_t> topk;  // [T][k]
+  std::vector<float> weights;      // [T][k]
+};
+
+struct Case {
+  int experts, k, hidden;
+  Routing routing;
+  std::vector<std::int64_t> tokens;  // per rank
+  std::uint64_t seed;
+};
+
+// Channel c of source s's token t: 0 = s, 1 = t / 256, 2 = t % 256 (exact in
+// bf16), the rest seeded finite bits of magnitude below 4.
+std::uint16_t payload(std::uint64_t seed, int s, std::int64_t t, int c) {
+  if (c == 0) return float_to_bf16(static_cast<float>(s));
+  if (c == 1) return float_to_bf16(static_cast<float>(t / 256));
+  if (c == 2) return float_to_bf16(static_cast<float>(t % 256));
+  const std::uint64_t h = mix(seed ^ mix((static_cast<std::uint64_t>(s) << 40) ^ (static_cast<std::uint64_t>(t) << 16) ^
+                                         static_cast<std::uint64_t>(c)));
+  return static_cast<std::uint16_t>(h & 0xbfffu);  // sign, exponent <= 0x7f: |v| < 4
+}
+
+Source make_source(const Case& c, int s) {
+  Source src;
+  src.tokens = c.tokens[s];
+  std::mt19937_64 rng(c.seed * 1000003u + s);
+  src.topk.assign(static_cast<std::size_t>(src.tokens) * c.k, -1);
+  src.weights.assign(static_cast<std::size_t>(src.tokens) * c.k, 0.f);
+  std::vector<int> all(c.experts);
+  std::iota(all.begin(), all.end(), 0);
+  std::uniform_real_distribution<float> w(0.05f, 1.f);
+  for (std::int64_t t = 0; t < src.tokens; ++t) {
+    std::int64_t* row = &src.topk[t * c.k];
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int j = 0; j < c.k; ++j) row[j] = all[j];
+    if (c.routing == Routing::skewed && t % 2 == 0) {  // half of the tokens go to expert 0
+      auto* it = std::find(row, row + c.k, 0);
+      if (it != row + c.k) std::swap(*it, row[0]);
+      else row[0] = 0;
+    }
+    if (c.routing == Routing::with_none)
+      for (int j = 0; j < c.k; ++j)
+        if (rng() % 3 == 0) row[j] = -1;
+    for (int j = 0; j < c.k; ++j) src.weights[t * c.k + j] = w(rng);
+  }
+  return src;
+}
+
+// What rank `r` receives, row by row: (source, token, slot), expert-major.
+struct RecvRow {
+  int src;
+  std::int64_t token;
+  int slot;
+  int local_expert;
+};
+
+std::vector<RecvRow> expected_rows(const Case& c, const std::vector<Source>& srcs, int r, int world) {
+  const int per = c.experts / world;
+  std::vector<RecvRow> rows;
+  for (int le = 0; le < per; ++le)
+    for (int s = 0; s < world; ++s)
+      for (std::int64_t t = 0; t < srcs[s].tokens; ++t)
+        for (int j = 0; j < c.k; ++j)
+          if (srcs[s].topk[t * c.k + j] == static_cast<std::int64_t>(r) * per + le) rows.push_back({s, t, j, le});
+  return rows;
+}
+
+// The expert's output for a row: the token scaled by (1 + local expert / 4), rounded to bf16.
+std::uint16_t expert_out(const Case& c, int s, std::int64_t t, int ch, int expert) {
+  return float_to_bf16(bf16_to_float(payload(c.seed, s, t, ch)) * (1.f + static_cast<float>(expert % 7) / 4.f));
+}
+
+template <class T>
+T* device_copy(const std::vector<T>& v) {
+  T* d = nullptr;
+  WEFT_CUDA(cudaMalloc(&d, std::max<std::size_t>(v.size(), 1) * sizeof(T)));
+  if (!v.empty()) WEFT_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class T>
+std::vector<T> host_copy(const T* d, std::size_t n, cudaStream_t s) {
+  std::vector<T> v(n);
+  if (n) WEFT_CUDA(cudaMemcpyAsync(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, s));
+  ctx().synchronize(s);
+  return v;
+}
+
+// The outcome of one call on this rank.
+struct Result {
+  std::string error;                // first mismatch, "" if none
+  std::vector<std::uint16_t> out;   // combine's output bits [T][H]
+};
+
+// One layout -> dispatch -> combine round on `plan`, checked against the
+// host reference (dispatch row by row only if `check_dispatch`). Then
+// `repeats` more rounds of the same inputs, each compared bitwise with the
+// first (recv_x and out), outputs poisoned before each.
+Result run_round(ExpertParallel& plan, const Case& c, bool check_dispatch, int repeats = 0) {
+  const int world = ctx().world_size(), me = ctx().rank(), H = c.hidden, k = c.k;
+  cudaStream_t st = test::stream();
+  std::vector<Source> srcs;
+  for (int s = 0; s < world; ++s) srcs.push_back(make_source(c, s));
+  const Source& mine = srcs[me];
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(mine.tokens) * H);
+  for (std::int64_t t = 0; t < mine.tokens; ++t)
+    for (int ch = 0; ch < H; ++ch) x[t * H + ch] = payload(c.seed, me, t, ch);
+  std::int64_t* d_topk = device_copy(mine.topk);
+  float* d_w = device_copy(mine.weights);
+  std::uint16_t* d_x = device_copy(x);
+  Result res;
+  const EpHandle h = plan.layout(d_topk, mine.tokens, st);
+  const std::vector<RecvRow> rows = expected_rows(c, srcs, me, world);
+  std::uint16_t *d_recv = nullptr, *d_y = nullptr, *d_out = nullptr;
+  float* d_rw = nullptr;
+  const std::size_t nrows = rows.size();
+  WEFT_CUDA(cudaMalloc(&d_recv, std::max<std::size_t>(nrows, 1) * H * 2));
+  WEFT_CUDA(cudaMalloc(&d_rw, std::max<std::size_t>(nrows, 1) * 4));
+  WEFT_CUDA(cudaMalloc(&d_y, std::max<std::size_t>(nrows, 1) * H * 2));
+  WEFT_CUDA(cudaMalloc(&d_out, std::max<std::int64_t>(mine.tokens, 1) * H * 2));
+  WEFT_CUDA(cudaMemsetAsync(d_recv, 0xA5, std::max<std::size_t>(nrows, 1) * H * 2, st));  // poison
+  WEFT_CUDA(cudaMemsetAsync(d_rw, 0xA5, std::max<std::size_t>(nrows, 1) * 4, st));
+  WEFT_CUDA(cudaMemsetAsync(d_out, 0x5A, std::max<std::int64_t>(mine.tokens, 1) * H * 2, st));
+
+  // The handle's counts.
+  if (h.recv_rows != static_cast<std::int64_t>(nrows))
+    res.error = str("recv_rows ", h.recv_rows, ", expected ", nrows);
+  const int per = c.experts / world;
+  for (int le = 0; le < per && res.error.empty(); ++le) {
+    const auto n = std::count_if(rows.begin(), rows.end(), [&](const RecvRow& r) { return r.local_expert == le; });
+    if (h.expert_rows[le] != n) res.error = str("local expert ", le, ": ", h.expert_rows[le], " rows, expected ", n);
+  }
+
+  plan.dispatch(h, d_x, d_w, d_recv, d_rw, st);
+  if (check_dispatch && res.error.empty()) {
+    const auto recv = host_copy(d_recv, nrows * H, st);
+    const auto rw = host_copy(d_rw, nrows, st);
+    for (std::size_t i = 0; i < nrows && res.error.empty(); ++i) {
+      const RecvRow& r = rows[i];
+      for (int ch = 0; ch < H; ++ch) {
+        if (recv[i * H + ch] != payload(c.seed, r.src, r.token, ch)) {
+          res.error = str("recv_x row ", i, " channel ", ch, ": bits ", recv[i * H + ch], ", expected source ", r.src,
+                          " token ", r.token, "'s ", payload(c.seed, r.src, r.token, ch), " (row holds source ",
+                          bf16_to_float(recv[i * H]), " token ",
+                          bf16_to_float(recv[i * H + 1]) * 256 + bf16_to_float(recv[i * H + 2]), ")");
+          break;
+        }
+      }
+      const float w = srcs[r.src].weights[r.token * k + r.slot];
+      if (res.error.empty() && std::memcmp(&rw[i], &w, 4) != 0)
+        res.error = str("recv_weights row ", i, ": ", rw[i], ", expected ", w);
+    }
+  }
+
+  // The experts: y = token x (1 + expert % 7 / 4), rounded to bf16, per received row.
+  std::vector<std::uint16_t> y(nrows * H);
+  for (std::size_t i = 0; i < nrows; ++i) {
+    const int expert = me * per + rows[i].local_expert;
+    for (int ch = 0; ch < H; ++ch) y[i * H + ch] = expert_out(c, rows[i].src, rows[i].token, ch, expert);
+  }
+  if (nrows) WEFT_CUDA(cudaMemcpyAsync(d_y, y.data(), nrows * H * 2, cudaMemcpyHostToDevice, st));
+  plan.combine(h, d_y, d_out, st);
+  res.out = host_copy(d_out, static_cast<std::size_t>(mine.tokens) * H, st);
+
+  // float64 reference; bound: the partials and the sum each round once to bf16.
+  for (std::int64_t t = 0; t < mine.tokens && res.error.empty(); ++t) {
+    for (int ch = 0; ch < H; ++ch) {
+      double ref = 0, mag = 0;
+      for (int j = 0; j < k; ++j) {
+        const std::int64_t e = mine.topk[t * k + j];
+        if (e < 0) continue;
+        const double term = static_cast<double>(mine.weights[t * k + j]) *
+                            bf16_to_float(expert_out(c, me, t, ch, static_cast<int>(e)));
+        ref += term;
+        mag += std::fabs(term);
+      }
+      const double got = bf16_to_float(res.out[t * H + ch]);
+      if (!(std::fabs(got - ref) <= mag * (1.0 / 128) + 1e-37) || std::isnan(got)) {
+        res.error = str("combine token ", t, " channel ", ch, ": ", got, ", float64 reference ", ref, " (sum of |terms| ",
+                        mag, ")");
+        break;
+      }
+    }
+  }
+  if (repeats > 0) {  // every rank repeats, whatever it found: the calls are collective
+    const auto first_recv = host_copy(d_recv, nrows * H, st);
+    for (int i = 1; i <= repeats; ++i) {
+      WEFT_CUDA(cudaMemsetAsync(d_recv, 0xA5, std::max<std::size_t>(nrows, 1) * H * 2, st));
+      WEFT_CUDA(cudaMemsetAsync(d_out, 0x5A, std::max<std::int64_t>(mine.tokens, 1) * H * 2, st));
+      const EpHandle again = plan.layout(d_topk, mine.tokens, st);
+      plan.dispatch(again, d_x, d_w, d_recv, d_rw, st);
+      plan.combine(again, d_y, d_out, st);
+      const auto out = host_copy(d_out, static_cast<std::size_t>(mine.tokens) * H, st);
+      const auto recv = host_copy(d_recv, nrows * H, st);
+      if (res.error.empty() && recv != first_recv) res.error = str("repeat ", i, ": recv_x differs bitwise from the first call's");
+      if (res.error.empty() && out != res.out) res.error = str("repeat ", i, ": combine differs bitwise from the first call's");
+    }
+  }
+  cudaFree(d_topk);
+  cudaFree(d_w);
+  cudaFree(d_x);
+  cudaFree(d_recv);
+  cudaFree(d_rw);
+  cudaFree(d_y);
+  cudaFree(d_out);
+  return res;
+}
+
+std::string describe(const Case& c) {
+  const char* how[] = {"uniform", "skewed", "with -1"};
+  std::string t;
+  for (auto n : c.tokens) t += str(n, " ");
+  return str("E ", c.experts, " k ", c.k, " H ", c.hidden, " ", how[static_cast<int>(c.routing)], ", tokens per rank ", t);
+}
+
+// Tokens per rank: rank 1 has none, rank 2 one, others sizes that are multiples of nothing.
+std::vector<std::int64_t> ragged_tokens(int world, std::int64_t base, std::int64_t step) {
+  std::vector<std::int64_t> t;
+  for (int s = 0; s < world; ++s) t.push_back(s == 1 ? 0 : s == 2 ? 1 : base + step * s);
+  return t;
+}
+
+int experts_for(int e, int world) { return e % world == 0 ? e : e * world; }
+
+}  // namespace
+
+TEST(ExpertParallel, DispatchBitwiseAndCombineWithinBf16OnEveryRouting) {
+  const int world = ctx().world_size();
+  struct Shape {
+    int experts, k, hidden;
+    std::int64_t base, step;
+  };
+  const Shape shapes[] = {{64, 8, 2048, 37, 61},  {8, 2, 4096, 137, 29},   {256, 1, 7168, 53, 31},
+                          {256, 8, 7168, 11, 7},  {64, 2, 2048, 301, 97}};
+  std::uint64_t seed = 1;
+  for (const Shape& sh : shapes) {
+    const int E = experts_for(sh.experts, world);
+    ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = sh.hidden, .top_k = sh.k,
+                                          .max_tokens = sh.base + sh.step * world + 1});
+    for (Routing how : {Routing::uniform, Routing::skewed, Routing::with_none}) {
+      Case c{E, sh.k, sh.hidden, how, ragged_tokens(world, sh.base, sh.step), seed++};
+      std::string error;
+      try {
+        error = run_round(plan, c, true).error;
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      EXPECT_EQ(error, "") << "rank " << ctx().rank() << ": " << describe(c);
+      EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
+    }
+  }
+}
+
+TEST(ExpertParallel, OneTokenPerRankAndEveryRankRoutingTokens) {
+  const int world = ctx().world_size();
+  const int E = experts_for(64, world);
+  ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = 4096, .top_k = 8, .max_tokens = 300});
+  std::uint64_t seed = 100;
+  for (std::int64_t t : {std::int64_t{1}, std::int64_t{255}, std::int64_t{300}}) {
+    Case c{E, 8, 4096, Routing::uniform, std::vector<std::int64_t>(world, t), seed++};
+    std::string error;
+    try {
+      error = run_round(plan, c, true).error;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, "") << describe(c);
+    EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
+  }
+}
+
+TEST(ExpertParallel, CombineIsBitwiseEqualOverAHundredCalls) {
+  const int world = ctx().world_size();
+  const int E = experts_for(64, world);
+  ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = 2048, .top_k = 8, .max_tokens = 200});
+  Case c{E, 8, 2048, Routing::skewed, ragged_tokens(world, 97, 13), 7};
+  std::string error;
+  try {
+    error = run_round(plan, c, true, 99).error;  // 100 calls in all
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(test::all_ranks(error.empty()));
+}
+
+TEST(ExpertParallel, BackToBackCallsWithFreshRoutingsNeedNoReset) {
+  const int world = ctx().world_size();
+  const int E = experts_for(64, world);
+  // A small starting capacity: the staging grows (collectively) along the way.
+  ExpertParallel plan(test::ctx_ptr(),
+                      {.experts = E, .hidden = 1024, .top_k = 4, .max_tokens = 400, .max_sms = 3, .recv_capacity = 16});
+  std::string error;
+  for (int i = 0; i < 30 && error.empty(); ++i) {
+    std::vector<std::int64_t> tokens;
+    for (int s = 0; s < world; ++s) tokens.push_back((mix(i * 31 + s) % 400));
+    Case c{E, 4, 1024, static_cast<Routing>(i % 3), tokens, 1000 + static_cast<std::uint64_t>(i)};
+    try {
+      error = run_round(plan, c, i % 5 == 0).error;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!error.empty()) error = str("call ", i, " (", describe(c), "): ", error);
+  }
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(test::all_ranks(error.empty()));
+  EXPECT_GT(plan.recv_capacity(), 16);
+}
+
+namespace {
+// Runs a layout in which rank `bad_rank` corrupts token 5's slot `slot` with `value`; returns the error.
+std::string bad_layout(ExpertParallel& plan, int bad_rank, int slot, std::int64_t value) {
+  const int me = ctx().rank();
+  const int E = plan.options().experts, k = plan.options().top_k;
+  std::vector<std::int64_t> topk(static_cast<std::size_t>(8) * k);
+  for (int t = 0; t < 8; ++t)
+    for (int j = 0; j < k; ++j) topk[t * k + j] = (t + j) % E;
+  if (me == bad_rank) topk[5 * k + slot] = value;
+  std::int64_t* d = device_copy(topk);
+  std::string error;
+  try {
+    plan.layout(d, 8, test::stream());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  cudaFree(d);
+  return error;
+}
+}  // namespace
+
+TEST(ExpertParallel, BadRoutingIsNamedOnEveryRankAndThePlanStaysUsable) {
+  const int world = ctx().world_size();
+  const int E = experts_for(16, world), last = world - 1;
+  ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = 64, .top_k = 2, .max_tokens = 64});
+  const std::string out_of_range = bad_layout(plan, last, 1, E);
+  EXPECT_NE(out_of_range.find(str("rank ", last, "'s token 5 (slot 1, expert id ", E, ") has an expert id out of range")),
+            std::string::npos)
+      << out_of_range;
+  const std::string negative = bad_layout(plan, 0, 0, -3);
+  EXPECT_NE(negative.find("rank 0's token 5 (slot 0, expert id -3)"), std::string::npos) << negative;
+  const std::string twice = bad_layout(plan, last, 1, (5 + 0) % E);  // slot 1 repeats slot 0's expert
+  EXPECT_NE(twice.find(str("rank ", last, "'s token 5 (slot 1, expert id ", 5 % E, ") lists an expert twice")),
+            std::string::npos)
+      << twice;
+  // Calls out of order.
+  std::string order;
+  try {
+    EpHandle stale;
+    plan.dispatch(stale, nullptr, nullptr, nullptr, nullptr, test::stream());
+  } catch (const std::exception& e) {
+    order = e.what();
+  }
+  EXPECT_NE(order.find("the handle is from layout #0"), std::string::npos) << order;
+  // After the errors, a good call works (epochs stayed in step).
+  Case c{E, 2, 64, Routing::uniform, std::vector<std::int64_t>(world, 40), 77};
+  std::string error;
+  try {
+    error = run_round(plan, c, true).error;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(test::all_ranks(error.empty()));
+}
+
+TEST(ExpertParallel, BadPlansAreNamed) {
+  const int world = ctx().world_size();
+  std::string hidden;
+  try {
+    ExpertParallel plan(test::ctx_ptr(), {.experts = 8 * world, .hidden = 1001, .top_k = 2, .max_tokens = 8});
+  } catch (const std::exception& e) {
+    hidden = e.what();
+  }
+  EXPECT_NE(hidden.find("hidden = 1001 must be a positive multiple of 8"), std::string::npos) << hidden;
+  std::string placement;
+  try {
+    ExpertParallel plan(test::ctx_ptr(), {.experts = 8 * world + 1, .hidden = 64, .top_k = 2, .max_tokens = 8});
+  } catch (const std::exception& e) {
+    placement = e.what();
+  }
+  EXPECT_EQ(world == 1, placement.empty()) << placement;
+  if (world < 2) return;
+  // Rank 0 plans 8 x W experts, the others 16 x W: every rank names both.
+  std::string disagree;
+  const int mine = ctx().rank() == 0 ? 8 * world : 16 * world;
+  try {
+    ExpertParallel plan(test::ctx_ptr(), {.experts = mine, .hidden = 64, .top_k = 2, .max_tokens = 8});
+  } catch (const std::exception& e) {
+    disagree = e.what();
+  }
+  EXPECT_NE(disagree.find(str("experts ", 8 * world)), std::string::npos) << disagree;
+  EXPECT_NE(disagree.find(str("experts ", 16 * world)), std::string::npos) << disagree;
+}
+
+// ---- low-latency mode ---------------------------------------------------------
+
+namespace {
+
+// One low-latency step's inputs on this rank, and what it must receive and return.
+struct LlStep {
+  std::vector<Source> srcs;
+  std::vector<std::uint16_t> x;   // this rank's tokens [T][H]
+  std::vector<std::uint16_t> y;   // the experts' outputs, [per][W][M][H]
+  // expected[(le * W + s)]: the (token, slot) pairs of source s for local expert le, in token order
+  std::vector<std::vector<std::pair<std::int64_t, int>>> expected;
+};
+
+LlStep ll_step(const Case& c, int max_tokens) {
+  const int world = ctx().world_size(), me = ctx().rank(), H = c.hidden, k = c.k, per = c.experts / world;
+  LlStep st;
+  for (int s = 0; s < world; ++s) st.srcs.push_back(make_source(c, s));
+  const Source& mine = st.srcs[me];
+  st.x.resize(static_cast<std::size_t>(mine.tokens) * H);
+  for (std::int64_t t = 0; t < mine.tokens; ++t)
+    for (int ch = 0; ch < H; ++ch) st.x[t * H + ch] = payload(c.seed, me, t, ch);
+  st.expected.assign(static_cast<std::size_t>(per) * world, {});
+  st.y.assign(static_cast<std::size_t>(per) * world * max_tokens * H, 0);
+  for (int le = 0; le < per; ++le)
+    for (int s = 0; s < world; ++s) {
+      auto& rows = st.expected[le * world + s];
+      for (std::int64_t t = 0; t < st.srcs[s].tokens; ++t)
+        for (int j = 0; j < k; ++j)
+          if (st.srcs[s].topk[t * k + j] == static_cast<std::int64_t>(me) * per + le) rows.push_back({t, j});
+      for (std::size_t p = 0; p < rows.size(); ++p) {
+        const std::size_t row = (static_cast<std::size_t>(le) * world + s) * max_tokens + p;
+        for (int ch = 0; ch < H; ++ch) st.y[row * H + ch] = expert_out(c, s, rows[p].first, ch, me * per + le);
+      }
+    }
+  return st;
+}
+
+// Checks what dispatch left in the plan's buffers against the step's expectation ("" if right).
+std::string check_ll_dispatch(ExpertParallelLowLatency& ll, const Case& c, const LlStep& st, int max_tokens) {
+  const int world = ctx().world_size(), H = c.hidden, per = c.experts / world;
+  cudaStream_t s = test::stream();
+  const auto counts = host_copy(ll.recv_count(), static_cast<std::size_t>(per) * world, s);
+  const auto src = host_copy(ll.recv_source(), static_cast<std::size_t>(per) * world * max_tokens, s);
+  const auto recv = host_copy(static_cast<const std::uint16_t*>(ll.recv_x()),
+                              static_cast<std::size_t>(per) * world * max_tokens * H, s);
+  for (int le = 0; le < per; ++le)
+    for (int w = 0; w < world; ++w) {
+      const auto& rows = st.expected[le * world + w];
+      if (counts[le * world + w] != static_cast<std::int32_t>(rows.size()))
+        return str("local expert ", le, " from rank ", w, ": ", counts[le * world + w], " rows, expected ", rows.size());
+      for (std::size_t p = 0; p < rows.size(); ++p) {
+        const std::size_t row = (static_cast<std::size_t>(le) * world + w) * max_tokens + p;
+        if (src[row] != rows[p].first * 32 + rows[p].second)
+          return str("row ", row, ": source entry ", src[row], ", expected token ", rows[p].first, " slot ",
+                     rows[p].second);
+        for (int ch = 0; ch < H; ++ch)
+          if (recv[row * H + ch] != payload(c.seed, w, rows[p].first, ch))
+            return str("row ", row, " channel ", ch, ": bits ", recv[row * H + ch], ", expected rank ", w, " token ",
+                       rows[p].first, "'s ", payload(c.seed, w, rows[p].first, ch));
+      }
+    }
+  return "";
+}
+
+// Combine's output against float64: one rounding of an fp32 sum.
+std::string check_ll_combine(const Case& c, const LlStep& st, const std::vector<std::uint16_t>& out) {
+  const int me = ctx().rank(), H = c.hidden, k = c.k;
+  const Source& mine = st.srcs[me];
+  for (std::int64_t t = 0; t < mine.tokens; ++t)
+    for (int ch = 0; ch < H; ++ch) {
+      double ref = 0, mag = 0;
+      for (int j = 0; j < k; ++j) {
+        const std::int64_t e = mine.topk[t * k + j];
+        if (e < 0) continue;
+        const double term = static_cast<double>(mine.weights[t * k + j]) *
+                            bf16_to_float(expert_out(c, me, t, ch, static_cast<int>(e)));
+        ref += term;
+        mag += std::fabs(term);
+      }
+      const double got = bf16_to_float(out[t * H + ch]);
+      if (!(std::fabs(got - ref) <= mag / 128 + 1e-37))
+        return str("combine token ", t, " channel ", ch, ": ", got, ", float64 reference ", ref);
+    }
+  return "";
+}
+
+struct LlBuffers {
+  std::int64_t* topk = nullptr;
+  float* w = nullptr;
+  std::uint16_t *x = nullptr, *y = nullptr, *out = nullptr;
+  LlBuffers(const Case& c, int max_tokens, int world) {
+    const std::size_t per = c.experts / world;
+    WEFT_CUDA(cudaMalloc(&topk, static_cast<std::size_t>(max_tokens) * c.k * 8));
+    WEFT_CUDA(cudaMalloc(&w, static_cast<std::size_t>(max_tokens) * c.k * 4));
+    WEFT_CUDA(cudaMalloc(&x, static_cast<std::size_t>(max_tokens) * c.hidden * 2));
+    WEFT_CUDA(cudaMalloc(&out, static_cast<std::size_t>(max_tokens) * c.hidden * 2));
+    WEFT_CUDA(cudaMalloc(&y, per * world * max_tokens * c.hidden * 2));
+  }
+  ~LlBuffers() {
+    cudaFree(topk);
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(out);
+  }
+  // This step's inputs on the device, the output poisoned.
+  void load(const Case& c, const LlStep& st, int max_tokens) {
+    cudaStream_t s = test::stream();
+    const Source& mine = st.srcs[ctx().rank()];
+    if (mine.tokens) {
+      WEFT_CUDA(cudaMemcpyAsync(topk, mine.topk.data(), mine.topk.size() * 8, cudaMemcpyHostToDevice, s));
+      WEFT_CUDA(cudaMemcpyAsync(w, mine.weights.data(), mine.weights.size() * 4, cudaMemcpyHostToDevice, s));
+      WEFT_CUDA(cudaMemcpyAsync(x, st.x.data(), st.x.size() * 2, cudaMemcpyHostToDevice, s));
+    }
+    WEFT_CUDA(cudaMemcpyAsync(y, st.y.data(), st.y.size() * 2, cudaMemcpyHostToDevice, s));
+    WEFT_CUDA(cudaMemsetAsync(out, 0x5A, static_cast<std::size_t>(max_tokens) * c.hidden * 2, s));
+    ctx().synchronize(s);  // the host vectors may go
+  }
+};
+
+std::vector<std::int64_t> ll_tokens(int world, int max_tokens, std::uint64_t salt) {
+  std::vector<std::int64_t> t;
+  for (int s = 0; s < world; ++s)
+    t.push_back(s == 1 ? 0 : s == 2 ? 1 : static_cast<std::int64_t>(mix(salt * 77 + s) % (max_tokens + 1)));
+  return t;
+}
+
+}  // namespace
+
+TEST(ExpertParallelLowLatency, DispatchBitwiseAndCombineWithinBf16) {
+  const int world = ctx().world_size();
+  struct Shape {
+    int experts, k, hidden, max_tokens;
+  };
+  const Shape shapes[] = {{64, 8, 2048, 64}, {256, 8, 7168, 16}, {8, 2, 4096, 33}, {256, 1, 7168, 24}};
+  std::uint64_t seed = 500;
+  cudaStream_t s = test::stream();
+  for (const Shape& sh : shapes) {
+    const int E = experts_for(sh.experts, world);
+    ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = sh.hidden, .top_k = sh.k,
+                                                  .max_tokens = sh.max_tokens});
+    for (Routing how : {Routing::uniform, Routing::skewed, Routing::with_none}) {
+      Case c{E, sh.k, sh.hidden, how, ll_tokens(world, sh.max_tokens, seed), seed};
+      ++seed;
+      std::string error;
+      try {
+        const LlStep st = ll_step(c, sh.max_tokens);
+        LlBuffers b(c, sh.max_tokens, world);
+        b.load(c, st, sh.max_tokens);
+        const std::int64_t T = c.tokens[ctx().rank()];
+        ll.dispatch_send(b.topk, b.x, T, s);
+        ll.dispatch_recv(s);
+        error = check_ll_dispatch(ll, c, st, sh.max_tokens);
+        ll.combine(b.y, b.topk, b.w, b.out, T, s);
+        const auto out = host_copy(b.out, static_cast<std::size_t>(T) * c.hidden, s);
+        if (error.empty()) error = check_ll_combine(c, st, out);
+        ll.check_errors(s);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      EXPECT_EQ(error, "") << "rank " << ctx().rank() << ": " << describe(c);
+      EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
+    }
+  }
+}
+
+TEST(ExpertParallelLowLatency, GraphReplaysWithFreshRoutingsEqualEagerCalls) {
+  const int world = ctx().world_size(), M = 32;
+  const int E = experts_for(64, world);
+  ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = 2048, .top_k = 8, .max_tokens = M});
+  const Case shape{E, 8, 2048, Routing::uniform, std::vector<std::int64_t>(world, M), 0};
+  LlBuffers b(shape, M, world);
+  cudaStream_t s = test::stream();
+  // The graph: one step of M tokens per rank, on the buffers b holds.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::string error;
+  try {
+    WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ll.dispatch_send(b.topk, b.x, M, s);
+    ll.dispatch_recv(s);
+    ll.combine(b.y, b.topk, b.w, b.out, M, s);
+    WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+    WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  } catch (const std::exception& e) {
+    error = str("capture: ", e.what());
+  }
+  for (int i = 0; i < 12 && error.empty(); ++i) {
+    Case c = shape;
+    c.seed = 900 + static_cast<std::uint64_t>(i);
+    c.routing = static_cast<Routing>(i % 3);
+    try {
+      const LlStep st = ll_step(c, M);
+      b.load(c, st, M);
+      ll.dispatch(b.topk, b.x, M, s);  // eager
+      ll.combine(b.y, b.topk, b.w, b.out, M, s);
+      const auto eager = host_copy(b.out, static_cast<std::size_t>(M) * c.hidden, s);
+      error = check_ll_combine(c, st, eager);
+      WEFT_CUDA(cudaMemsetAsync(b.out, 0x5A, static_cast<std::size_t>(M) * c.hidden * 2, s));
+      WEFT_CUDA(cudaGraphLaunch(exec, s));  // the same step, replayed
+      const auto replayed = host_copy(b.out, static_cast<std::size_t>(M) * c.hidden, s);
+      if (error.empty() && replayed != eager) error = str("replay ", i, " differs bitwise from the eager call");
+      if (error.empty()) error = check_ll_dispatch(ll, c, st, M);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!error.empty()) error = str("step ", i, ": ", error);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(test::all_ranks(error.empty()));
+}
+
+TEST(ExpertParallelLowLatency, BadInputIsNamed) {
+  const int world = ctx().world_size(), last = world - 1;
+  const int E = experts_for(16, world);
+  ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = 64, .top_k = 2, .max_tokens = 8});
+  cudaStream_t s = test::stream();
+  std::string too_many;
+  try {
+    ll.dispatch_send(nullptr, nullptr, 9, s);
+  } catch (const std::exception& e) {
+    too_many = e.what();
+  }
+  EXPECT_NE(too_many.find("9 tokens exceed the plan's max_tokens = 8"), std::string::npos) << too_many;
+  // Rank `last` lists an expert out of range at token 5: it is named there, and no rank hangs.
+  std::vector<std::int64_t> topk(16);
+  for (int t = 0; t < 8; ++t)
+    for (int j = 0; j < 2; ++j) topk[t * 2 + j] = (t + j) % E;
+  if (ctx().rank() == last) topk[5 * 2 + 1] = E + 3;
+  std::vector<float> w(16, 0.5f);
+  std::int64_t* d_topk = device_copy(topk);
+  float* d_w = device_copy(w);
+  std::uint16_t *d_x = nullptr, *d_y = nullptr, *d_out = nullptr;
+  WEFT_CUDA(cudaMalloc(&d_x, 8 * 64 * 2));
+  WEFT_CUDA(cudaMalloc(&d_out, 8 * 64 * 2));
+  WEFT_CUDA(cudaMalloc(&d_y, static_cast<std::size_t>(E) * 8 * 64 * 2));
+  WEFT_CUDA(cudaMemset(d_x, 0, 8 * 64 * 2));
+  WEFT_CUDA(cudaMemset(d_y, 0, static_cast<std::size_t>(E) * 8 * 64 * 2));
+  std::string bad;
+  try {
+    ll.dispatch(d_topk, d_x, 8, s);
+    ll.combine(d_y, d_topk, d_w, d_out, 8, s);
+    ll.check_errors(s);
+  } catch (const std::exception& e) {
+    bad = e.what();
+  }
+  if (ctx().rank() == last)
+    EXPECT_NE(bad.find(str("rank ", last, "'s token 5 (slot 1) has an expert id out of range")), std::string::npos)
+        << bad;
+  else
+    EXPECT_EQ(bad, "");
+  cudaFree(d_topk);
+  cudaFree(d_w);
+  cudaFree(d_x);
+  cudaFree(d_y);
+  cudaFree(d_out);
+}
