@@ -26,4 +26,9 @@ int bench_gemm(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 /// bound (exit code 0, or 3 if a check failed). Collective; rank 0 prints.
 int bench_overlap(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
+/// weft-bench decode: FlashDecode on each case against the HBM copy bound
+/// of the same run, this rank's GPU (exit code 0, or 3 if --check found the
+/// result off). Collective; rank 0 prints.
+int bench_decode(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+
 }  // namespace weft::bench
