@@ -383,6 +383,7 @@ __global__ void __launch_bounds__(128) flash_decode_merge_kernel(const Params p,
   const float* lse = p.part_lse + std::int64_t{row} * p.splits;
   const float* o = p.part_o + std::int64_t{row} * p.splits * D + lane * kPer;
   LseMerge merge;
+#pragma unroll 4
   for (int s = 0; s < p.splits; ++s) {
     float unused;
     merge.add(lse[s], unused);
@@ -390,6 +391,7 @@ __global__ void __launch_bounds__(128) flash_decode_merge_kernel(const Params p,
   // With the largest lse known, every part's weight is exp(lse_s - max): the loads below do not
   // depend on one another, so they overlap.
   float acc[kPer] = {};
+#pragma unroll 4
   for (int s = 0; s < p.splits; ++s) {
     const float l_s = lse[s];
     if (l_s == -INFINITY) continue;  // an empty split wrote no output
