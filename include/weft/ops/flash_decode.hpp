@@ -94,6 +94,8 @@ struct FlashDecodeArgs {
   float* lse = nullptr;  ///< null: not written
 };
 
+class DistFlashDecode;
+
 /// A planned decode attention for one shape. One stream at a time (the
 /// partials' workspace is the plan's).
 class FlashDecode {
@@ -124,7 +126,17 @@ class FlashDecode {
   std::uint64_t kv_bytes(std::int64_t total_keys) const;
 
  private:
+  friend class DistFlashDecode;
+  /// DistFlashDecode's local part: every split's partial is left in the
+  /// workspace (output [batch, q_heads, splits, head_dim] then lse [batch,
+  /// q_heads, splits], float), even with one split, and run() launches only
+  /// the attention; args.out and args.lse are not written.
+  FlashDecode(const FlashDecodeOptions& o, bool partials_only);
+  const float* partial_outputs() const { return static_cast<const float*>(workspace_); }
+  const float* partial_lses() const;
+
   FlashDecodeOptions o_;
+  bool partials_only_ = false;
   int splits_ = 1;
   int sm_count_ = 0;
   float scale_ = 0;

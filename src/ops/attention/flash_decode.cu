@@ -74,6 +74,7 @@ struct Params {
   float* part_o;    // [batch, q_heads, splits, D]
   float* part_lse;  // [batch, q_heads, splits]
   int q_heads, kv_heads, group, head_tiles, splits;
+  bool final_output;        // one split, and the caller wants the result: the first launch writes it
   std::int64_t max_kv_len;  // lengths are clamped to the cache's capacity
   int page_size, max_pages;  // paged only
   std::int64_t page_stride, head_stride;  // elements; a key row is D elements
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const Params 
     }
   }
   __syncthreads();
-  const bool one_split = p.splits == 1;
+  const bool one_split = p.final_output;
   for (int idx = tid; idx < rows * D; idx += kThreads) {
     const int r = idx / D, d = idx % D;
     float mx = -INFINITY;
@@ -520,7 +521,10 @@ std::string FlashDecode::can_implement(const FlashDecodeOptions& o) {
   return "";
 }
 
-FlashDecode::FlashDecode(const FlashDecodeOptions& options) : o_(options) {
+FlashDecode::FlashDecode(const FlashDecodeOptions& options) : FlashDecode(options, false) {}
+
+FlashDecode::FlashDecode(const FlashDecodeOptions& options, bool partials_only)
+    : o_(options), partials_only_(partials_only) {
   using namespace attention_detail;
   const std::string why = can_implement(o_);
   WEFT_REQUIRE(why.empty(), why);
@@ -546,7 +550,7 @@ FlashDecode::FlashDecode(const FlashDecodeOptions& options) : o_(options) {
     const std::int64_t by_length = std::max<std::int64_t>(1, o_.max_kv_len / kMinKeysPerSplit);
     splits_ = decode_splits(units, std::int64_t{sm_count_} * per_sm, std::min<std::int64_t>(by_length, kMaxSplits));
   }
-  if (splits_ > 1) {
+  if (splits_ > 1 || partials_only_) {
     const std::uint64_t parts = std::uint64_t(o_.batch) * o_.q_heads * splits_;
     workspace_bytes_ = parts * (o_.head_dim + 1) * sizeof(float);
     WEFT_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
@@ -555,6 +559,10 @@ FlashDecode::FlashDecode(const FlashDecodeOptions& options) : o_(options) {
 
 FlashDecode::~FlashDecode() {
   if (workspace_) cudaFree(workspace_);
+}
+
+const float* FlashDecode::partial_lses() const {
+  return partial_outputs() + std::uint64_t(o_.batch) * o_.q_heads * splits_ * o_.head_dim;
 }
 
 std::uint64_t FlashDecode::kv_bytes(std::int64_t total_keys) const {
@@ -567,7 +575,7 @@ void FlashDecode::run(const FlashDecodeArgs& a, cudaStream_t stream) {
   const struct {
     const void* ptr;
     const char* name;
-  } tensors[] = {{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {a.out, "out"}};
+  } tensors[] = {{a.q, "q"}, {a.k, "k"}, {a.v, "v"}, {partials_only_ ? a.q : a.out, "out"}};
   for (const auto& t : tensors) {
     WEFT_REQUIRE(t.ptr != nullptr, "FlashDecode::run: ", t.name, " must not be null");
     WEFT_REQUIRE(aligned(t.ptr, 16), "FlashDecode::run: ", t.name, " must be 16-byte aligned (got ", t.ptr, ")");
@@ -599,6 +607,7 @@ void FlashDecode::run(const FlashDecodeArgs& a, cudaStream_t stream) {
   p.group = o_.q_heads / o_.kv_heads;
   p.head_tiles = head_tiles(o_);
   p.splits = splits_;
+  p.final_output = splits_ == 1 && !partials_only_;
   p.max_kv_len = capacity(o_);
   if (o_.layout == KvLayout::paged) {
     p.page_size = o_.page_size;
@@ -612,7 +621,7 @@ void FlashDecode::run(const FlashDecodeArgs& a, cudaStream_t stream) {
     p.page_stride = p.head_stride * o_.kv_heads;
   }
   p.scale_log2 = scale_ * kLog2e;
-  if (splits_ > 1) {
+  if (workspace_) {
     const std::uint64_t parts = std::uint64_t(o_.batch) * o_.q_heads * splits_;
     p.part_o = static_cast<float*>(workspace_);
     p.part_lse = p.part_o + parts * o_.head_dim;
@@ -623,7 +632,7 @@ void FlashDecode::run(const FlashDecodeArgs& a, cudaStream_t stream) {
     using T = decltype(t);
     constexpr int D = decltype(d)::value;
     launch_attention<T, D, decltype(paged)::value>(p, grid, stream);
-    if (splits_ > 1) launch_merge<T, D>(p, o_.batch * o_.q_heads, stream);
+    if (splits_ > 1 && !partials_only_) launch_merge<T, D>(p, o_.batch * o_.q_heads, stream);
   });
 }
 
