@@ -344,11 +344,15 @@ fi
 
 if has decode; then  # decode attention: its GPU tests, weft-bench decode against the copy bound, torch SDPA on the same shapes
   run_logged "decode tests, 1 rank" decode_tests.log "$BUILD/weftrun" -n 1 --timeout 600 -- \
-    "$BUILD/tests/weft_gpu_tests" --gtest_filter='FlashDecode.*'
+    "$BUILD/tests/weft_gpu_tests" --gtest_filter='FlashDecode.*:DistFlashDecode.*'
   grep -E "^\[ +(OK|FAILED|PASSED) +\]|Failure|error" "$OUT/decode_tests.log" | head -n 30
-  run_logged "decode tests, 4 ranks sharing a GPU" decode_tests_4.log "$BUILD/weftrun" -n 4 --share-gpu --timeout 900 -- \
-    "$BUILD/tests/weft_gpu_tests" --gtest_filter='FlashDecode.*'
-  grep -E "PASSED|FAILED|Failure" "$OUT/decode_tests_4.log" | head -n 20
+  for n in 2 4 8; do  # the distributed decode at world 2, 4, 8 on one GPU (and FlashDecode per rank at 4)
+    filter='DistFlashDecode.*'
+    [ "$n" = 4 ] && filter='FlashDecode.*:DistFlashDecode.*'
+    run_logged "decode tests, $n ranks sharing a GPU" "decode_tests_$n.log" "$BUILD/weftrun" -n "$n" --share-gpu \
+      --timeout 900 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter="$filter"
+    grep -E "PASSED|FAILED|Failure" "$OUT/decode_tests_$n.log" | head -n 20
+  done
   for dtype in ${DECODE_DTYPES:-bf16 fp16}; do
     run_logged "weft-bench decode $dtype" "decode_$dtype.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
       "$BUILD/weft-bench" decode --dtype "$dtype" --check ${DECODE_ARGS:-}
