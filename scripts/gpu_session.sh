@@ -353,6 +353,14 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
       --timeout 900 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter="$filter"
     grep -E "PASSED|FAILED|Failure" "$OUT/decode_tests_$n.log" | head -n 20
   done
+  # The distributed call's exchange and combine: at 1 rank, and at 2 sharing the GPU (checks, not figures).
+  dist_cases="1,96,12,32768;1,32,8,131072;8,32,8,32768,16;32,32,8,32768,16"
+  run_logged "weft-bench decode --dist, 1 rank" decode_dist_1.txt "$BUILD/weftrun" -n 1 --timeout 300 -- \
+    "$BUILD/weft-bench" decode --dist --check --cases "$dist_cases"
+  grep -v '^\[weft-bench\]' "$OUT/decode_dist_1.txt"
+  run_logged "weft-bench decode --dist, 2 ranks sharing a GPU" decode_dist_2.txt "$BUILD/weftrun" -n 2 --share-gpu \
+    --timeout 300 -- "$BUILD/weft-bench" decode --dist --cases "$dist_cases"
+  grep -v '^\[weft-bench\]' "$OUT/decode_dist_2.txt"
   for dtype in ${DECODE_DTYPES:-bf16 fp16}; do
     run_logged "weft-bench decode $dtype" "decode_$dtype.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
       "$BUILD/weft-bench" decode --dtype "$dtype" --check ${DECODE_ARGS:-}

@@ -353,7 +353,7 @@ TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
       {"--soak", "1"},          {"--shapes", "8,8,8"},     {"--b-layout", "nk"},    {"--out", "fp32"},
       {"--config", "c"},        {"--hook", "none"},        {"--any-order", ""},     {"--no-source-rows", "0,256"},
       {"--m", "8"},             {"--n", "8"},              {"--k", "8"},            {"--cases", "1,8,1,64"},
-      {"--splits", "2"}};
+      {"--splits", "2"},        {"--dist", ""}};
   for (const std::string& op : kAllOps) {
     const std::string h = help_of({op, "--help"});
     EXPECT_EQ(h, bench_usage(op));

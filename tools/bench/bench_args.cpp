@@ -144,6 +144,10 @@ const OptionInfo kOptions[] = {
      "B,HQ,HKV,L[,P];... : batch, query heads, KV heads, keys per sequence, and a page size\n"
      "(paged KV) or none (contiguous) (default: batch 1 at 96/12 and 32/8 heads, KV 32K, 128K\n"
      "and 512K, contiguous; batch 8 and 32 at 32K, page 16)"},
+    {"--dist", false, kDecode, "--dist",
+     "also time DistFlashDecode: each rank holds a contiguous shard (ceil(L / ranks) keys) of\n"
+     "every sequence; reports FlashDecode over the shard alone, the distributed call, and their\n"
+     "difference, the exchange and combine (default off)"},
     {"--splits", true, kDecode, "--splits N", "KV splits per (sequence, KV head), 0 to 128; 0: the plan chooses (default 0)"},
     {"--chunks", true, kOverlap, "--chunks N",
      "copy and signal chunks per rank's rows, 1 to 4096 (default: the plan's)"},
@@ -503,6 +507,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--way") way = v;  // its names depend on the operation
     else if (a == "--soak") args.soak_s = parse_int(a, v, 1, 600);
     else if (a == "--cases") args.decode_cases = parse_decode_cases(v);
+    else if (a == "--dist") args.dist = true;
     else if (a == "--splits") args.splits = parse_int(a, v, 0, 128);
     else if (a == "--shapes") {
       args.shapes = parse_shapes(v);

@@ -48,6 +48,7 @@ struct BenchArgs {
   // decode only
   std::vector<DecodeCase> decode_cases;  ///< --cases (default: the shapes of docs/PERF.md's decode table)
   int splits = 0;                        ///< --splits: KV splits per (sequence, KV head) (0: the plan's choice)
+  bool dist = false;                     ///< --dist: also time DistFlashDecode over a shard per rank
 };
 
 /// The largest per-rank message --bytes takes (1024T): far above any GPU's

@@ -3,13 +3,17 @@
 // device-to-device cudaMemcpyAsync of the same K and V bytes, read + write),
 // the two timed in turn with CUDA events (timing.hpp), warm-up excluded.
 // Paged cases deal each sequence's pages to physical pages in a fixed
-// shuffled order, as a serving cache's pages lie.
+// shuffled order, as a serving cache's pages lie. With --dist every rank
+// holds a contiguous shard of ceil(L / ranks) keys of each sequence, and the
+// distributed call is timed beside FlashDecode over the shard alone: their
+// difference is the exchange and combine.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -20,6 +24,7 @@
 #include "gpu_check.hpp"
 #include "timing.hpp"
 #include "weft/core/error.hpp"
+#include "weft/ops/dist_flash_decode.hpp"
 #include "weft/ops/flash_decode.hpp"
 
 namespace weft::bench {
@@ -34,10 +39,12 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
     DecodeCase c;
     int splits;
     double us, copy_us, kv_bytes, rel_err, lse_err;
+    double dist_us = 0;  // --dist: the distributed call over the same shard
   };
   std::vector<Row> rows;
   bool ok = true;
-  for (const DecodeCase& c : args.decode_cases) {
+  for (DecodeCase c : args.decode_cases) {
+    if (args.dist) c.kv_len = (c.kv_len + ctx.world_size() - 1) / ctx.world_size();  // this rank's shard
     if (ctx.rank() == 0)
       std::fprintf(stderr, "[weft-bench] decode batch %lld, %lld/%lld heads, KV %lld%s ...\n",
                    static_cast<long long>(c.batch), static_cast<long long>(c.q_heads),
@@ -118,12 +125,18 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
         cudaFree(p);
     }
     const int calls = 5;
-    const std::vector<std::function<void()>> contenders = {
+    std::vector<std::function<void()>> contenders = {
         [&] { op.run(run_args, stream); },
         [&] { WEFT_CUDA(cudaMemcpyAsync(copy_dst, kv, kv_bytes, cudaMemcpyDeviceToDevice, stream)); }};
+    std::unique_ptr<DistFlashDecode> dist;
+    if (args.dist) {
+      dist = std::make_unique<DistFlashDecode>(ctx_ptr, o);
+      contenders.push_back([&] { dist->run(run_args, stream); });
+    }
     const std::vector<double> us =
         time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup, args.hold, args.order);
-    rows.push_back({c, op.splits(), us[0], us[1], double(kv_bytes), rel_err, lse_err});
+    rows.push_back({c, op.splits(), us[0], us[1], double(kv_bytes), rel_err, lse_err, args.dist ? us[2] : 0.0});
+    dist.reset();
     for (void* p : {kv, copy_dst, q, out, static_cast<void*>(lse), static_cast<void*>(lens), static_cast<void*>(dtable)})
       if (p) cudaFree(p);
   }
@@ -134,20 +147,27 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
       for (const Row& r : rows)
         std::printf("{\"op\":\"decode\",\"batch\":%lld,\"q_heads\":%lld,\"kv_heads\":%lld,\"kv_len\":%lld,"
                     "\"page_size\":%lld,\"dtype\":\"%s\",\"splits\":%d,\"us\":%.2f,\"kv_tbps\":%.3f,"
-                    "\"copy_us\":%.2f,\"copy_tbps\":%.3f,\"vs_copy\":%.3f,\"rel_err\":%.2e,\"lse_err\":%.2e}\n",
+                    "\"copy_us\":%.2f,\"copy_tbps\":%.3f,\"vs_copy\":%.3f,\"rel_err\":%.2e,\"lse_err\":%.2e,"
+                    "\"world\":%d,\"dist_us\":%.2f,\"exchange_us\":%.2f}\n",
                     static_cast<long long>(r.c.batch), static_cast<long long>(r.c.q_heads),
                     static_cast<long long>(r.c.kv_heads), static_cast<long long>(r.c.kv_len),
                     static_cast<long long>(r.c.page_size), args.dtype.c_str(), r.splits, r.us, tbps(r.kv_bytes, r.us),
                     r.copy_us, tbps(2 * r.kv_bytes, r.copy_us), tbps(r.kv_bytes, r.us) / tbps(2 * r.kv_bytes, r.copy_us),
-                    r.rel_err, r.lse_err);
+                    r.rel_err, r.lse_err, ctx.world_size(), r.dist_us, args.dist ? r.dist_us - r.us : 0.0);
     } else {
       std::printf("decode %s, head dim %d; us per call (median of %d samples of 5 back-to-back calls, weft and the "
                   "copy in turn, max over ranks);\nKV TB/s = K and V bytes read / time; copy TB/s = a device-to-device "
                   "copy of the same bytes, read + write; ratio = KV TB/s / copy TB/s%s\n",
                   args.dtype.c_str(), kHeadDim, args.samples,
                   args.check ? "; rel err = ||weft - ref|| / ||ref||, ref an fp32 attention on the GPU" : "");
-      std::printf("%5s %9s %8s %6s | %6s | %9s %7s | %9s %7s | %6s%s\n", "batch", "heads", "KV", "page", "splits",
-                  "weft us", "TB/s", "copy us", "TB/s", "ratio", args.check ? " | rel err  lse err" : "");
+      if (args.dist)
+        std::printf("--dist: %d ranks, each holding ceil(L / %d) keys of every sequence (KV below: the shard); dist "
+                    "us = DistFlashDecode,\nexchange us = dist us - weft us (what the exchange kernel costs beyond "
+                    "the one-GPU merge)\n",
+                    ctx.world_size(), ctx.world_size());
+      std::printf("%5s %9s %8s %6s | %6s | %9s %7s | %9s %7s | %6s%s%s\n", "batch", "heads", "KV", "page", "splits",
+                  "weft us", "TB/s", "copy us", "TB/s", "ratio", args.check ? " | rel err  lse err" : "",
+                  args.dist ? " | dist us  exchange us" : "");
       for (const Row& r : rows) {
         const std::string heads = str(r.c.q_heads, "/", r.c.kv_heads);
         const std::string kv = r.c.kv_len % 1024 == 0 ? str(r.c.kv_len / 1024, "K") : str(r.c.kv_len);
@@ -156,6 +176,7 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
                     heads.c_str(), kv.c_str(), page.c_str(), r.splits, r.us, tbps(r.kv_bytes, r.us), r.copy_us,
                     tbps(2 * r.kv_bytes, r.copy_us), tbps(r.kv_bytes, r.us) / tbps(2 * r.kv_bytes, r.copy_us));
         if (args.check) std::printf(" | %.1e  %.1e", r.rel_err, r.lse_err);
+        if (args.dist) std::printf(" | %7.1f  %11.1f", r.dist_us, r.dist_us - r.us);
         std::printf("\n");
       }
     }
