@@ -35,7 +35,11 @@ struct ExchangeArgs {
 template <class T, int D>
 __global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs a) {
   constexpr int kPer = D / 32;
-  const std::uint64_t e = dev::epoch_begin(a.epoch);  // waits for the local attention (programmatic launch)
+  // dev::epoch_begin without its early trigger: the next kernel in the stream (the next run's attention,
+  // 96 KB of shared memory a block) must not be scheduled while these blocks wait on other ranks, or on a
+  // shared GPU it could hold the SMs another rank's attention needs before that rank can signal.
+  dev::pdl_wait();  // the local attention has finished
+  const std::uint64_t e = *a.epoch.value + 1;
   const int me = a.w.rank, world = a.w.size, blocks = gridDim.x, block = blockIdx.x;
   const int parity = static_cast<int>(e & 1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
