@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
@@ -340,6 +340,38 @@ if has trace; then  # the fused paths' timelines (WEFT_TRACE_OVERLAP): where eac
   done
   note "trace" "-> trace.txt"
   grep -E "^###|trace, rank|^\[weft-bench\]   weft" "$OUT/trace.txt" | sed 's/^\[weft rank [0-9]*\/[0-9]*\] //' | cut -c1-400
+fi
+
+if has decode; then  # decode attention: its GPU tests, weft-bench decode against the copy bound, torch SDPA on the same shapes
+  run_logged "decode tests, 1 rank" decode_tests.log "$BUILD/weftrun" -n 1 --timeout 600 -- \
+    "$BUILD/tests/weft_gpu_tests" --gtest_filter='FlashDecode.*:DistFlashDecode.*'
+  grep -E "^\[ +(OK|FAILED|PASSED) +\]|Failure|error" "$OUT/decode_tests.log" | head -n 30
+  for n in 2 4 8; do  # the distributed decode at world 2, 4, 8 on one GPU (and FlashDecode per rank at 4)
+    filter='DistFlashDecode.*'
+    [ "$n" = 4 ] && filter='FlashDecode.*:DistFlashDecode.*'
+    run_logged "decode tests, $n ranks sharing a GPU" "decode_tests_$n.log" "$BUILD/weftrun" -n "$n" --share-gpu \
+      --timeout 900 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter="$filter"
+    grep -E "PASSED|FAILED|Failure" "$OUT/decode_tests_$n.log" | head -n 20
+  done
+  # The distributed call's exchange and combine: at 1 rank, and at 2 sharing the GPU (checks, not figures).
+  dist_cases="1,96,12,32768;1,32,8,131072;8,32,8,32768,16;32,32,8,32768,16"
+  run_logged "weft-bench decode --dist, 1 rank" decode_dist_1.txt "$BUILD/weftrun" -n 1 --timeout 300 -- \
+    "$BUILD/weft-bench" decode --dist --check --cases "$dist_cases"
+  grep -v '^\[weft-bench\]' "$OUT/decode_dist_1.txt"
+  run_logged "weft-bench decode --dist, 2 ranks sharing a GPU" decode_dist_2.txt "$BUILD/weftrun" -n 2 --share-gpu \
+    --timeout 300 -- "$BUILD/weft-bench" decode --dist --cases "$dist_cases"
+  grep -v '^\[weft-bench\]' "$OUT/decode_dist_2.txt"
+  for dtype in ${DECODE_DTYPES:-bf16 fp16}; do
+    run_logged "weft-bench decode $dtype" "decode_$dtype.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
+      "$BUILD/weft-bench" decode --dtype "$dtype" --check ${DECODE_ARGS:-}
+    grep -v '^\[weft-bench\]' "$OUT/decode_$dtype.txt"
+    if python3 -c 'import torch' 2>/dev/null; then
+      run_logged "torch SDPA decode $dtype" "decode_sdpa_$dtype.txt" python3 tools/bench/decode_sdpa.py --dtype "$dtype"
+      cat "$OUT/decode_sdpa_$dtype.txt"
+    else
+      note "torch SDPA decode" "not run: python3 has no torch here"
+    fi
+  done
 fi
 
 if has bench; then

@@ -77,7 +77,7 @@ Bounded run_bounded(const std::string& cmd, int limit_s) {
 }
 
 const std::vector<std::string> kAllOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
-                                          "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep"};
+                                          "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep",         "decode"};
 }  // namespace
 
 TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
@@ -162,6 +162,32 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
                 "unknown --hook 'wait': expected one of none, wait_a_rows, report_rows, wait_source_rows"),
             std::string::npos);
   EXPECT_NE(error_of({"gemm_rs", "--way", "ring"}).find("unknown --way 'ring': expected one of per_step, one_launch, plain_first"),
+            std::string::npos);
+}
+
+TEST(BenchArgs, DecodeCasesDefaultToThePerfTableAndParse) {
+  const BenchArgs d = parse_bench_args({"weft-bench", "decode"});
+  ASSERT_EQ(d.decode_cases.size(), 10u);
+  EXPECT_EQ(d.decode_cases[0].batch, 1);
+  EXPECT_EQ(d.decode_cases[0].q_heads, 96);
+  EXPECT_EQ(d.decode_cases[0].kv_heads, 12);
+  EXPECT_EQ(d.decode_cases[2].kv_len, 524288);
+  EXPECT_EQ(d.decode_cases[0].page_size, 0) << "contiguous";
+  EXPECT_EQ(d.decode_cases[9].batch, 32);
+  EXPECT_EQ(d.decode_cases[9].page_size, 16);
+  EXPECT_EQ(d.splits, 0);
+  const BenchArgs c = parse_bench_args({"weft-bench", "decode", "--cases", "4,64,8,1000,32;2,8,1,77", "--splits", "5",
+                                        "--dtype", "fp16", "--check"});
+  ASSERT_EQ(c.decode_cases.size(), 2u);
+  EXPECT_EQ(c.decode_cases[0].page_size, 32);
+  EXPECT_EQ(c.decode_cases[1].kv_len, 77);
+  EXPECT_EQ(c.splits, 5);
+  EXPECT_TRUE(c.check);
+  EXPECT_NE(error_of({"decode", "--cases", "1,96,12"}).find("--cases: '1,96,12' is not B,HQ,HKV,L"), std::string::npos);
+  EXPECT_NE(error_of({"decode", "--cases", "1,30,8,64"}).find("query heads 30 must be a multiple of KV heads 8"),
+            std::string::npos);
+  EXPECT_NE(error_of({"decode", "--dtype", "fp32"}).find("decode takes --dtype bf16 or fp16"), std::string::npos);
+  EXPECT_NE(error_of({"decode", "--splits", "129"}).find("--splits expects a whole number from 0 to 128"),
             std::string::npos);
 }
 
@@ -327,7 +353,8 @@ TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
       {"--order", "fixed"},     {"--max-sms", "8"},        {"--chunks", "2"},       {"--way", "x"},
       {"--soak", "1"},          {"--shapes", "8,8,8"},     {"--b-layout", "nk"},    {"--out", "fp32"},
       {"--config", "c"},        {"--hook", "none"},        {"--any-order", ""},     {"--no-source-rows", "0,256"},
-      {"--m", "8"},             {"--n", "8"},              {"--k", "8"}};
+      {"--m", "8"},             {"--n", "8"},              {"--k", "8"},            {"--cases", "1,8,1,64"},
+      {"--splits", "2"},        {"--dist", ""}};
   for (const std::string& op : kAllOps) {
     const std::string h = help_of({op, "--help"});
     EXPECT_EQ(h, bench_usage(op));

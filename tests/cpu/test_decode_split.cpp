@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -174,6 +175,37 @@ TEST(DecodeSplit, EmptyPartsContributeNothing) {
   const MergedF none = merge({empty, empty});
   EXPECT_EQ(none.lse, -INFINITY) << "no keys at all: lse -inf";
   for (int d = 0; d < kDim; ++d) EXPECT_EQ(none.o[d], 0.0f) << "and a zero output, not NaN";
+}
+
+}  // namespace
+
+namespace {
+
+using weft::attention_detail::decode_splits;
+
+TEST(DecodeSplit, SplitCountFillsTheLastWave) {
+  // 132 SMs, 2 blocks each: batch 1 with 12 KV heads fills 252 of 264 slots with 21 splits, 8 heads 256 with 32.
+  EXPECT_EQ(decode_splits(12, 264, 128), 21);
+  EXPECT_EQ(decode_splits(8, 264, 128), 32);
+  EXPECT_EQ(decode_splits(96, 264, 128), 8);  // batch 8, 12 KV heads: 768 blocks in 3 waves of 264
+  // Enough (sequence, head) pairs already (80 % of the slots): one split, no merge launch.
+  EXPECT_EQ(decode_splits(212, 264, 128), 1);
+  EXPECT_EQ(decode_splits(256, 264, 128), 1);
+  EXPECT_EQ(decode_splits(1024, 264, 128), 1);
+  // Short sequences cap the count; a cap of 1 or less means one split.
+  EXPECT_EQ(decode_splits(12, 264, 4), 4);
+  EXPECT_EQ(decode_splits(12, 264, 1), 1);
+  EXPECT_EQ(decode_splits(12, 264, 0), 1);
+  // The SM count is the caller's (a rank's share under MPS), never a constant: fewer SMs, fewer splits.
+  EXPECT_EQ(decode_splits(12, 66, 128), 11);
+  // Whatever the inputs, the choice is within [1, cap] and its last wave at least 95 % as full as the best.
+  for (std::int64_t units : {1, 3, 12, 96, 100, 257})
+    for (std::int64_t slots : {16, 66, 132, 264})
+      for (std::int64_t cap : {1, 2, 16, 128}) {
+        const int s = decode_splits(units, slots, cap);
+        ASSERT_GE(s, 1);
+        ASSERT_LE(s, std::max<std::int64_t>(cap, 1));
+      }
 }
 
 }  // namespace

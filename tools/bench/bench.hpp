@@ -30,5 +30,9 @@ int bench_overlap(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 /// copy-engine bound over the same bytes (exit code 0, or 3 if --check failed).
 /// Collective; rank 0 prints.
 int bench_ep(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+/// weft-bench decode: FlashDecode on each case against the HBM copy bound
+/// of the same run, this rank's GPU (exit code 0, or 3 if --check found the
+/// result off). Collective; rank 0 prints.
+int bench_decode(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
 }  // namespace weft::bench

@@ -39,6 +39,9 @@ const OpInfo kOpInfo[] = {
      "Each rank routes --tokens tokens to --topk of --experts experts (uniform random), E / W\n"
      "experts per rank. Bandwidth as DeepEP counts it: bytes per valid token-rank pair over time;\n"
      "remote bytes/s counts the pairs that leave the rank."},
+    {"decode", "decode attention (FlashDecode) over a KV cache, in KV bytes read per second, against the HBM copy bound",
+     "Each rank times its own GPU: per case, the attention (both launches) and a device-to-device\n"
+     "copy of the same K and V bytes (the copy bound, read + write), median of the samples."},
 };
 constexpr std::size_t kOpCount = std::size(kOpInfo);
 
@@ -50,10 +53,10 @@ const std::vector<std::string> kOps = [] {
 
 // Which operations an option applies to: one bit per operation, in kOpInfo's order.
 constexpr unsigned kAllGather = 1u << 0, kAllReduce = 1u << 1, kReduceScatter = 1u << 2, kGemm = 1u << 3,
-                   kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6, kEp = 1u << 7;
+                   kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6, kEp = 1u << 7, kDecode = 1u << 8;
 constexpr unsigned kCollectives = kAllGather | kAllReduce | kReduceScatter;
 constexpr unsigned kOverlap = kAgGemm | kGemmRs | kGemmAr;
-constexpr unsigned kEvery = kCollectives | kGemm | kOverlap | kEp;
+constexpr unsigned kEvery = kCollectives | kGemm | kOverlap | kEp | kDecode;
 
 unsigned op_bit(const std::string& op) {
   for (std::size_t i = 0; i < kOpCount; ++i)
@@ -92,6 +95,7 @@ const OptionInfo kOptions[] = {
     {"--dtype", true, kCollectives, "--dtype T", "element type: bf16, fp16 or fp32; sizes must be whole elements (default bf16)"},
     {"--dtype", true, kGemm, "--dtype T", "input type: bf16 or fp16 (default bf16)"},
     {"--dtype", true, kOverlap, "--dtype T", "bf16 or fp16 (default bf16)"},
+    {"--dtype", true, kDecode, "--dtype T", "q, K, V and output type: bf16 or fp16 (default bf16)"},
     {"--check", false, kCollectives, "--check", "verify bitwise against NCCL first (fresh random data, poisoned outputs) (default off)"},
     {"--check", false, kGemm, "--check",
      "always on for gemm: each shape's output is compared with cuBLAS's fp32 output"},
@@ -100,6 +104,8 @@ const OptionInfo kOptions[] = {
      "bitwise (default off)"},
     {"--check", false, kGemmRs | kGemmAr, "--check",
      "verify against cuBLAS + NCCL before timing: the output's relative error (default off)"},
+    {"--check", false, kDecode, "--check",
+     "compare each case with an fp32 attention on the GPU (output relative error, lse) (default off)"},
     {"--json", false, kEvery, "--json", "one JSON object per line (default: a table)"},
     {"--samples", true, kEvery, "--samples N", "timed samples per point, 1 to 100000; the median is reported (default 15)"},
     {"--warmup", true, kEvery, "--warmup N", "untimed samples first, 0 to 100000 (default 3)"},
@@ -147,6 +153,15 @@ const OptionInfo kOptions[] = {
     {"--no-source-rows", true, kGemm, "--no-source-rows B,E",
      "with --hook wait_source_rows: rows [B, E) add no source and load none\n"
      "(GemmArgs::no_source_begin/end; B and E multiples of 256, or M) (default: every row adds one)"},
+    {"--cases", true, kDecode, "--cases LIST",
+     "B,HQ,HKV,L[,P];... : batch, query heads, KV heads, keys per sequence, and a page size\n"
+     "(paged KV) or none (contiguous) (default: batch 1 at 96/12 and 32/8 heads, KV 32K, 128K\n"
+     "and 512K, contiguous; batch 8 and 32 at 32K, page 16)"},
+    {"--dist", false, kDecode, "--dist",
+     "also time DistFlashDecode: each rank holds a contiguous shard (ceil(L / ranks) keys) of\n"
+     "every sequence; reports FlashDecode over the shard alone, the distributed call, and their\n"
+     "difference, the exchange and combine (default off)"},
+    {"--splits", true, kDecode, "--splits N", "KV splits per (sequence, KV head), 0 to 128; 0: the plan chooses (default 0)"},
     {"--chunks", true, kOverlap, "--chunks N",
      "copy and signal chunks per rank's rows, 1 to 4096 (default: the plan's)"},
     {"--way", true, kAgGemm, "--way W",
@@ -179,7 +194,7 @@ const std::vector<std::string>& variants_of(const std::string& op) {
   if (op == "ep") return gemm;
   static const std::vector<std::string> overlap = {"fused", "sequential", "auto"};
   if (is_overlap_op(op)) return overlap;
-  return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" ? gemm : rs;
+  return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" || op == "decode" ? gemm : rs;
 }
 
 bool is_pow2(std::uint64_t v) { return v && (v & (v - 1)) == 0; }
@@ -368,6 +383,27 @@ std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text) {
   return shapes;
 }
 
+std::vector<DecodeCase> parse_decode_cases(const std::string& text) {
+  std::vector<DecodeCase> cases;
+  for (const std::string& item : split(text, ';')) {
+    const std::vector<std::string> f = split(item, ',');
+    std::vector<std::int64_t> v;
+    bool ok = f.size() == 4 || f.size() == 5;
+    for (std::size_t i = 0; ok && i < f.size(); ++i) {
+      const auto d = parse_dim(f[i]);
+      ok = d.has_value();
+      if (ok) v.push_back(*d);
+    }
+    WEFT_REQUIRE(ok, "--cases: '", item, "' is not B,HQ,HKV,L or B,HQ,HKV,L,P (positive integers, at most ",
+                 kMaxShapeDim, "; cases separated by ';')");
+    DecodeCase c{v[0], v[1], v[2], v[3], f.size() == 5 ? v[4] : 0};
+    WEFT_REQUIRE(c.q_heads % c.kv_heads == 0, "--cases: '", item, "': query heads ", c.q_heads,
+                 " must be a multiple of KV heads ", c.kv_heads);
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 const char* sample_order_name(SampleOrder order) {
   for (const auto& entry : kOrders)
     if (entry.value == order) return entry.name;
@@ -484,6 +520,9 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--chunks") args.chunks = parse_int(a, v, 1, 4096);
     else if (a == "--way") way = v;  // its names depend on the operation
     else if (a == "--soak") args.soak_s = parse_int(a, v, 1, 600);
+    else if (a == "--cases") args.decode_cases = parse_decode_cases(v);
+    else if (a == "--dist") args.dist = true;
+    else if (a == "--splits") args.splits = parse_int(a, v, 0, 128);
     else if (a == "--shapes") {
       args.shapes = parse_shapes(v);
       shapes_given = true;
@@ -547,6 +586,12 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   if (args.op == "gemm" && args.shapes.empty())  // the per-rank GEMMs of the tensor-parallel benchmark shapes
     args.shapes = parse_shapes("8192,14336,8192;4096,14336,8192;2048,14336,8192;1000,14336,8192;8192,4096,8192;"
                                "4096,4096,8192;8192,8192,14336;4096,8192,14336;2048,8192,14336");
+  if (args.op == "decode" && args.decode_cases.empty())
+    args.decode_cases = parse_decode_cases("1,96,12,32768;1,96,12,131072;1,96,12,524288;1,32,8,32768;1,32,8,131072;"
+                                           "1,32,8,524288;8,96,12,32768,16;8,32,8,32768,16;32,96,12,32768,16;"
+                                           "32,32,8,32768,16");
+  WEFT_REQUIRE(args.op != "decode" || args.dtype == "bf16" || args.dtype == "fp16",
+               "decode takes --dtype bf16 or fp16, got '", args.dtype, "'");
   const int elem = dtype_bytes(args.dtype);
   if (args.op == "gemm") {
     WEFT_REQUIRE(args.dtype != "fp32", "gemm takes --dtype bf16 or fp16, got 'fp32'");

@@ -13,9 +13,14 @@
 
 namespace weft::bench {
 
+/// One shape of weft-bench decode: batch x query heads over KV heads, keys per sequence, page size (0: contiguous).
+struct DecodeCase {
+  std::int64_t batch, q_heads, kv_heads, kv_len, page_size;
+};
+
 /// Everything weft-bench was asked to do.
 struct BenchArgs {
-  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep"
+  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep", "decode"
   std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
   std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant; overlap ops: modes
   std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
@@ -45,6 +50,10 @@ struct BenchArgs {
   int ep_hidden = 7168;           ///< --hidden: channels per token (bf16)
   int ep_topk = 8;                ///< --topk: experts per token
   int ep_experts = 256;           ///< --experts: experts over all ranks
+  // decode only
+  std::vector<DecodeCase> decode_cases;  ///< --cases (default: the shapes of docs/PERF.md's decode table)
+  int splits = 0;                        ///< --splits: KV splits per (sequence, KV head) (0: the plan's choice)
+  bool dist = false;                     ///< --dist: also time DistFlashDecode over a shard per rank
 };
 
 /// The largest per-rank message --bytes takes (1024T): far above any GPU's
@@ -60,6 +69,9 @@ inline constexpr std::int64_t kMaxShapeDim = std::int64_t{1} << 24;
 /// Parses "M,N,K;M,N,K" (also "MxNxK"), each dimension 1 to kMaxShapeDim;
 /// throws naming --shapes and the bad shape.
 std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text);
+
+/// Parses "B,HQ,HKV,L[,P];..." (weft-bench decode --cases); throws naming --cases and the bad case.
+std::vector<DecodeCase> parse_decode_cases(const std::string& text);
 
 /// Bytes of one element of `dtype`; throws naming the accepted types.
 int dtype_bytes(const std::string& dtype);

@@ -44,6 +44,28 @@ WEFT_HD std::int64_t keys_in_page(std::int64_t length, std::int64_t page_size, s
   return hi > lo ? hi - lo : 0;
 }
 
+/// Splits per (sequence, KV head) for one GPU's decode attention: `units`
+/// thread blocks per split (sequences x KV heads x head tiles) onto `slots`
+/// resident blocks (SMs x blocks per SM), at most `max_splits`. Units that
+/// already fill 80 % of the slots take one split (no partials, no merge).
+/// Otherwise the fewest splits whose waves are at least 95 % full, measured
+/// against the fullest any count up to max_splits reaches: a bandwidth-bound
+/// kernel wants every slot busy to the end, and every extra split costs a
+/// partial written and merged.
+WEFT_HD int decode_splits(std::int64_t units, std::int64_t slots, std::int64_t max_splits) {
+  if (units < 1 || slots < 1 || max_splits <= 1 || 5 * units >= 4 * slots) return 1;
+  auto efficiency = [&](std::int64_t s) {
+    const std::int64_t blocks = units * s;
+    const std::int64_t waves = (blocks + slots - 1) / slots;
+    return static_cast<double>(blocks) / static_cast<double>(waves * slots);
+  };
+  double best = 0;
+  for (std::int64_t s = 1; s <= max_splits; ++s) best = efficiency(s) > best ? efficiency(s) : best;
+  for (std::int64_t s = 1; s <= max_splits; ++s)
+    if (efficiency(s) >= 0.95 * best) return static_cast<int>(s);
+  return 1;
+}
+
 /// A running merge of parts (output, lse): feed each part with add, read the
 /// result with output_scale and lse. Scales are relative to the largest lse seen.
 struct LseMerge {
