@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -83,6 +84,10 @@ std::uint64_t bitwise_vs_rank_order(const void* device_out, std::uint64_t count,
 }
 
 double tolerance(DType t) { return t == DType::fp32 ? 1e-6 : 1e-2; }
+// The ring rounds its partial sum at each of its W - 1 steps where the other
+// variants round the whole sum once: its error bound grows with the steps. At
+// 8 ranks, one element whose summands nearly cancel measured 1.23e-2 (bf16).
+double ring_tolerance(DType t, int world) { return tolerance(t) * std::max(1, world - 1); }
 
 std::vector<std::uint64_t> gathered_seeds(std::uint64_t salt) {
   std::vector<std::uint64_t> seeds;
@@ -161,7 +166,8 @@ TEST(ReduceScatter, EveryVariantAndTypeMatchesFloat64AndEachOther) {
           plan.run(in.get(), dst, s);
           ctx().synchronize(s);
           double err = relative_error_vs_float64(dst, count, t, seeds, me * count);
-          EXPECT_LE(err, tolerance(t)) << to_string(plan.variant()) << " " << to_string(t) << " count " << count;
+          EXPECT_LE(err, plan.variant() == ReduceScatterVariant::ring ? ring_tolerance(t, world) : tolerance(t))
+              << to_string(plan.variant()) << " " << to_string(t) << " count " << count;
           // The ring adds in ring order with a rounding per step: the same bits only at two ranks.
           bool same_order = plan.variant() != ReduceScatterVariant::ring || world <= 2;
           if (same_order)
