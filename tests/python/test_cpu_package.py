@@ -215,3 +215,12 @@ def test_heap_size_argument_is_checked():
 def test_empty_checks_its_shape_before_anything():
     with pytest.raises(ValueError, match=r"weft.empty: the shape must be non-negative ints"):
         weft.empty(-1)
+
+
+def test_layers_need_init():
+    import weft.nn
+
+    for make in (lambda: weft.nn.ColumnParallelLinear(64, 64), lambda: weft.nn.RowParallelLinear(64, 64),
+                 lambda: weft.nn.TensorParallelMLP(64, 128)):
+        with pytest.raises(RuntimeError, match=r"weft.world_size: weft is not initialised in this process"):
+            make()
