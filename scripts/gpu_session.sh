@@ -111,11 +111,12 @@ if has python; then  # the Python package, installed from .deps without network;
     bash scripts/python_tests.sh "$BUILD" "$OUT/python/world1.xml"
   tail -n 3 "$OUT/python_world1.log"
   site="$PWD/$BUILD/python-site"
+  # Bounds above the time a rank may spend compiling (torch.compile) while its peers already wait on the GPU.
   for n in 2 4; do
     share=()
     [ "$GPUS" -ge "$n" ] || share=(--share-gpu)  # ranks sharing a GPU under MPS; their process group is gloo
     # shellcheck disable=SC2016  # WEFT_RANK is expanded by each rank's shell
-    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=120 run_logged "python: world $n ${share[*]}" \
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=300 WEFT_WAIT_TIMEOUT=300 run_logged "python: world $n ${share[*]}" \
       "python_world$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 1500 -- bash -c \
       'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
     grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
