@@ -5,9 +5,9 @@
 # compiles, so the job count is the smaller of the cores and the available
 # memory / 3.5 GB (at least 1): more jobs than memory allows would swap or be
 # killed. WEFT_JOBS=N sets the count instead. Before a first build it prints
-# how long that build takes (36 CUTLASS kernels; measured with 25: about 17
-# minutes with 2 jobs and 3 with 16, so about 1 + 1.3 x kernels / jobs
-# minutes). WEFT_GEMM_KERNELS=subset compiles 20 of them (CI).
+# how long that build takes (36 CUTLASS kernels; measured: the 20-kernel
+# subset in 21 minutes with 2 jobs, all 36 in 4 with 16, so about
+# 1 + 2 x kernels / jobs minutes). WEFT_GEMM_KERNELS=subset compiles 20 of them (CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # nvcc: CUDA_HOME's, else CUDA_PATH's, else PATH's, else /usr/local/cuda's (as scripts/setup.sh checks).
@@ -75,9 +75,9 @@ fi
 
 if [ ! -f "$BUILD/libweft.a" ]; then
   units=$(ls "$BUILD"/gemm_configs/*.cu 2>/dev/null | wc -l || true)
-  # Measured: ~17 minutes with 2 jobs, ~3 with 16 for 25 kernels, i.e. about 1 + 1.3 x kernels / jobs minutes.
+  # Measured: 21 minutes with 2 jobs for the 20-kernel subset, 4 with 16 for all 36: about 1 + 2 x kernels / jobs minutes.
   parallel=$(( jobs < cores ? jobs : cores ))
-  minutes=$(( 1 + (units * 13 / 10 + parallel - 1) / parallel ))
+  minutes=$(( 1 + (units * 2 + parallel - 1) / parallel ))
   say "a first build compiles $units CUTLASS kernels: about $minutes minutes on this machine's $cores cores ($jobs parallel job$([ "$jobs" = 1 ] || echo s); up to twice that on slower CPUs). Later builds recompile only what changed."
 fi
 t0=$SECONDS
