@@ -18,23 +18,32 @@ std::vector<RingPlan> plans(int world, bool plain_first, bool caller_ships) {
   return all;
 }
 
-}  // namespace
-
-TEST(RingPlan, EveryRankComputesEveryBlockOnceAndEndsWithItsOwn) {
+// Calls check(plan, plain_first, ships) for every rank's plan of every
+// world size 1 to 8 and every way, under a trace that names them.
+template <class Check>
+void for_each_plan(Check check) {
   for (int world = 1; world <= 8; ++world)
     for (bool plain_first : {false, true})
       for (bool ships : {false, true})
         for (const RingPlan& p : plans(world, plain_first, ships)) {
           SCOPED_TRACE(testing::Message() << "world " << world << " rank " << p.rank << " plain_first " << plain_first
                                           << " ships " << ships);
-          ASSERT_EQ(static_cast<int>(p.steps.size()), world);
-          std::vector<int> seen(world, 0);
-          for (const RingStep& s : p.steps) ++seen[s.block];
-          for (int b = 0; b < world; ++b) EXPECT_EQ(seen[b], 1) << "block " << b;
-          // Only the last step writes `out`, and it is this rank's own block.
-          for (int s = 0; s < world; ++s) EXPECT_EQ(p.steps[s].to_out, s == world - 1) << "step " << s;
-          EXPECT_EQ(p.steps.back().block, p.rank);
+          check(p, plain_first, ships);
         }
+}
+
+}  // namespace
+
+TEST(RingPlan, EveryRankComputesEveryBlockOnceAndEndsWithItsOwn) {
+  for_each_plan([](const RingPlan& p, bool, bool) {
+    ASSERT_EQ(static_cast<int>(p.steps.size()), p.world);
+    std::vector<int> seen(p.world, 0);
+    for (const RingStep& s : p.steps) ++seen[s.block];
+    for (int b = 0; b < p.world; ++b) EXPECT_EQ(seen[b], 1) << "block " << b;
+    // Only the last step writes `out`, and it is this rank's own block.
+    for (int s = 0; s < p.world; ++s) EXPECT_EQ(p.steps[s].to_out, s == p.world - 1) << "step " << s;
+    EXPECT_EQ(p.steps.back().block, p.rank);
+  });
 }
 
 TEST(RingPlan, EachStepAddsWhatThePreviousRankSentAStepEarlier) {
@@ -87,26 +96,21 @@ TEST(RingPlan, EveryBlockCollectsEveryRanksProductOnceAndEndsAtItsOwner) {
 }
 
 TEST(RingPlan, StepsRunTheGemmsGemmRsBuildsForThem) {
-  for (int world = 1; world <= 8; ++world)
-    for (bool plain_first : {false, true})
-      for (bool ships : {false, true})
-        for (const RingPlan& p : plans(world, plain_first, ships)) {
-          SCOPED_TRACE(testing::Message() << "world " << world << " rank " << p.rank << " plain_first " << plain_first
-                                          << " ships " << ships);
-          const RingStep& first = p.steps.front();
-          const RingStep& last = p.steps.back();
-          if (world == 1) {  // one plain GEMM into out
-            EXPECT_EQ(first.gemm, RingGemm::plain);
-            EXPECT_EQ(first.send, RingSend::stays);
-            continue;
-          }
-          EXPECT_EQ(first.gemm, plain_first ? RingGemm::plain : RingGemm::reporting);
-          EXPECT_EQ(first.send, plain_first ? RingSend::when_step_done : RingSend::when_stored);
-          for (int s = 1; s + 1 < world; ++s) EXPECT_EQ(p.steps[s].gemm, RingGemm::source_reporting) << s;
-          EXPECT_EQ(last.gemm, ships ? RingGemm::source_reporting : RingGemm::source_any_order);
-          EXPECT_EQ(last.send, ships ? RingSend::shipped_by_caller : RingSend::stays);
-          EXPECT_EQ(last.send_rank, -1);
-        }
+  for_each_plan([](const RingPlan& p, bool plain_first, bool ships) {
+    const RingStep& first = p.steps.front();
+    const RingStep& last = p.steps.back();
+    if (p.world == 1) {  // one plain GEMM into out
+      EXPECT_EQ(first.gemm, RingGemm::plain);
+      EXPECT_EQ(first.send, RingSend::stays);
+      return;
+    }
+    EXPECT_EQ(first.gemm, plain_first ? RingGemm::plain : RingGemm::reporting);
+    EXPECT_EQ(first.send, plain_first ? RingSend::when_step_done : RingSend::when_stored);
+    for (int s = 1; s + 1 < p.world; ++s) EXPECT_EQ(p.steps[s].gemm, RingGemm::source_reporting) << s;
+    EXPECT_EQ(last.gemm, ships ? RingGemm::source_reporting : RingGemm::source_any_order);
+    EXPECT_EQ(last.send, ships ? RingSend::shipped_by_caller : RingSend::stays);
+    EXPECT_EQ(last.send_rank, -1);
+  });
 }
 
 // GemmRs refuses FusedWay::ring_one_launch past 2 ranks: its tiles walk the
