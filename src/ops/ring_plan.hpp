@@ -35,9 +35,10 @@ struct RingStep {
   int block = 0;         ///< rows [block x M / W, (block + 1) x M / W)
   RingGemm gemm = RingGemm::plain;
   int source_rank = -1;  ///< the rank whose partial sum of `block` this step adds (-1: none)
-  bool to_out = false;   ///< the step stores into `out` (our own block) rather than the send buffer
   RingSend send = RingSend::stays;
   int send_rank = -1;    ///< where the rows go (-1: nowhere)
+  /// The step stores into `out` (our own block, final) rather than the send buffer.
+  bool to_out() const { return send == RingSend::stays || send == RingSend::shipped_by_caller; }
 };
 
 /// One rank's ring: step s of `steps` runs at position s.
@@ -61,7 +62,6 @@ inline RingPlan ring_per_step_plan(int rank, int world, bool plain_first, bool c
       step.send = s == 0 && plain_first ? RingSend::when_step_done : RingSend::when_stored;
       step.send_rank = next;
     } else {
-      step.to_out = true;
       // One rank: one plain GEMM into `out`, nothing to ship.
       step.gemm = s == 0 ? RingGemm::plain : caller_ships ? RingGemm::source_reporting : RingGemm::source_any_order;
       step.send = caller_ships && s > 0 ? RingSend::shipped_by_caller : RingSend::stays;

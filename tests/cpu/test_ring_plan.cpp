@@ -41,7 +41,7 @@ TEST(RingPlan, EveryRankComputesEveryBlockOnceAndEndsWithItsOwn) {
     for (const RingStep& s : p.steps) ++seen[s.block];
     for (int b = 0; b < p.world; ++b) EXPECT_EQ(seen[b], 1) << "block " << b;
     // Only the last step writes `out`, and it is this rank's own block.
-    for (int s = 0; s < p.world; ++s) EXPECT_EQ(p.steps[s].to_out, s == p.world - 1) << "step " << s;
+    for (int s = 0; s < p.world; ++s) EXPECT_EQ(p.steps[s].to_out(), s == p.world - 1) << "step " << s;
     EXPECT_EQ(p.steps.back().block, p.rank);
   });
 }
