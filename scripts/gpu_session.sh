@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
@@ -102,6 +102,25 @@ if has launchers; then  # weft programs under torchrun with no WEFT_* variable; 
     WEFT_BUILD_DIR="$BUILD" run_logged "installed package, example project" check_install.log bash scripts/check_install.sh
     tail -n 5 "$OUT/check_install.log"
   fi
+fi
+
+if has python; then  # the Python package, installed from .deps without network; its pytest at world 1, 2 and 4
+  mkdir -p "$OUT/python"
+  # Build and install against $BUILD/libweft.a, then the CPU tests and the GPU tests as one rank.
+  WEFT_PYTHON_EXE=python3 run_logged "python: install + world 1" python_world1.log \
+    bash scripts/python_tests.sh "$BUILD" "$OUT/python/world1.xml"
+  tail -n 3 "$OUT/python_world1.log"
+  site="$PWD/$BUILD/python-site"
+  # Bounds above the time a rank may spend compiling (torch.compile) while its peers already wait on the GPU.
+  for n in 2 4; do
+    share=()
+    [ "$GPUS" -ge "$n" ] || share=(--share-gpu)  # ranks sharing a GPU under MPS; their process group is gloo
+    # shellcheck disable=SC2016  # WEFT_RANK is expanded by each rank's shell
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=300 WEFT_WAIT_TIMEOUT=300 run_logged "python: world $n ${share[*]}" \
+      "python_world$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 1500 -- bash -c \
+      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
+    grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
+  done
 fi
 
 if has shared; then  # weft-bench with ranks sharing one GPU: checks only, no figures (the rehearsal of a multi-GPU run)
