@@ -111,6 +111,45 @@ if has python; then  # the Python package, installed from .deps without network;
     bash scripts/python_tests.sh "$BUILD" "$OUT/python/world1.xml"
   tail -n 3 "$OUT/python_world1.log"
   site="$PWD/$BUILD/python-site"
+  if grep -q "Segmentation fault" "$OUT/python_world1.log"; then
+    # A crash inside the extension: weft.init alone, with a SIGSEGV handler
+    # preloaded that prints the native frames (the image has no gdb), each
+    # frame of a weft library then resolved to its function and line.
+    cat >/tmp/weft_segv.c <<'C'
+#define _GNU_SOURCE
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+static void on_segv(int sig) {
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+__attribute__((constructor)) static void install(void) { signal(SIGSEGV, on_segv); }
+C
+    cat >/tmp/weft_init_only.py <<'PY'
+import torch, torch.distributed as dist, weft
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+print("torch", torch.__version__, "cuda", torch.version.cuda, flush=True)
+weft.init(dist.group.WORLD, heap_size="256M")
+print("weft.init ok", weft.info(), flush=True)
+weft.shutdown()
+PY
+    gcc -shared -fPIC -O0 -g -o /tmp/weft_segv.so /tmp/weft_segv.c >"$OUT/python_crash.log" 2>&1
+    LD_PRELOAD=/tmp/weft_segv.so WEFT_LOG_LEVEL=debug PYTHONPATH="$site" timeout 120 python3 /tmp/weft_init_only.py \
+      >>"$OUT/python_crash.log" 2>&1
+    echo "rc=$?" >>"$OUT/python_crash.log"
+    grep -oE '[^ (]*_C[^ (]*\.so\(\+0x[0-9a-f]+\)' "$OUT/python_crash.log" | sort -u | while read -r f; do
+      so=${f%%(*}; off=${f##*(+}; off=${off%)}
+      echo "$f -> $(addr2line -C -f -i -e "$so" "$off" | tr '\n' ' ')"
+    done >>"$OUT/python_crash.log" 2>&1
+    { echo "--- libraries"; PYTHONPATH="$site" python3 -c 'import weft, os; print(open("/proc/self/maps").read())' |
+        awk '{print $6}' | grep -E '\.so' | sort -u; } >>"$OUT/python_crash.log" 2>&1
+    note "python: weft.init backtrace" "-> python_crash.log"
+    grep -E '\[0x|->|weft.init ok|^rc=|error|Error' "$OUT/python_crash.log" | head -n 60
+  fi
   # Bounds above the time a rank may spend compiling (torch.compile) while its peers already wait on the GPU.
   for n in 2 4; do
     share=()
