@@ -37,6 +37,22 @@ COUNTERPARTS = {
 }
 
 
+def test_extension_uses_the_processes_cpp_runtime():
+    """_C defines no C++ runtime symbol of its own: a second, statically linked
+    libstdc++ of another version beside the one torch loaded formats numbers
+    through the wrong locale and crashed weft.init (python/CMakeLists.txt)."""
+    import shutil
+    import subprocess
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", weft._C.__file__], capture_output=True, text=True, check=True)
+    runtime = ("_ZNSo", "_ZNSi", "_ZNSt6locale", "_ZNKSt7codecvt", "_ZNSt8ios_base")
+    own = [line.split()[-1] for line in out.stdout.splitlines() if line.split()[-1].startswith(runtime)]
+    assert not own, f"{weft._C.__file__} carries its own libstdc++ ({len(own)} symbols, e.g. {own[:3]})"
+
+
 def test_import_and_version():
     assert weft._C.torch_version == torch.__version__.split("+")[0]
     assert not weft.is_initialized()
