@@ -262,7 +262,7 @@ def attention(qkv: torch.Tensor, batch: int, heads: int, kv_heads: int, head_dim
     """qkv [seq * batch, (heads + 2 kv_heads) x head_dim] (this rank's heads, the whole sequence) ->
     [seq * batch, heads x head_dim]: causal attention through torch SDPA, each query head on its KV head."""
     seq = qkv.shape[0] // batch
-    q, k, v = qkv.view(seq, batch, heads + 2 * kv_heads, head_dim).split([heads, kv_heads, kv_heads], dim=2)
+    q, k, v = qkv.reshape(seq, batch, heads + 2 * kv_heads, head_dim).split([heads, kv_heads, kv_heads], dim=2)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     rep = heads // kv_heads
@@ -424,9 +424,9 @@ class AsyncTPBlock(TPBlock):
 
 def heap_bytes_for(cfg: Config, seqs: Sequence[int], batch: int, world: int) -> int:
     """Room for weft's plans of every length (they stay built): per length two gathered inputs and the
-    reduce-scatters' buffers, a few [rows, hidden] bf16 matrices each, with margin."""
+    reduce-scatters' buffers, about six [rows, hidden] bf16 matrices, with a margin of more than two."""
     rows = sum(seqs) * batch
-    return 12 * rows * cfg.hidden * 2 + (512 << 20)
+    return 16 * rows * cfg.hidden * 2 + (1 << 30)
 
 
 class Job:
