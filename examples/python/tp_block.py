@@ -543,7 +543,8 @@ def check_graph(job: Job, checks: Checks, block: torch.nn.Module, cfg: Config, a
         torch.cuda.synchronize()
         job.barrier()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: other threads' CUDA calls (NCCL's watchdog) go on meanwhile, uncaptured.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             static_out = block(static_x, rope)
         differing, worst, eager = 0, 0.0, None
         for i in range(args.graph):

@@ -170,7 +170,7 @@ def python_figures(nbytes: int, samples: int, warmup: int) -> dict:
     for name, call in (("all_reduce", lambda: ops.all_reduce(x, "sum", g)),
                        ("all_reduce_", lambda: ops.all_reduce_(x, "sum", g))):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             call()
         graph.replay()
         torch.cuda.synchronize()
