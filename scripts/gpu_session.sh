@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
@@ -160,6 +160,36 @@ PY
       'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
     grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
   done
+fi
+
+if has e2e; then  # issue 31's end-to-end example and host overhead (docs/PYTHON.md): world 1, then 2 (sharing where 1 GPU)
+  site="$PWD/$BUILD/python-site"
+  if [ ! -f "$site/weft/__init__.py" ]; then  # the package as the python stage installs it, without its tests
+    python3 -c 'import scikit_build_core' 2>/dev/null ||
+      python3 -m pip install -q --no-index --find-links .deps/wheels scikit-build-core >"$OUT/e2e_install.log" 2>&1
+    run_logged "e2e: install the package" e2e_install_pkg.log python3 -m pip install -q --no-build-isolation --no-index \
+      --no-deps --target "$site" -C cmake.define.WEFT_PREBUILT_LIBWEFT="$PWD/$BUILD/libweft.a" -C build-dir="$BUILD/python" .
+  fi
+  # GEMM choices kept in the build folder: a later call on the same machine skips their tuning.
+  export WEFT_TUNE_CACHE=${WEFT_TUNE_CACHE:-$PWD/$BUILD/e2e_tune_cache.txt}
+  t_e2e=$SECONDS
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" run_logged "e2e: host overhead, world 1" e2e_host_overhead.log \
+    timeout 300 python3 tools/bench/host_overhead.py --bench "$BUILD/weft-bench" --json
+  sed -n '/^host overhead, world 1/,$p' "$OUT/e2e_host_overhead.log" | grep -v '^{'
+  note "e2e: host overhead" "$(grep -E '^host_overhead:' "$OUT/e2e_host_overhead.log" | tail -n 1 | cut -c 16- || true)"
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" run_logged "e2e: tp_block, world 1" e2e_tp_block_w1.log \
+    timeout 420 python3 examples/python/tp_block.py --seq 1024,4096 --compile --graph 1000
+  grep -E '^ +(ok|FAIL)|^ *seq |^ +[0-9]+ |skipped|NOTE|^tp_block: ' "$OUT/e2e_tp_block_w1.log" | tail -n 20
+  note "e2e: tp_block world 1" "$(grep -E '^tp_block: (every|[0-9]+ check)' "$OUT/e2e_tp_block_w1.log" | cut -c 1-150)"
+  share=()
+  [ "$GPUS" -ge 2 ] || share=(--share-gpu)  # one GPU: ranks share it under MPS; their process group is gloo
+  # Bounds above the time a rank may spend compiling (torch.compile) while its peer already waits on the GPU.
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=300 WEFT_WAIT_TIMEOUT=300 \
+    run_logged "e2e: tp_block, world 2 ${share[*]}" e2e_tp_block_w2.log "$BUILD/weftrun" -n 2 "${share[@]}" --timeout 420 -- \
+    python3 examples/python/tp_block.py --seq 1024 --check-only --compile
+  grep -E '^ +(ok|FAIL)|skipped|NOTE|^tp_block: ' "$OUT/e2e_tp_block_w2.log" | tail -n 12
+  note "e2e: tp_block world 2" "$(grep -E '^tp_block: (every|[0-9]+ check)' "$OUT/e2e_tp_block_w2.log" | cut -c 1-150)"
+  note "e2e: stage time" "$((SECONDS - t_e2e)) s"
 fi
 
 if has shared; then  # weft-bench with ranks sharing one GPU: checks only, no figures (the rehearsal of a multi-GPU run)

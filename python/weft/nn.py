@@ -40,6 +40,9 @@ class _Sharded(torch.nn.Module):
         super().__init__()
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
+        # Read once here: forward passes it as a constant, so torch.compile(fullgraph=True)
+        # traces the layer without calling into the extension.
+        self.group_name = _runtime.group_name()
         device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.weight = torch.nn.Parameter(torch.empty(shard_shape, dtype=dtype, device=device), requires_grad=False)
         self.bias = (torch.nn.Parameter(torch.zeros(bias_len, dtype=dtype, device=device), requires_grad=False)
@@ -76,7 +79,7 @@ class ColumnParallelLinear(_Sharded):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # x: this rank's [s/W, ..., in]
-            _, (y,) = torch.ops.weft.fused_all_gather_matmul(x, [self.weight.t()], 0, _runtime.group_name(),
+            _, (y,) = torch.ops.weft.fused_all_gather_matmul(x, [self.weight.t()], 0, self.group_name,
                                                              return_A=False)
         else:  # x: the whole input, the same on every rank
             y = F.linear(x, self.weight)
@@ -112,7 +115,7 @@ class RowParallelLinear(_Sharded):
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [s, ..., in/W]
-        g = _runtime.group_name()
+        g = self.group_name
         if self.sequence_parallel:
             y = torch.ops.weft.fused_matmul_reduce_scatter(x, self.weight.t(), "sum", 0, g)  # [s/W, ..., out]
         else:
@@ -143,7 +146,7 @@ class TensorParallelMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # one gather feeds both column-parallel GEMMs
             _, (g, u) = torch.ops.weft.fused_all_gather_matmul(x, [self.gate.weight.t(), self.up.weight.t()], 0,
-                                                               _runtime.group_name(), return_A=False)
+                                                               self.gate.group_name, return_A=False)
         else:
             g, u = F.linear(x, self.gate.weight), F.linear(x, self.up.weight)
         return self.down(F.silu(g) * u)

@@ -112,6 +112,10 @@ const OptionInfo kOptions[] = {
     {"--no-hold", false, kEvery, "--no-hold",
      "let each sample's GPU work start while the host still enqueues it (by default the stream\n"
      "is held until the whole sample is enqueued, so events time the GPU, not the host)"},
+    {"--enqueue", false, kCollectives, "--enqueue",
+     "time the host instead: microseconds to enqueue one call (run), one launch of a CUDA graph\n"
+     "holding one call, and that graph's replay on the GPU; 100 calls per sample behind a held\n"
+     "stream, so no call waits for the GPU; NCCL's enqueue beside them (default off)"},
     {"--max-sms", true, kCollectives, "--max-sms N", "cap on the SMs an SM variant may occupy, 0 to 1024 (default 0: the plan chooses)"},
     {"--max-sms", true, kEp, "--max-sms N",
      "cap on the SMs dispatch and combine occupy, 0 to 1024 (default 0: the rank's share of its GPU)"},
@@ -515,6 +519,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--samples") args.samples = parse_int(a, v, 1, 100000);
     else if (a == "--warmup") args.warmup = parse_int(a, v, 0, 100000);
     else if (a == "--no-hold") args.hold = false;
+    else if (a == "--enqueue") args.enqueue = true;
     else if (a == "--order") args.order = parse_name(kOrders, v, a);
     else if (a == "--max-sms") args.max_sms = parse_int(a, v, 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, v, 1, 4096);

@@ -29,6 +29,7 @@ struct BenchArgs {
   int samples = 15;                   ///< timed samples per (size, variant); the median is reported
   int warmup = 3;                     ///< untimed samples first
   bool hold = true;                   ///< hold the stream while a sample is enqueued (--no-hold: not; timing.hpp)
+  bool enqueue = false;               ///< collectives: time the host's enqueue of a call, and a graph of one call
   SampleOrder order = SampleOrder::fixed;  ///< --order: the contenders' order in each round of samples (timing.hpp)
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
   int chunks = 0;                     ///< overlapped operators: copy/signal chunks per rank's rows (0 = plan's default)
