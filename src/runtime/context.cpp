@@ -15,25 +15,37 @@ namespace weft {
 void launch_barrier_kernel(const dev::World& world, cudaStream_t stream);  // stream_barrier.cu
 
 std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
+  EnvMap env = process_env();
+  LaunchEnv launch = detect_launch_env(env);
+  set_rank_for_messages(launch.rank, launch.world_size);
+
+  StoreOptions so;
+  so.master_addr = launch.master_addr;
+  so.master_port = launch.master_port;
+  so.rank = launch.rank;
+  so.world_size = launch.world_size;
+  so.timeout = options.store_timeout.count() > 0
+                   ? options.store_timeout
+                   : env_seconds(env, "WEFT_STORE_TIMEOUT", std::chrono::seconds(120));
+  return create(launch, Store::connect(so), options);
+}
+
+std::shared_ptr<Context> Context::create(const LaunchEnv& launch, std::unique_ptr<Store> store,
+                                         const ContextOptions& options) {
   // NVLink multicast must never be used on weft's machines (it can take a
   // shared host's GPUs down); make sure NCCL and NVSHMEM leave it off.
   ::setenv("NCCL_NVLS_ENABLE", "0", 0);
   ::setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+  WEFT_REQUIRE(store, "Context::create needs a connected store");
+  WEFT_REQUIRE(store->rank() == launch.rank && store->world_size() == launch.world_size, "Context::create: the store",
+               " is rank ", store->rank(), " of ", store->world_size(), " but the launch environment says rank ",
+               launch.rank, " of ", launch.world_size);
 
   std::shared_ptr<Context> ctx(new Context());
   EnvMap env = process_env();
-  ctx->env_ = detect_launch_env(env);
+  ctx->env_ = launch;
   set_rank_for_messages(ctx->env_.rank, ctx->env_.world_size);
-
-  StoreOptions so;
-  so.master_addr = ctx->env_.master_addr;
-  so.master_port = ctx->env_.master_port;
-  so.rank = ctx->env_.rank;
-  so.world_size = ctx->env_.world_size;
-  so.timeout = options.store_timeout.count() > 0
-                   ? options.store_timeout
-                   : env_seconds(env, "WEFT_STORE_TIMEOUT", std::chrono::seconds(120));
-  ctx->store_ = Store::connect(so);
+  ctx->store_ = std::move(store);
   ctx->team_ = Team::discover(ctx->env_, *ctx->store_);
 
   std::uint64_t heap_bytes = options.heap_bytes ? options.heap_bytes

@@ -48,6 +48,12 @@ class Context {
   /// rank's GPU, builds the heap and the NCCL communicator. Throws weft::Error
   /// with the rank and what failed.
   static std::shared_ptr<Context> from_env(const ContextOptions& options = {});
+  /// Collective, as from_env, but over a rendezvous the caller already holds:
+  /// `env` says where this rank sits (rank, world, local rank, GPU sharing)
+  /// and `store` is a connected store of the same ranks (the Python package
+  /// backs it with torch.distributed's c10d store, so no second port opens).
+  static std::shared_ptr<Context> create(const LaunchEnv& env, std::unique_ptr<Store> store,
+                                         const ContextOptions& options = {});
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
