@@ -10,6 +10,7 @@
 // was expected; the fake (meta) kernels are registered from Python
 // (weft/_meta.py), which also checks arguments for tracing.
 #include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -17,6 +18,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "runtime.hpp"
@@ -77,6 +80,22 @@ void check_group_size(const char* op, int64_t group_size, Runtime& rt) {
                     ", but weft's group has ", rt.ctx().world_size(), " ranks");
 }
 
+/// A plan's key, built on every call: appends and std::to_string, without the
+/// ostringstream of weft::str, whose construction alone is a sizeable share
+/// of a small collective's host time.
+inline void key_part(std::string& key, std::string_view s) { key += s; }
+template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+void key_part(std::string& key, I v) {
+  key += std::to_string(v);
+}
+template <class... Parts>
+std::string plan_key(const Parts&... parts) {
+  std::string key;
+  key.reserve(64);
+  (key_part(key, parts), ...);
+  return key;
+}
+
 cudaStream_t current_stream(Runtime& rt) { return at::cuda::getCurrentCUDAStream(rt.device()).stream(); }
 
 bool in_heap(Runtime& rt, const at::Tensor& t) {
@@ -111,7 +130,7 @@ void all_reduce_into(const char* op, const at::Tensor& input, const at::Tensor& 
   c10::cuda::CUDAGuard guard(rt.device());
   cudaStream_t stream = current_stream(rt);
   const std::uint64_t count = input.numel(), bytes = input.nbytes();
-  const std::string key = weft::str("all_reduce ", count, " x ", weft::to_string(dtype));
+  const std::string key = plan_key("all_reduce ", count, " x ", weft::to_string(dtype));
   auto& plan = static_cast<Plan<weft::AllReduce>&>(rt.plan(op, key, stream, [&] {
     auto p = std::make_unique<Plan<weft::AllReduce>>();
     p->op = std::make_unique<weft::AllReduce>(rt.ctx_ptr(),
@@ -159,7 +178,7 @@ void all_gather_into(const char* op, const at::Tensor& input, const at::Tensor& 
   c10::cuda::CUDAGuard guard(rt.device());
   cudaStream_t stream = current_stream(rt);
   const std::uint64_t bytes = input.nbytes();
-  const std::string key = weft::str("all_gather ", bytes, " bytes per rank");
+  const std::string key = plan_key("all_gather ", bytes, " bytes per rank");
   auto& plan = static_cast<Plan<weft::AllGather>&>(rt.plan(op, key, stream, [&] {
     auto p = std::make_unique<Plan<weft::AllGather>>();
     p->op = std::make_unique<weft::AllGather>(rt.ctx_ptr(),
@@ -233,7 +252,7 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, c10::string_view reduc
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
     const std::uint64_t count = out.numel();
-    const std::string key = weft::str("reduce_scatter ", count, " x ", weft::to_string(dtype), " per rank");
+    const std::string key = plan_key("reduce_scatter ", count, " x ", weft::to_string(dtype), " per rank");
     auto& plan = static_cast<Plan<weft::ReduceScatter>&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<Plan<weft::ReduceScatter>>();
       p->op = std::make_unique<weft::ReduceScatter>(rt.ctx_ptr(),
@@ -327,7 +346,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
       for (const auto& b : Bs) outs.push_back(at::matmul(gathered, b));
     } else {
       const int64_t n0 = Bs[0].size(1);
-      const std::string key = weft::str("ag_gemm m=", rows * world, " n=", n0, " k=", k, " b=", layout_name(b0.layout));
+      const std::string key = plan_key("ag_gemm m=", rows * world, " n=", n0, " k=", k, " b=", layout_name(b0.layout));
       auto& plan = static_cast<Plan<weft::AgGemm>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::AgGemm>>();
         p->op = std::make_unique<weft::AgGemm>(
@@ -378,7 +397,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
     if (m > 0) {
       c10::cuda::CUDAGuard guard(rt.device());
       cudaStream_t stream = current_stream(rt);
-      const std::string key = weft::str("gemm_rs m=", m, " n=", n, " k=", k, " b=", layout_name(b.layout));
+      const std::string key = plan_key("gemm_rs m=", m, " n=", n, " k=", k, " b=", layout_name(b.layout));
       auto& plan = static_cast<Plan<weft::GemmRs>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::GemmRs>>();
         p->op = std::make_unique<weft::GemmRs>(rt.ctx_ptr(),
@@ -411,7 +430,7 @@ at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::stri
     if (m == 0) return at::empty(out_sizes, a.options());
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    const std::string key = weft::str("gemm_ar m=", m, " n=", n, " k=", k, " b=", layout_name(b.layout));
+    const std::string key = plan_key("gemm_ar m=", m, " n=", n, " k=", k, " b=", layout_name(b.layout));
     auto& plan = static_cast<Plan<weft::GemmAr>&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<Plan<weft::GemmAr>>();
       p->op = std::make_unique<weft::GemmAr>(rt.ctx_ptr(),
@@ -458,8 +477,65 @@ at::Tensor mm_ar_cpu(const at::Tensor&, const at::Tensor&, c10::string_view, c10
   refuse_cpu("matmul_all_reduce", "A");
 }
 
+// ---- functionalization of the two ops that write their argument ----
+// torch.compile and AOTAutograd trace programs as pure functions. The
+// automatic functionalization of custom ops refuses an op whose return
+// aliases an argument (the schemas of all_reduce_ and all_gather_into_tensor_out,
+// which repeat _c10d_functional's), so these kernels say what the op is as a
+// function: the out-of-place op, whose result then replaces the written
+// tensor's value (ATen's own in-place ops are functionalized the same way).
+
+at::Tensor& functional_update(at::Tensor& written, const at::Tensor& value) {
+  at::functionalization::impl::replace_(written, value);
+  at::functionalization::impl::commit_update(written);
+  at::functionalization::impl::sync(written);
+  return written;
+}
+
+at::Tensor& all_reduce__functionalize(at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("weft::all_reduce", "")
+                       .typed<at::Tensor(const at::Tensor&, c10::string_view, c10::string_view)>();
+  TORCH_CHECK(at::functionalization::impl::isFunctionalTensor(input),
+              "weft.all_reduce_: functionalization reached a tensor that is not functional");
+  at::functionalization::impl::sync(input);
+  const at::Tensor plain = at::functionalization::impl::from_functional_tensor(input);
+  at::Tensor reduced;
+  {
+    at::AutoDispatchSkipFunctionalize skip;
+    reduced = op.call(plain, reduce_op, group_name);
+  }
+  return functional_update(input, reduced);
+}
+
+at::Tensor& all_gather_out_functionalize(const at::Tensor& input, int64_t group_size, c10::string_view group_name,
+                                         at::Tensor& out) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("weft::all_gather_into_tensor", "")
+                       .typed<at::Tensor(const at::Tensor&, int64_t, c10::string_view)>();
+  TORCH_CHECK(at::functionalization::impl::isFunctionalTensor(out),
+              "weft.all_gather_into_tensor_out: functionalization reached an output that is not functional");
+  at::Tensor plain_input = input;
+  if (at::functionalization::impl::isFunctionalTensor(input)) {
+    at::functionalization::impl::sync(input);
+    plain_input = at::functionalization::impl::from_functional_tensor(input);
+  }
+  at::Tensor gathered;
+  {
+    at::AutoDispatchSkipFunctionalize skip;
+    gathered = op.call(plain_input, group_size, group_name);
+  }
+  return functional_update(out, gathered);
+}
+
 }  // namespace
 }  // namespace weft_torch
+
+TORCH_LIBRARY_IMPL(weft, Functionalize, m) {
+  using namespace weft_torch;
+  m.impl("all_reduce_", &all_reduce__functionalize);
+  m.impl("all_gather_into_tensor_out", &all_gather_out_functionalize);
+}
 
 TORCH_LIBRARY(weft, m) {
   m.def("all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor");

@@ -158,6 +158,31 @@ def test_compile_fullgraph(fake_group):
     assert torch.ops.weft.fused_all_gather_matmul.default in ops or torch.ops.weft.fused_all_gather_matmul in ops
 
 
+def test_ops_that_write_their_argument_functionalize(fake_group):
+    """all_reduce_ and all_gather_into_tensor_out, traced as AOTAutograd traces
+    them (functionalized, over fake tensors): the out-of-place op, then a copy
+    into the written tensor, where auto-functionalization refuses their
+    aliased returns."""
+    from torch.func import functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    name, w = fake_group
+
+    def write_both(x, a, out):
+        torch.ops.weft.all_reduce_(x, "sum", name)
+        torch.ops.weft.all_gather_into_tensor_out(a, w, name, out=out)
+        return x + 1, out * 2
+
+    x = torch.empty(64, device="meta")
+    a = torch.empty(16, 8, device="meta", dtype=torch.bfloat16)
+    out = torch.empty(16 * w, 8, device="meta", dtype=torch.bfloat16)
+    gm = make_fx(functionalize(write_both, remove="mutations_and_views"), tracing_mode="fake")(x, a, out)
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "weft.all_reduce.default" in targets and "weft.all_gather_into_tensor.default" in targets, targets
+    assert not any(t.startswith(("weft.all_reduce_.", "weft.all_gather_into_tensor_out.")) for t in targets), targets
+    assert sum(t == "aten.copy_.default" for t in targets) == 2, targets  # the inputs take the results back
+
+
 # ---- errors ------------------------------------------------------------------------
 
 

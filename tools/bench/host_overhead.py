@@ -169,6 +169,11 @@ def python_figures(nbytes: int, samples: int, warmup: int) -> dict:
         "all_reduce__host_us": hold.host_us(in_place, samples, warmup),
         "all_reduce_device_us": hold.gpu_us(out_of_place, samples, warmup),
         "all_reduce__device_us": hold.gpu_us(in_place, samples, warmup),
+        # The overload named: what torch.compile's graphs call, without the packet's overload resolution.
+        "all_reduce__default_host_us": hold.host_us(functools.partial(ops.all_reduce_.default, x, "sum", g),
+                                                    samples, warmup),
+        # An ATen op of the same size, for scale: the dispatcher and a kernel launch, nothing of weft's.
+        "aten_add__host_us": hold.host_us(functools.partial(x.add_, 1), samples, warmup),
     }
     graphs = {}
     for name, call in (("all_reduce", out_of_place), ("all_reduce_", in_place)):
@@ -221,6 +226,9 @@ def main(argv=None) -> int:
           f"{f(py['all_reduce_device_us'])}")
     print(f"{'torch.ops.weft.all_reduce_ (in place)':44} {f(py['all_reduce__host_us'])} "
           f"{f(py['all_reduce__device_us'])}")
+    if "all_reduce__default_host_us" in py:
+        print(f"{'torch.ops.weft.all_reduce_.default':44} {f(py['all_reduce__default_host_us'])}")
+        print(f"{'x.add_(1), an ATen op (for scale)':44} {f(py['aten_add__host_us'])}")
     print(f"{'CUDA graph of one call: C++ cudaGraphLaunch':44} {f(c.get('graph_launch_host_us'))} "
           f"{f(c.get('graph_replay_device_us'))}")
     print(f"{'CUDA graph of one all_reduce: replay()':44} {f(py['all_reduce_graph_replay_host_us'])} "
