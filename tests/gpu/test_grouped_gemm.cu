@@ -1,9 +1,10 @@
 // GroupedGemm on one GPU, against a float64 CPU reference, expert by expert:
 // the issue's three MoE shapes scaled down, under uniform, Zipf (s = 1.2) and
 // one-hot routing; empty experts (first, last, runs of them); one expert;
-// odd totals (1001 rows); bf16 and fp16; W as [E, N, K] and [E, K, N]; every
-// compiled configuration forced by name. Outputs start as NaNs, and the rows
-// past the counts' total must stay so. Then: 50 back-to-back runs and a CUDA
+// odd totals (1001 rows); bf16 and fp16; W as [E, N, K] and [E, K, N]. Most
+// cases run under every compiled configuration, each forced by name (at test
+// sizes the heuristic alone would pick the narrow tile). Outputs start as
+// NaNs, and the rows past the counts' total must stay so. Then: 50 back-to-back runs and a CUDA
 // graph's replays equal the eager run bitwise, a replay reads the counts of
 // its moment, counts that are negative or overflow the capacity are reported,
 // and bad options and operands are refused naming what was expected. Every
@@ -185,6 +186,26 @@ std::string expect_right(const Case& cs, std::uint64_t salt) {
   return gg.config();
 }
 
+/// expect_right under every compiled configuration for the case's type and
+/// layout, each forced by name (the heuristic picks the narrow tile at test sizes).
+void expect_right_in_every_configuration(Case cs, std::uint64_t salt) {
+  GroupedGemmOptions o;
+  o.experts = static_cast<int>(cs.counts.size());
+  o.n = cs.n;
+  o.k = cs.k;
+  o.max_rows = 1;
+  o.dtype = cs.dtype;
+  o.w_layout = cs.layout;
+  const std::vector<std::string> names = GroupedGemm(o).configurations();
+  EXPECT_FALSE(names.empty());
+  const std::string base = cs.name;
+  for (const std::string& name : names) {
+    cs.config = name;
+    cs.name = base + ", " + name;
+    EXPECT_EQ(expect_right(cs, salt++), name) << "a forced configuration runs as named";
+  }
+}
+
 }  // namespace
 
 TEST(GroupedGemm, TheIssueShapesScaledDownMatchFloat64UnderEachRouting) {
@@ -193,18 +214,22 @@ TEST(GroupedGemm, TheIssueShapesScaledDownMatchFloat64UnderEachRouting) {
   // 128 rows, 128 of 32, 32 of 64, before the routing skews them).
   std::uint64_t salt = 1;
   for (bench::Routing r : {bench::Routing::uniform, bench::Routing::zipf}) {
-    expect_right(routed("Mixtral-like", 1024, 8, 896, 512, r), salt++);
-    expect_right(routed("Qwen3-like", 4096, 128, 96, 256, r), salt++);
-    expect_right(routed("DeepSeek-like", 2048, 32, 256, 896, r), salt++);
+    expect_right_in_every_configuration(routed("Mixtral-like", 1024, 8, 896, 512, r), salt += 10);
+    expect_right_in_every_configuration(routed("Qwen3-like", 4096, 128, 96, 256, r), salt += 10);
+    expect_right_in_every_configuration(routed("DeepSeek-like", 2048, 32, 256, 896, r), salt += 10);
   }
+  // The plan's own choice (the size heuristic's), as a caller gets it.
+  EXPECT_FALSE(expect_right(routed("DeepSeek-like", 2048, 32, 256, 896, bench::Routing::zipf), salt += 10).empty());
   // Every row to one expert: 127 experts without rows.
-  expect_right(routed("Qwen3-like", 4096, 128, 96, 256, bench::Routing::one_hot), salt++);
+  expect_right_in_every_configuration(routed("Qwen3-like", 4096, 128, 96, 256, bench::Routing::one_hot), salt += 10);
 }
 
 TEST(GroupedGemm, EmptyExpertsOneExpertAndOddTotals) {
   std::uint64_t salt = 100;
   // Empty experts first, last and in a run, between experts of odd sizes.
-  expect_right(Case{"empty first, last and in a run", 264, 136, {0, 17, 0, 0, 0, 300, 1, 129, 0}}, salt++);
+  expect_right_in_every_configuration(Case{"empty first, last and in a run", 264, 136, {0, 17, 0, 0, 0, 300, 1, 129, 0}},
+                                      salt);
+  salt += 10;
   // Every expert empty: nothing to compute, nothing written.
   Case none{"every expert empty", 64, 64, {0, 0, 0, 0}};
   none.spare_rows = 256;
@@ -223,25 +248,13 @@ TEST(GroupedGemm, BothTypesBothLayoutsAndEveryConfiguration) {
   std::uint64_t salt = 200;
   for (DType t : {DType::bf16, DType::fp16})
     for (BLayout layout : {BLayout::nk, BLayout::kn}) {
-      const std::string base = std::string(to_string(t)) + (layout == BLayout::nk ? ", W [E, N, K]" : ", W [E, K, N]");
-      Case c = routed(base, 1001, 16, 520, 256, bench::Routing::zipf);
+      Case c = routed(std::string(to_string(t)) + (layout == BLayout::nk ? ", W [E, N, K]" : ", W [E, K, N]"), 1001, 16,
+                      520, 256, bench::Routing::zipf);
       c.dtype = t;
       c.layout = layout;
       c.spare_rows = 23;
-      GroupedGemmOptions o;
-      o.experts = 16;
-      o.n = c.n;
-      o.k = c.k;
-      o.max_rows = 1024;
-      o.dtype = t;
-      o.w_layout = layout;
-      const std::vector<std::string> names = GroupedGemm(o).configurations();
-      EXPECT_FALSE(names.empty());
-      for (const std::string& name : names) {
-        c.config = name;
-        c.name = base + ", zipf, " + name;
-        EXPECT_EQ(expect_right(c, salt++), name) << "a forced configuration runs as named";
-      }
+      expect_right_in_every_configuration(c, salt);
+      salt += 10;
     }
 }
 
