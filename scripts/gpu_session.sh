@@ -6,7 +6,8 @@
 #
 #   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode grouped
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
-#    GROUPED_ROUTINGS, GROUPED_ARGS the grouped stage's routings and extra weft-bench arguments;
+#    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
+#    arguments and the tiles it also times forced, ';'-separated;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
 #                                                the suite at world 1, 2, 4, 8, provoked hangs, examples, launcher)
@@ -413,6 +414,25 @@ for key in sorted(set(weft) | set(torch)):
           f"{wt / tt:>10.3f} {wt / dense:>10.3f} | {w['config'] if w else '-'}, {w['rel_err'] if w else float('nan'):.1e}")
 PY
   note "grouped ratio table" "-> grouped_table.txt"
+  # Each compiled tile forced on the same shapes: the timings the size heuristic's prior (0056) is to be checked against.
+  : >"$OUT/grouped_configs.jsonl"
+  IFS=';' read -ra grouped_configs <<<"${GROUPED_CONFIGS:-128x256x64 c2x1 cooperative;128x128x64 c1x1 cooperative}"
+  for routing in ${GROUPED_ROUTINGS:-uniform zipf}; do
+    for i in "${!grouped_configs[@]}"; do
+      "$BUILD/weftrun" -n 1 --timeout 600 -- "$BUILD/weft-bench" grouped_gemm --routing "$routing" --json \
+        --config "${grouped_configs[$i]}" >"$OUT/grouped_config_${i}_$routing.txt" 2>&1
+      note "grouped_gemm --config '${grouped_configs[$i]}', $routing" "rc=$? -> grouped_config_${i}_$routing.txt"
+      grep '^{' "$OUT/grouped_config_${i}_$routing.txt" >>"$OUT/grouped_configs.jsonl"
+    done
+  done
+  python3 - "$OUT/grouped_configs.jsonl" <<'PY' | tee -a "$OUT/grouped_table.txt"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print("each tile forced (weft TFLOP/s):")
+for r in sorted(rows, key=lambda r: (r["rows"], r["n"], r["k"], r["experts"], r["routing"], r["config"])):
+    print(f"{r['rows']:>6} {r['n']:>5} {r['k']:>5} {r['experts']:>4} {r['routing']:>8} | {r['config']:<28} | "
+          f"{r['weft_tflops']:>6.1f} | vs dense {r['vs_dense']:.3f}")
+PY
 fi
 
 if has bench; then
