@@ -376,11 +376,11 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
   done
 fi
 
-if has grouped; then  # the grouped GEMM: its GPU tests, weft-bench grouped_gemm and torch._grouped_mm on the issue's shapes
+if has grouped; then  # the grouped GEMM: its GPU tests, weft-bench grouped_gemm and torch._grouped_mm on issue 33's shapes
   run_logged "grouped GEMM tests, 1 rank" grouped_tests.log "$BUILD/weftrun" -n 1 --timeout 600 -- \
     "$BUILD/tests/weft_gpu_tests" --gtest_filter='GroupedGemm.*'
   grep -E "^\[ +(OK|FAILED|PASSED) +\]|Failure|error" "$OUT/grouped_tests.log" | head -n 30
-  # The issue's three shapes (weft-bench's defaults; torch's too) under each routing, bf16, W [E, N, K].
+  # Issue 33's three shapes (weft-bench's defaults; torch's too) under each routing, bf16, W [E, N, K].
   : >"$OUT/grouped.jsonl"
   for routing in ${GROUPED_ROUTINGS:-uniform zipf}; do
     run_logged "weft-bench grouped_gemm, $routing" "grouped_$routing.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \

@@ -1,5 +1,5 @@
 // GroupedGemm on one GPU, against a float64 CPU reference, expert by expert:
-// the issue's three MoE shapes scaled down, under uniform, Zipf (s = 1.2) and
+// issue 33's three MoE shapes scaled down, under uniform, Zipf (s = 1.2) and
 // one-hot routing; empty experts (first, last, runs of them); one expert;
 // odd totals (1001 rows); bf16 and fp16; W as [E, N, K] and [E, K, N]. Most
 // cases run under every compiled configuration, each forced by name (at test

@@ -612,7 +612,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   WEFT_REQUIRE(args.b_layout == "nk" || args.b_layout == "kn", args.op == "grouped_gemm" ? "--layout" : "--b-layout",
                " expects nk or kn, got '", args.b_layout, "'");
   if (args.op == "grouped_gemm") {
-    if (args.shapes.empty()) {  // the issue's shapes: Mixtral-, Qwen3-30B-A3B- and DeepSeek-like up-projections
+    if (args.shapes.empty()) {  // issue 33's shapes: Mixtral-, Qwen3-30B-A3B- and DeepSeek-like up-projections
       args.grouped_cases = {{16384, 7168, 4096, 8}, {65536, 768, 2048, 128}, {32768, 2048, 7168, 32}};
       if (grouped_experts)
         for (GroupedCase& c : args.grouped_cases) c.experts = grouped_experts;

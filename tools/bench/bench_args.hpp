@@ -62,7 +62,7 @@ struct BenchArgs {
   int splits = 0;                        ///< --splits: KV splits per (sequence, KV head) (0: the plan's choice)
   bool dist = false;                     ///< --dist: also time DistFlashDecode over a shard per rank
   // grouped_gemm only (also b_layout, from --layout)
-  std::vector<GroupedCase> grouped_cases;  ///< --m/--n/--k/--experts (default: the issue's three MoE shapes)
+  std::vector<GroupedCase> grouped_cases;  ///< --m/--n/--k/--experts (default: issue 33's three MoE shapes)
   std::string routing = "uniform";         ///< --routing: uniform, zipf or one-hot (routing.hpp)
 };
 

@@ -11,7 +11,7 @@ torch.mm [rows, K] x [K, N] of the same FLOPs timed in turn with it. The rows
 per expert are weft-bench's (tools/bench/routing.cpp): deterministic, computed
 here the same way, so both time the same problem. W is [E, N, K] (nk, passed
 as its transpose, a view) or [E, K, N] (kn); offs are the experts' end rows.
-Without --m, the issue's three shapes, each with its own E.
+Without --m, issue 33's three shapes, each with its own E.
 """
 import argparse
 import json

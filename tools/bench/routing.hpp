@@ -17,7 +17,7 @@ enum class Routing {
   one_hot,  ///< every row to expert 0, the others empty
 };
 
-/// The Zipf exponent of Routing::zipf (the issue's acceptance: s = 1.2).
+/// The Zipf exponent of Routing::zipf (issue 33's acceptance: s = 1.2).
 inline constexpr double kZipfExponent = 1.2;
 
 /// "uniform", "zipf", "one-hot".
