@@ -4,8 +4,10 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode grouped
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
+#    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
+#    arguments and the tiles it also times forced, ';'-separated;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
 #                                                the suite at world 1, 2, 4, 8, provoked hangs, examples, launcher)
@@ -460,6 +462,65 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
       note "torch SDPA decode" "not run: python3 has no torch here"
     fi
   done
+fi
+
+if has grouped; then  # the grouped GEMM: its GPU tests, weft-bench grouped_gemm and torch._grouped_mm on issue 33's shapes
+  run_logged "grouped GEMM tests, 1 rank" grouped_tests.log "$BUILD/weftrun" -n 1 --timeout 600 -- \
+    "$BUILD/tests/weft_gpu_tests" --gtest_filter='GroupedGemm.*'
+  grep -E "^\[ +(OK|FAILED|PASSED) +\]|Failure|error" "$OUT/grouped_tests.log" | head -n 30
+  # Issue 33's three shapes (weft-bench's defaults; torch's too) under each routing, bf16, W [E, N, K].
+  : >"$OUT/grouped.jsonl"
+  for routing in ${GROUPED_ROUTINGS:-uniform zipf}; do
+    run_logged "weft-bench grouped_gemm, $routing" "grouped_$routing.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
+      "$BUILD/weft-bench" grouped_gemm --routing "$routing" --json ${GROUPED_ARGS:-}
+    grep '^{' "$OUT/grouped_$routing.txt" >>"$OUT/grouped.jsonl"
+    if python3 -c 'import torch' 2>/dev/null; then
+      run_logged "torch._grouped_mm, $routing" "grouped_torch_$routing.txt" python3 tools/bench/grouped_mm_torch.py \
+        --routing "$routing" --json
+      grep '^{' "$OUT/grouped_torch_$routing.txt" >>"$OUT/grouped.jsonl"
+    else
+      note "torch._grouped_mm" "not run: python3 has no torch here"
+    fi
+  done
+  # One row per shape and routing: weft, torch and the dense cuBLAS GEMM of the same FLOPs, and the ratios.
+  python3 - "$OUT/grouped.jsonl" <<'PY' | tee "$OUT/grouped_table.txt"
+import json, sys
+weft, torch = {}, {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    key = (r["rows"], r["n"], r["k"], r["experts"], r["routing"])
+    (weft if r["op"] == "grouped_gemm" else torch)[key] = r
+print("grouped GEMM, bf16, W [E, N, K]; TFLOP/s = 2 x rows x N x K / time (medians of one run each)")
+print(f"{'rows':>6} {'N':>5} {'K':>5} {'E':>4} {'routing':>8} | {'weft':>6} {'torch':>6} {'cuBLAS dense':>12} | "
+      f"{'weft/torch':>10} {'weft/dense':>10} | weft config, rel err")
+for key in sorted(set(weft) | set(torch)):
+    w, t = weft.get(key), torch.get(key)
+    wt = w["weft_tflops"] if w else float("nan")
+    tt = t["torch_tflops"] if t else float("nan")
+    dense = w["dense_tflops"] if w else float("nan")
+    print(f"{key[0]:>6} {key[1]:>5} {key[2]:>5} {key[3]:>4} {key[4]:>8} | {wt:>6.1f} {tt:>6.1f} {dense:>12.1f} | "
+          f"{wt / tt:>10.3f} {wt / dense:>10.3f} | {w['config'] if w else '-'}, {w['rel_err'] if w else float('nan'):.1e}")
+PY
+  note "grouped ratio table" "-> grouped_table.txt"
+  # Each compiled tile forced on the same shapes: the timings the size heuristic's prior (0056) is to be checked against.
+  : >"$OUT/grouped_configs.jsonl"
+  IFS=';' read -ra grouped_configs <<<"${GROUPED_CONFIGS:-128x256x64 c2x1 cooperative;128x128x64 c1x1 cooperative}"
+  for routing in ${GROUPED_ROUTINGS:-uniform zipf}; do
+    for i in "${!grouped_configs[@]}"; do
+      "$BUILD/weftrun" -n 1 --timeout 600 -- "$BUILD/weft-bench" grouped_gemm --routing "$routing" --json \
+        --config "${grouped_configs[$i]}" >"$OUT/grouped_config_${i}_$routing.txt" 2>&1
+      note "grouped_gemm --config '${grouped_configs[$i]}', $routing" "rc=$? -> grouped_config_${i}_$routing.txt"
+      grep '^{' "$OUT/grouped_config_${i}_$routing.txt" >>"$OUT/grouped_configs.jsonl"
+    done
+  done
+  python3 - "$OUT/grouped_configs.jsonl" <<'PY' | tee -a "$OUT/grouped_table.txt"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print("each tile forced (weft TFLOP/s):")
+for r in sorted(rows, key=lambda r: (r["rows"], r["n"], r["k"], r["experts"], r["routing"], r["config"])):
+    print(f"{r['rows']:>6} {r['n']:>5} {r['k']:>5} {r['experts']:>4} {r['routing']:>8} | {r['config']:<28} | "
+          f"{r['weft_tflops']:>6.1f} | vs dense {r['vs_dense']:.3f}")
+PY
 fi
 
 if has bench; then

@@ -77,7 +77,8 @@ Bounded run_bounded(const std::string& cmd, int limit_s) {
 }
 
 const std::vector<std::string> kAllOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
-                                          "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep",         "decode"};
+                                          "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep",         "decode",
+                                          "grouped_gemm"};
 }  // namespace
 
 TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
@@ -369,7 +370,8 @@ TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
       {"--soak", "1"},          {"--shapes", "8,8,8"},     {"--b-layout", "nk"},    {"--out", "fp32"},
       {"--config", "c"},        {"--hook", "none"},        {"--any-order", ""},     {"--no-source-rows", "0,256"},
       {"--m", "8"},             {"--n", "8"},              {"--k", "8"},            {"--cases", "1,8,1,64"},
-      {"--splits", "2"},        {"--dist", ""},            {"--enqueue", ""}};
+      {"--splits", "2"},        {"--dist", ""},            {"--enqueue", ""},       {"--experts", "8"},
+      {"--routing", "zipf"},    {"--layout", "kn"}};
   for (const std::string& op : kAllOps) {
     const std::string h = help_of({op, "--help"});
     EXPECT_EQ(h, bench_usage(op));
