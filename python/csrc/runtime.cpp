@@ -83,6 +83,10 @@ AnyPlan& Runtime::plan(const std::string& op, const std::string& key, cudaStream
               " is being captured into a CUDA graph, but it builds the operator's plan (collectively: it allocates "
               "in the symmetric heap, checks the call across ranks and tunes or times its paths), which cannot be "
               "captured. Call the op once with these shapes before capturing (a warm-up run).");
+  // Every rank builds the plan of the same call: compared here by its key (the
+  // op and its shapes), so that ranks passing different shapes get an error
+  // naming both, rather than a kernel that waits for data no peer sends.
+  ctx_->verify_same_call(weft::str("weft.", op, ": ", key));
   auto made = make();
   auto& slot = plans_[key];
   slot = std::move(made);

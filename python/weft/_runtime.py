@@ -12,6 +12,30 @@ import torch
 from . import _C
 
 _atexit_registered = False
+_cache_tag_before: Optional[str] = None  # torch.compile's cache tag before weft.init added the job's to it
+
+
+def _compile_cache_tag(world: int, group_name: str) -> str:
+    """What weft.init adds to torch.compile's cache key: the ops' output shapes
+    follow the world size (an AllGather+GEMM's rows are W times its input's),
+    which torch's compile caches do not key on, so a program compiled at one
+    world size would be loaded from the cache at another with the wrong shapes."""
+    return f"weft:world={world}:group={group_name or '-'}"
+
+
+def _push_compile_cache_tag(tag: str) -> None:
+    global _cache_tag_before
+    config = torch.compiler.config
+    if _cache_tag_before is None:
+        _cache_tag_before = config.cache_key_tag
+    config.cache_key_tag = f"{_cache_tag_before}|{tag}" if _cache_tag_before else tag
+
+
+def _pop_compile_cache_tag() -> None:
+    global _cache_tag_before
+    if _cache_tag_before is not None:
+        torch.compiler.config.cache_key_tag = _cache_tag_before
+        _cache_tag_before = None
 
 
 def _parse_bytes(value: Union[int, str], what: str) -> int:
@@ -96,6 +120,7 @@ def init(group=None, heap_size: Union[int, str, None] = None, *, device: Optiona
     store, rank_, world, name = _rendezvous(group)
     _C.init(store, rank_, world, heap, name, float(timeout or 0), -1 if device is None else int(device), bool(nccl))
     torch.cuda.set_device(_C.info()["device"])
+    _push_compile_cache_tag(_compile_cache_tag(world, name))
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
@@ -112,6 +137,7 @@ def shutdown() -> None:
     """Collective: frees the plans and the symmetric heap. Tensors of the heap
     must not be used afterwards. Runs at exit when not called."""
     _C.shutdown()
+    _pop_compile_cache_tag()
 
 
 def is_initialized() -> bool:

@@ -183,6 +183,29 @@ def test_ops_that_write_their_argument_functionalize(fake_group):
     assert sum(t == "aten.copy_.default" for t in targets) == 2, targets  # the inputs take the results back
 
 
+def test_compile_caches_are_keyed_by_the_world_size():
+    """weft.init adds the job's world size and group to torch.compile's cache
+    key (a graph compiled at 1 rank, loaded from the cache at 2, asserted the
+    1-rank shapes of fused_all_gather_matmul's output); shutdown takes it off."""
+    from weft import _runtime
+
+    before = torch.compiler.config.cache_key_tag
+    try:
+        torch.compiler.config.cache_key_tag = "user"
+        assert _runtime._compile_cache_tag(1, "0") != _runtime._compile_cache_tag(2, "0")
+        _runtime._push_compile_cache_tag(_runtime._compile_cache_tag(2, "0"))
+        assert torch.compiler.config.cache_key_tag == "user|weft:world=2:group=0"
+        _runtime._pop_compile_cache_tag()
+        assert torch.compiler.config.cache_key_tag == "user"
+        torch.compiler.config.cache_key_tag = ""
+        _runtime._push_compile_cache_tag(_runtime._compile_cache_tag(4, ""))
+        assert torch.compiler.config.cache_key_tag == "weft:world=4:group=-"
+        _runtime._pop_compile_cache_tag()
+        assert torch.compiler.config.cache_key_tag == ""
+    finally:
+        torch.compiler.config.cache_key_tag = before
+
+
 # ---- errors ------------------------------------------------------------------------
 
 
