@@ -1,5 +1,5 @@
 // The inter-node cost model (tools/model/scale_model.py) and its page
-// (docs/SCALE_MODEL.md): the page's tables are the script's output, and the
+// (docs/SCALE.md): the page's tables are the script's output, and the
 // script predicts every world size the page promises. Needs python3 (standard
 // library only); skipped, with the reason, where there is none.
 #include <gtest/gtest.h>
@@ -29,14 +29,14 @@ Ran run(const std::string& cmd) {
 bool have_python3() { return run("python3 -c 'import difflib, argparse, math'").code == 0; }
 
 const std::string kScript = std::string(WEFT_SOURCE_DIR) + "/tools/model/scale_model.py";
-const std::string kDoc = std::string(WEFT_SOURCE_DIR) + "/docs/SCALE_MODEL.md";
+const std::string kDoc = std::string(WEFT_SOURCE_DIR) + "/docs/SCALE.md";
 
 }  // namespace
 
 TEST(ScaleModel, DocMatchesTheScript) {
   if (!have_python3()) GTEST_SKIP() << "python3 is not on PATH: the model's page cannot be checked";
   const Ran r = run("python3 '" + kScript + "' --check '" + kDoc + "'");
-  EXPECT_EQ(r.code, 0) << "docs/SCALE_MODEL.md's tables differ from the script's output; paste "
+  EXPECT_EQ(r.code, 0) << "docs/SCALE.md's tables differ from the script's output; paste "
                           "`python3 tools/model/scale_model.py` between the markers:\n"
                        << r.output;
 }

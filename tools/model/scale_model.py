@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cost model of weft's planned inter-node schedules at 16, 32 and 64 GPUs.
 
-Prints the tables of docs/SCALE_MODEL.md: predictions computed from PARAMS
+Prints the tables of docs/SCALE.md: predictions computed from PARAMS
 (each measured on 2 x H200, published, or assumed, as its row says).
 
     scale_model.py [--markdown]        print the tables (standard library only)
