@@ -50,7 +50,6 @@ UCCL_EP_8_H200 = (320, 319)   # GB/s, dispatch / combine, 8 x H200 (the same cou
 DEEPEP_LL = {16: (118, 195), 32: (155, 273), 64: (173, 314)}        # us, dispatch / combine, H800
 # Triton-distributed over PyTorch + NCCL, H800, means over the paper's shapes: 8 = one node, 16 = two.
 PAPER = {8: {"ag_gemm": 1.42, "gemm_rs": 1.28}, 16: {"ag_gemm": 1.33, "gemm_rs": 1.42}}
-PAPER_16 = PAPER[16]
 # Qwen3-32B MLP, 8 x H800, M = 2048 (hidden 5120, intermediate 25600; AllGather+GEMM on gate and up,
 # GEMM+ReduceScatter on down): Triton-distributed 0.885 ms, PyTorch 1.077 ms.
 QWEN3_MLP = {"m": 2048, "hidden": 5120, "inter": 25600, "paper_ms": 0.885, "torch_ms": 1.077}
