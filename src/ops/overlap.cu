@@ -90,10 +90,10 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
   return r;
 }
 
-std::string untileable_reason(std::int64_t n, std::int64_t k) {
-  if (k % 8 != 0) return str("K = ", k, " is not a multiple of 8 (the GEMM engine's TMA loads need 16-byte aligned rows)");
-  if (n % 8 != 0) return str("N = ", n, " is not a multiple of 8 (the GEMM engine's TMA stores need 16-byte aligned rows)");
-  return "";
+std::string untileable_reason(const GemmOptions& g) {
+  std::string why;
+  Gemm::can_tile(g, &why);
+  return why;
 }
 
 OverlapMode runnable_mode(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode requested,

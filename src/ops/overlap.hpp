@@ -37,16 +37,19 @@ void require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t
 RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
                     int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
 
-/// Why the GEMM engine cannot tile an [M, K] x B GEMM of 2-byte elements ("" where it
-/// can): its TMA loads and stores need 16-byte aligned rows, so K, and N, multiples of
-/// 8. Such plans run their sequential path on cuBLAS (which takes any K) and say so
-/// once, at info level: an overlapped operator never refuses a shape cuBLAS and the
-/// collective can compute.
-std::string untileable_reason(std::int64_t n, std::int64_t k);
+/// Why the GEMM engine cannot tile the plan's GEMM `g` ("" where it can;
+/// Gemm::can_tile's rule: for 2-byte elements, K and N multiples of 8). Such
+/// plans run their sequential path on cuBLAS (which takes any K) and say so
+/// once, at info level: an overlapped operator never refuses a shape cuBLAS and
+/// the collective can compute.
+std::string untileable_reason(const GemmOptions& g);
 
-/// The alignment a plan's operands need: 16 bytes where weft's kernels may run
-/// (TMA), one 2-byte element where the shape leaves cuBLAS alone.
-inline unsigned operand_alignment(std::int64_t n, std::int64_t k) { return k % 8 || n % 8 ? 2 : 16; }
+/// The alignment the operands of a plan whose GEMM is `g` need: 16 bytes where
+/// weft's kernels may run (TMA), one element where the shape leaves cuBLAS
+/// alone (Gemm::can_tile).
+inline unsigned operand_alignment(const GemmOptions& g) {
+  return Gemm::can_tile(g) ? 16 : static_cast<unsigned>(dtype_size(g.input));
+}
 
 /// The mode a plan runs in: `requested`, or sequential where `why_not_fused` is not
 /// empty (logged once, at info, naming `who`, the shape and the reason).
