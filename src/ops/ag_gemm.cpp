@@ -23,11 +23,10 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
   const AgGemmOptions& o = options_;
-  ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
+  const ops_detail::PlanShape shape = ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
   options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode,
                                             ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout)));
-  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", o.m, o.n, o.k, o.dtype, o.chunks_per_shard, world,
-                                                              o.k * 2);
+  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", shape, o.chunks_per_shard, world, o.k * 2);
   shard_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;

@@ -14,15 +14,15 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
   const GemmArOptions& o = options_;
-  ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);
+  const ops_detail::PlanShape shape = ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);
   // The fused path is GemmRs's ring: M / W rows per rank, and rows the engine tiles.
   std::string why_not_fused = ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout));
   if (why_not_fused.empty() && o.m % world != 0)
     why_not_fused = str("M = ", o.m, " is not a multiple of the world size ", world, " (the ring's blocks)");
   options_.mode = ops_detail::runnable_mode("GemmAr", o.m, o.n, o.k, o.mode, why_not_fused);
   if (o.mode != OverlapMode::sequential) {
-    const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", o.m, o.n, o.k, o.dtype, o.chunks_per_block,
-                                                                world, o.n * 2, schedule::kMinStoredChunkBytes);
+    const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", shape, o.chunks_per_block, world, o.n * 2,
+                                                             schedule::kMinStoredChunkBytes);
     block_rows_ = rows.rows_per_rank;
     chunks_ = rows.chunks;
     chunk_rows_ = rows.chunk_rows;

@@ -67,11 +67,11 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
   const GemmRsOptions& o = options_;
-  ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);
+  const ops_detail::PlanShape shape = ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);
   options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode,
                                             ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout)));
-  const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
-                                                              o.n * 2, schedule::kMinStoredChunkBytes);
+  const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", shape, o.chunks_per_block, world, o.n * 2,
+                                                           schedule::kMinStoredChunkBytes);
   block_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;

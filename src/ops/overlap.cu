@@ -68,15 +68,16 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-void require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype) {
+PlanShape require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype) {
   WEFT_REQUIRE(m > 0 && n > 0 && k > 0, who, ": M, N, K must be positive, got ", m, " x ", n, " x ", k);
   WEFT_REQUIRE(dtype == DType::bf16 || dtype == DType::fp16, who,
                ": dtype must be bf16 or fp16 (the hooked GEMM kernels' types), got ", to_string(dtype));
+  return {m, n, k, dtype};
 }
 
-RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
-                    int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes) {
-  require_shape(who, m, n, k, dtype);
+RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, int world, std::int64_t row_bytes,
+                    std::int64_t min_chunk_bytes) {
+  const std::int64_t m = shape.m;
   WEFT_REQUIRE(m % world == 0, who, ": M = ", m, " must be a multiple of the world size ", world,
                " (each rank owns M / W rows)");
   WEFT_REQUIRE(chunks_wanted >= 1, who, ": chunks per rank must be >= 1, got ", chunks_wanted);
