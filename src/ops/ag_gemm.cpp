@@ -106,7 +106,7 @@ void AgGemm::gather(cudaStream_t stream, bool nccl) {
   // In place: our shard already sits in its slot of the gathered A.
   if (nccl)
     WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                            ops_detail::nccl_type(options_.dtype), ctx_->nccl(), stream));
+                            nccl_type(options_.dtype), ctx_->nccl(), stream));
   else
     all_gather_->run(local_shard(), gathered_.get(), stream);
 }

@@ -80,7 +80,7 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
 void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {
   plain_gemm_->run(a, b, out, stream);
   if (nccl)
-    WEFT_NCCL(ncclAllReduce(out, out, static_cast<std::size_t>(options_.m * options_.n), ops_detail::nccl_type(options_.dtype), ncclSum,
+    WEFT_NCCL(ncclAllReduce(out, out, static_cast<std::size_t>(options_.m * options_.n), nccl_type(options_.dtype), ncclSum,
                             ctx_->nccl(), stream));
   else
     all_reduce_->run(out, out, stream);

@@ -244,7 +244,7 @@ void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_
   plain_gemm_->run(a, b, partial_.get(), stream);
   if (nccl)
     WEFT_NCCL(ncclReduceScatter(partial_.get(), out, static_cast<std::size_t>(options_.m / ctx_->world_size() * options_.n),
-                                ops_detail::nccl_type(options_.dtype), ncclSum, ctx_->nccl(), stream));
+                                nccl_type(options_.dtype), ncclSum, ctx_->nccl(), stream));
   else
     reduce_scatter_->run(partial_.get(), out, stream);
 }

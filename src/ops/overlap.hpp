@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "schedule.hpp"
+#include "weft/core/nccl_type.hpp"
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/collective.hpp"
 #include "weft/ops/gemm_rs.hpp"
@@ -91,9 +92,6 @@ std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> c
 /// GEMMs keep to half the rank's share (Team::sm_count), the rest left to
 /// copies and to the slack that cluster placement needs.
 int sms_beside_copies(const Context& ctx);
-
-/// NCCL's name for a 2-byte element type (the sequential paths' NCCL baselines).
-inline ncclDataType_t nccl_type(DType t) { return t == DType::fp16 ? ncclHalf : ncclBfloat16; }
 
 /// True while `stream` is being captured into a CUDA graph.
 bool capturing(cudaStream_t stream);
