@@ -116,6 +116,23 @@ bool Gemm::has_configuration(const GemmOptions& o, const std::string& name) {
   return false;
 }
 
+bool Gemm::can_tile(const GemmOptions& o, std::string* why) {
+  // weft's kernels load and store by TMA: 16-byte aligned rows.
+  const std::int64_t out_align = 16 / static_cast<std::int64_t>(dtype_size(o.output));
+  const bool k_ok = o.k % 8 == 0;
+  const bool b_ok = o.b_layout != BLayout::kn || o.n % 8 == 0;
+  const bool c_ok = o.n % out_align == 0;
+  if (why && !k_ok)
+    *why = str("K = ", o.k, " must be a multiple of 8 (rows of A", o.b_layout == BLayout::nk ? " and B" : "",
+               " must be 16-byte aligned)");
+  else if (why && !b_ok)
+    *why = str("N = ", o.n, " must be a multiple of 8 for B stored [K,N] (16-byte aligned rows)");
+  else if (why && !c_ok)
+    *why = str("N = ", o.n, " must be a multiple of ", out_align, " for ", to_string(o.output),
+               " output (16-byte aligned rows of C)");
+  return k_ok && b_ok && c_ok;
+}
+
 Gemm::Gemm(const GemmOptions& options) : options_(options) {
   const GemmOptions& o = options_;
   WEFT_REQUIRE(o.m > 0 && o.n > 0 && o.k > 0, "Gemm: M, N, K must be positive, got ", o.m, " x ", o.n, " x ", o.k);
@@ -124,19 +141,10 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
                to_string(o.input));
   WEFT_REQUIRE(o.output == o.input || o.output == DType::fp32, "Gemm: the output must be ", to_string(o.input),
                " (the input type) or fp32, got ", to_string(o.output));
-  // weft's kernels load and store by TMA: 16-byte aligned rows. cuBLAS takes
-  // any shape, so a plan that may run cuBLAS runs it alone where they cannot.
-  const std::int64_t out_align = 16 / static_cast<std::int64_t>(dtype_size(o.output));
+  // cuBLAS takes any shape, so a plan that may run cuBLAS runs it alone where
+  // weft's kernels cannot tile it.
   std::string untileable;
-  if (o.k % 8 != 0)
-    untileable = str("K = ", o.k, " must be a multiple of 8 (rows of A", o.b_layout == BLayout::nk ? " and B" : "",
-                     " must be 16-byte aligned)");
-  else if (o.b_layout == BLayout::kn && o.n % 8 != 0)
-    untileable = str("N = ", o.n, " must be a multiple of 8 for B stored [K,N] (16-byte aligned rows)");
-  else if (o.n % out_align != 0)
-    untileable = str("N = ", o.n, " must be a multiple of ", out_align, " for ", to_string(o.output),
-                     " output (16-byte aligned rows of C)");
-  cublas_only_ = !untileable.empty();
+  cublas_only_ = !can_tile(o, &untileable);
   WEFT_REQUIRE(!cublas_only_ || (o.allow_cublas && o.hook == GemmHook::none && o.config.empty()), "Gemm: ",
                untileable, o.hook == GemmHook::none ? " (GemmOptions::allow_cublas runs such shapes on cuBLAS)" : "");
   WEFT_REQUIRE(!o.any_tile_order || o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows,

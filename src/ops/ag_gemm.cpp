@@ -23,10 +23,10 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
   const AgGemmOptions& o = options_;
-  ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
-  options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(o.n, o.k));
-  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", o.m, o.n, o.k, o.dtype, o.chunks_per_shard, world,
-                                                              o.k * 2);
+  const ops_detail::PlanShape shape = ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
+  options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode,
+                                            ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout)));
+  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", shape, o.chunks_per_shard, world, o.k * 2);
   shard_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
@@ -79,7 +79,8 @@ std::string AgGemm::gemm_config() const {
 }
 
 void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t stream) {
-  ops_detail::require_operands("AgGemm::run", {a_shard, b, c}, ops_detail::operand_alignment(options_.n, options_.k));
+  const GemmOptions gemm = gemm_options(options_.m, options_.n, options_.k, options_.dtype, options_.b_layout);
+  ops_detail::require_operands("AgGemm::run", {a_shard, b, c}, ops_detail::operand_alignment(gemm));
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("AgGemm run: ", options_.m, " x ", options_.n, " x ", options_.k));
   if (a_shard != local_shard())
@@ -105,7 +106,7 @@ void AgGemm::gather(cudaStream_t stream, bool nccl) {
   // In place: our shard already sits in its slot of the gathered A.
   if (nccl)
     WEFT_NCCL(ncclAllGather(local_shard(), gathered_.get(), static_cast<std::size_t>(shard_rows_ * options_.k),
-                            ops_detail::nccl_type(options_.dtype), ctx_->nccl(), stream));
+                            nccl_type(options_.dtype), ctx_->nccl(), stream));
   else
     all_gather_->run(local_shard(), gathered_.get(), stream);
 }

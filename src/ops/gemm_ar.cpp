@@ -14,15 +14,15 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
   const GemmArOptions& o = options_;
-  ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);
+  const ops_detail::PlanShape shape = ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);
   // The fused path is GemmRs's ring: M / W rows per rank, and rows the engine tiles.
-  std::string why_not_fused = ops_detail::untileable_reason(o.n, o.k);
+  std::string why_not_fused = ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout));
   if (why_not_fused.empty() && o.m % world != 0)
     why_not_fused = str("M = ", o.m, " is not a multiple of the world size ", world, " (the ring's blocks)");
   options_.mode = ops_detail::runnable_mode("GemmAr", o.m, o.n, o.k, o.mode, why_not_fused);
   if (o.mode != OverlapMode::sequential) {
-    const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", o.m, o.n, o.k, o.dtype, o.chunks_per_block,
-                                                                world, o.n * 2, schedule::kMinStoredChunkBytes);
+    const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", shape, o.chunks_per_block, world, o.n * 2,
+                                                             schedule::kMinStoredChunkBytes);
     block_rows_ = rows.rows_per_rank;
     chunks_ = rows.chunks;
     chunk_rows_ = rows.chunk_rows;
@@ -60,7 +60,8 @@ std::string GemmAr::gemm_config() const {
 }
 
 void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
-  ops_detail::require_operands("GemmAr::run", {a, b, out}, ops_detail::operand_alignment(options_.n, options_.k));
+  const GemmOptions gemm = gemm_options(options_.m, options_.n, options_.k, options_.dtype, options_.b_layout);
+  ops_detail::require_operands("GemmAr::run", {a, b, out}, ops_detail::operand_alignment(gemm));
   WEFT_REQUIRE(ctx_->heap().contains(out, static_cast<std::uint64_t>(options_.m * options_.n * 2)),
                "GemmAr::run: out (", out, ", ", options_.m, " x ", options_.n,
                " ", to_string(options_.dtype), ") must be in the symmetric heap: peers write their blocks into it");
@@ -79,7 +80,7 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
 void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {
   plain_gemm_->run(a, b, out, stream);
   if (nccl)
-    WEFT_NCCL(ncclAllReduce(out, out, static_cast<std::size_t>(options_.m * options_.n), ops_detail::nccl_type(options_.dtype), ncclSum,
+    WEFT_NCCL(ncclAllReduce(out, out, static_cast<std::size_t>(options_.m * options_.n), nccl_type(options_.dtype), ncclSum,
                             ctx_->nccl(), stream));
   else
     all_reduce_->run(out, out, stream);

@@ -67,10 +67,11 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
   const int world = ctx_->world_size();
   const GemmRsOptions& o = options_;
-  ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);
-  options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(o.n, o.k));
-  const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", o.m, o.n, o.k, o.dtype, o.chunks_per_block, world,
-                                                              o.n * 2, schedule::kMinStoredChunkBytes);
+  const ops_detail::PlanShape shape = ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);
+  options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode,
+                                            ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout)));
+  const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", shape, o.chunks_per_block, world, o.n * 2,
+                                                           schedule::kMinStoredChunkBytes);
   block_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
@@ -226,7 +227,8 @@ std::string GemmRs::fused_gemm_config(FusedWay way) const {
 }
 
 void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
-  ops_detail::require_operands("GemmRs::run", {a, b, out}, ops_detail::operand_alignment(options_.n, options_.k));
+  const GemmOptions gemm = gemm_options(options_.m, options_.n, options_.k, options_.dtype, options_.b_layout);
+  ops_detail::require_operands("GemmRs::run", {a, b, out}, ops_detail::operand_alignment(gemm));
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmRs run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(
@@ -242,7 +244,7 @@ void GemmRs::run_sequential(const void* a, const void* b, void* out, cudaStream_
   plain_gemm_->run(a, b, partial_.get(), stream);
   if (nccl)
     WEFT_NCCL(ncclReduceScatter(partial_.get(), out, static_cast<std::size_t>(options_.m / ctx_->world_size() * options_.n),
-                                ops_detail::nccl_type(options_.dtype), ncclSum, ctx_->nccl(), stream));
+                                nccl_type(options_.dtype), ncclSum, ctx_->nccl(), stream));
   else
     reduce_scatter_->run(partial_.get(), out, stream);
 }

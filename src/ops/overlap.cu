@@ -68,15 +68,16 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-void require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype) {
+PlanShape require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype) {
   WEFT_REQUIRE(m > 0 && n > 0 && k > 0, who, ": M, N, K must be positive, got ", m, " x ", n, " x ", k);
   WEFT_REQUIRE(dtype == DType::bf16 || dtype == DType::fp16, who,
                ": dtype must be bf16 or fp16 (the hooked GEMM kernels' types), got ", to_string(dtype));
+  return {m, n, k, dtype};
 }
 
-RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
-                    int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes) {
-  require_shape(who, m, n, k, dtype);
+RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, int world, std::int64_t row_bytes,
+                    std::int64_t min_chunk_bytes) {
+  const std::int64_t m = shape.m;
   WEFT_REQUIRE(m % world == 0, who, ": M = ", m, " must be a multiple of the world size ", world,
                " (each rank owns M / W rows)");
   WEFT_REQUIRE(chunks_wanted >= 1, who, ": chunks per rank must be >= 1, got ", chunks_wanted);
@@ -90,10 +91,10 @@ RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_
   return r;
 }
 
-std::string untileable_reason(std::int64_t n, std::int64_t k) {
-  if (k % 8 != 0) return str("K = ", k, " is not a multiple of 8 (the GEMM engine's TMA loads need 16-byte aligned rows)");
-  if (n % 8 != 0) return str("N = ", n, " is not a multiple of 8 (the GEMM engine's TMA stores need 16-byte aligned rows)");
-  return "";
+std::string untileable_reason(const GemmOptions& g) {
+  std::string why;
+  Gemm::can_tile(g, &why);
+  return why;
 }
 
 OverlapMode runnable_mode(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode requested,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "schedule.hpp"
+#include "weft/core/nccl_type.hpp"
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/collective.hpp"
 #include "weft/ops/gemm_rs.hpp"
@@ -27,26 +28,37 @@ struct RowChunks {
   std::int64_t rows_per_rank, chunks, chunk_rows;
 };
 
-/// The checks every overlapped plan makes at construction: positive M, N, K;
-/// bf16 or fp16 (the hooked kernels' types). Throws naming `who`.
-void require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype);
+/// An overlapped plan's shape and type, as require_shape checked them.
+struct PlanShape {
+  std::int64_t m, n, k;
+  DType dtype;
+};
 
-/// require_shape, then: M a multiple of the world size; chunks_wanted >= 1. Throws naming `who`. Returns the row split: rows of
+/// The checks every overlapped plan makes at construction: positive M, N, K;
+/// bf16 or fp16 (the hooked kernels' types). Throws naming `who`; returns the
+/// shape it checked.
+PlanShape require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype);
+
+/// For a shape require_shape checked: M a multiple of the world size;
+/// chunks_wanted >= 1. Throws naming `who`. Returns the row split: rows of
 /// `row_bytes` bytes in schedule::copy_chunks chunks (at most chunks_wanted,
 /// none under min_chunk_bytes or WEFT_OVERLAP_MIN_CHUNK where set, equal rows).
-RowChunks plan_rows(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype, int chunks_wanted,
-                    int world, std::int64_t row_bytes, std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
+RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, int world, std::int64_t row_bytes,
+                    std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
 
-/// Why the GEMM engine cannot tile an [M, K] x B GEMM of 2-byte elements ("" where it
-/// can): its TMA loads and stores need 16-byte aligned rows, so K, and N, multiples of
-/// 8. Such plans run their sequential path on cuBLAS (which takes any K) and say so
-/// once, at info level: an overlapped operator never refuses a shape cuBLAS and the
-/// collective can compute.
-std::string untileable_reason(std::int64_t n, std::int64_t k);
+/// Why the GEMM engine cannot tile the plan's GEMM `g` ("" where it can;
+/// Gemm::can_tile's rule: for 2-byte elements, K and N multiples of 8). Such
+/// plans run their sequential path on cuBLAS (which takes any K) and say so
+/// once, at info level: an overlapped operator never refuses a shape cuBLAS and
+/// the collective can compute.
+std::string untileable_reason(const GemmOptions& g);
 
-/// The alignment a plan's operands need: 16 bytes where weft's kernels may run
-/// (TMA), one 2-byte element where the shape leaves cuBLAS alone.
-inline unsigned operand_alignment(std::int64_t n, std::int64_t k) { return k % 8 || n % 8 ? 2 : 16; }
+/// The alignment the operands of a plan whose GEMM is `g` need: 16 bytes where
+/// weft's kernels may run (TMA), one element where the shape leaves cuBLAS
+/// alone (Gemm::can_tile).
+inline unsigned operand_alignment(const GemmOptions& g) {
+  return Gemm::can_tile(g) ? 16 : static_cast<unsigned>(dtype_size(g.input));
+}
 
 /// The mode a plan runs in: `requested`, or sequential where `why_not_fused` is not
 /// empty (logged once, at info, naming `who`, the shape and the reason).
@@ -80,9 +92,6 @@ std::function<void(std::vector<float>&)> slowest_rank(std::shared_ptr<Context> c
 /// GEMMs keep to half the rank's share (Team::sm_count), the rest left to
 /// copies and to the slack that cluster placement needs.
 int sms_beside_copies(const Context& ctx);
-
-/// NCCL's name for a 2-byte element type (the sequential paths' NCCL baselines).
-inline ncclDataType_t nccl_type(DType t) { return t == DType::fp16 ? ncclHalf : ncclBfloat16; }
 
 /// True while `stream` is being captured into a CUDA graph.
 bool capturing(cudaStream_t stream);

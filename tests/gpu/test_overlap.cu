@@ -57,13 +57,18 @@ void* dalloc(std::uint64_t bytes) {
 }
 
 std::uint64_t salt = 1000;
-OverlapMode last_mode = OverlapMode::automatic;  // the mode the last checked plan was built with (options().mode)
 
 // Runs `op` once per check on fresh inputs; returns the relative error of the
-// output against the fp32 reference and (ag) the gathered A's mismatched bytes.
+// output against the fp32 reference, (ag) the gathered A's mismatched bytes,
+// and the mode the plan was built with (options().mode).
 struct AgResult {
   double err;
   std::uint64_t gathered_mismatch;
+  OverlapMode mode;
+};
+struct ReduceResult {
+  double err;
+  OverlapMode mode;
 };
 
 AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode, Cublas& cb,
@@ -78,7 +83,7 @@ AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMo
   void* c = dalloc(m * n * 2);
   void* gathered = dalloc(m * k * 2);
   float* ref = static_cast<float*>(dalloc(m * n * 4));
-  AgResult r{0, 0};
+  AgResult r{0, 0, OverlapMode::automatic};
   for (int check = 0; check < 2; ++check) {  // second check: new data through the same plan
     const std::vector<std::uint64_t> a_seeds = fresh_seeds(++salt);
     bench::fill_uniform(shard, rows * k, ts, a_seeds[me], s);
@@ -94,15 +99,15 @@ AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMo
   // A forced fused way runs as asked.
   if (mode == OverlapMode::fused && way != AgWay::automatic && plan.options().mode == OverlapMode::fused)
     EXPECT_EQ(plan.path(), path_name(way));
-  last_mode = plan.options().mode;
+  r.mode = plan.options().mode;
   ctx().synchronize(s);
   for (void* p : {shard, b, c, gathered, static_cast<void*>(ref)}) cudaFree(p);
   return r;
 }
 
 // GemmRs (all_reduce = false) or GemmAr: A [m, k], B [n, k] per rank.
-double check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode,
-                         Cublas& cb, FusedWay way = FusedWay::automatic, DType t = DType::bf16) {
+ReduceResult check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode,
+                               Cublas& cb, FusedWay way = FusedWay::automatic, DType t = DType::bf16) {
   const std::string ts = to_string(t);
   cudaStream_t s = test::stream();
   const int w = ctx().world_size(), me = ctx().rank();
@@ -135,12 +140,12 @@ double check_gemm_reduce(bool all_reduce, std::int64_t m, std::int64_t n, std::i
   }
   // A forced fused way runs as asked.
   const std::string path = all_reduce ? ar->path() : rs->path();
-  last_mode = all_reduce ? ar->options().mode : rs->options().mode;
-  if (mode == OverlapMode::fused && way != FusedWay::automatic && last_mode == OverlapMode::fused)
+  const OverlapMode built = all_reduce ? ar->options().mode : rs->options().mode;
+  if (mode == OverlapMode::fused && way != FusedWay::automatic && built == OverlapMode::fused)
     EXPECT_EQ(path, path_name(way));
   ctx().synchronize(s);
   for (void* p : {a, b, a_peer, b_peer, static_cast<void*>(sum)}) cudaFree(p);
-  return err;
+  return {err, built};
 }
 
 const OverlapMode kModes[] = {OverlapMode::fused, OverlapMode::sequential, OverlapMode::automatic};
@@ -183,10 +188,11 @@ static void expect_every_reduce_path_matches(bool all_reduce) {
   for (std::int64_t m : {std::int64_t{1000}, std::int64_t{2048}})
     for (OverlapMode mode : kModes) {
       const std::int64_t mm = m / w * w;
-      EXPECT_LT(check_gemm_reduce(all_reduce, mm, 768, 1024, mode, cb), 1e-2) << "M=" << mm << " " << to_string(mode);
+      EXPECT_LT(check_gemm_reduce(all_reduce, mm, 768, 1024, mode, cb).err, 1e-2)
+          << "M=" << mm << " " << to_string(mode);
     }
   for (OverlapMode mode : kModes)
-    EXPECT_LT(check_gemm_reduce(all_reduce, 2048 * w, 8192, 1024, mode, cb), 1e-2) << "N=8192 " << to_string(mode);
+    EXPECT_LT(check_gemm_reduce(all_reduce, 2048 * w, 8192, 1024, mode, cb).err, 1e-2) << "N=8192 " << to_string(mode);
   // Each fused way, where it can run: the ring per step, in one launch (two
   // ranks, M / W a multiple of 512), with a plain first step (two ranks or
   // more), and in one launch adding (two ranks); blocks of 2048 rows travel
@@ -196,7 +202,7 @@ static void expect_every_reduce_path_matches(bool all_reduce) {
                          FusedWay::one_launch_add}) {
       if (way != FusedWay::ring_per_step && w == 1) continue;
       if ((way == FusedWay::one_launch_add || way == FusedWay::ring_one_launch) && w != 2) continue;
-      EXPECT_LT(check_gemm_reduce(all_reduce, rows * w, 8192, 1024, OverlapMode::fused, cb, way), 1e-2)
+      EXPECT_LT(check_gemm_reduce(all_reduce, rows * w, 8192, 1024, OverlapMode::fused, cb, way).err, 1e-2)
           << "M / W = " << rows << ", " << static_cast<int>(way);
     }
 }
@@ -215,7 +221,8 @@ TEST(Overlap, Fp16EveryOperatorModeAndWayMatches) {
     EXPECT_LT(r.err, 1e-2) << "AgGemm " << to_string(mode);
     EXPECT_EQ(r.gathered_mismatch, 0u) << "AgGemm " << to_string(mode);
     for (bool all_reduce : {false, true})
-      EXPECT_LT(check_gemm_reduce(all_reduce, 1024 * w, 1024, 1024, mode, cb, FusedWay::automatic, DType::fp16), 1e-2)
+      EXPECT_LT(
+          check_gemm_reduce(all_reduce, 1024 * w, 1024, 1024, mode, cb, FusedWay::automatic, DType::fp16).err, 1e-2)
           << (all_reduce ? "GemmAr " : "GemmRs ") << to_string(mode);
   }
   for (AgWay way : {AgWay::one_gemm, AgWay::plain_steps}) {
@@ -229,7 +236,7 @@ TEST(Overlap, Fp16EveryOperatorModeAndWayMatches) {
     if (way != FusedWay::ring_per_step && w == 1) continue;
     if ((way == FusedWay::one_launch_add || way == FusedWay::ring_one_launch) && w != 2) continue;
     for (bool all_reduce : {false, true})
-      EXPECT_LT(check_gemm_reduce(all_reduce, 512 * w, 8192, 1024, OverlapMode::fused, cb, way, DType::fp16), 1e-2)
+      EXPECT_LT(check_gemm_reduce(all_reduce, 512 * w, 8192, 1024, OverlapMode::fused, cb, way, DType::fp16).err, 1e-2)
           << (all_reduce ? "GemmAr" : "GemmRs") << " way " << static_cast<int>(way);
   }
 }
@@ -245,15 +252,18 @@ TEST(Overlap, UntileableShapesRunSequentiallyOnCublas) {
     for (OverlapMode mode : {OverlapMode::fused, OverlapMode::automatic}) {
       SCOPED_TRACE(str(to_string(t), " ", to_string(mode)));
       AgResult r = check_ag_gemm(501 * w, 768, 8190, mode, cb, AgWay::automatic, t);
-      EXPECT_EQ(last_mode, OverlapMode::sequential) << "AgGemm K = 8190";
+      EXPECT_EQ(r.mode, OverlapMode::sequential) << "AgGemm K = 8190";
       EXPECT_LT(r.err, 1e-2) << "AgGemm K = 8190";
       EXPECT_EQ(r.gathered_mismatch, 0u) << "AgGemm K = 8190";
-      EXPECT_LT(check_gemm_reduce(false, 501 * w, 768, 8190, mode, cb, FusedWay::automatic, t), 1e-2) << "GemmRs";
-      EXPECT_EQ(last_mode, OverlapMode::sequential) << "GemmRs K = 8190";
-      EXPECT_LT(check_gemm_reduce(true, 1001, 768, 8190, mode, cb, FusedWay::automatic, t), 1e-2) << "GemmAr";
-      EXPECT_EQ(last_mode, OverlapMode::sequential) << "GemmAr M = 1001, K = 8190";
-      EXPECT_LT(check_gemm_reduce(true, 1001, 768, 1024, mode, cb, FusedWay::automatic, t), 1e-2) << "GemmAr M = 1001";
-      EXPECT_EQ(last_mode, w == 1 ? mode : OverlapMode::sequential) << "GemmAr M = 1001, K = 1024";
+      ReduceResult rr = check_gemm_reduce(false, 501 * w, 768, 8190, mode, cb, FusedWay::automatic, t);
+      EXPECT_LT(rr.err, 1e-2) << "GemmRs";
+      EXPECT_EQ(rr.mode, OverlapMode::sequential) << "GemmRs K = 8190";
+      rr = check_gemm_reduce(true, 1001, 768, 8190, mode, cb, FusedWay::automatic, t);
+      EXPECT_LT(rr.err, 1e-2) << "GemmAr";
+      EXPECT_EQ(rr.mode, OverlapMode::sequential) << "GemmAr M = 1001, K = 8190";
+      rr = check_gemm_reduce(true, 1001, 768, 1024, mode, cb, FusedWay::automatic, t);
+      EXPECT_LT(rr.err, 1e-2) << "GemmAr M = 1001";
+      EXPECT_EQ(rr.mode, w == 1 ? mode : OverlapMode::sequential) << "GemmAr M = 1001, K = 1024";
     }
 }
 
@@ -304,7 +314,7 @@ TEST(Overlap, FlagsResetByMemsetMatchToo) {
     EXPECT_LT(r.err, 1e-2) << "way " << static_cast<int>(way);
     EXPECT_EQ(r.gathered_mismatch, 0u) << "way " << static_cast<int>(way);
   }
-  EXPECT_LT(check_gemm_reduce(true, 512 * w, 8192, 1024, OverlapMode::fused, cb), 1e-2) << "GemmAr";
+  EXPECT_LT(check_gemm_reduce(true, 512 * w, 8192, 1024, OverlapMode::fused, cb).err, 1e-2) << "GemmAr";
 }
 
 // 1,000 back-to-back fused runs of each operator, no host sync between them,

@@ -19,18 +19,13 @@
 #include "timing.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/nccl_type.hpp"
 #include "weft/ops/all_gather.hpp"
 #include "weft/ops/all_reduce.hpp"
 #include "weft/ops/reduce_scatter.hpp"
 
 namespace weft::bench {
 namespace {
-
-ncclDataType_t nccl_type(const std::string& dtype) {
-  if (dtype == "fp16") return ncclHalf;
-  if (dtype == "fp32") return ncclFloat32;
-  return ncclBfloat16;
-}
 
 struct Row {
   std::uint64_t bytes = 0;
@@ -69,7 +64,7 @@ Case make_case(const std::shared_ptr<Context>& ctx, const std::string& op, const
   Case c;
   const int elem = dtype_bytes(args.dtype);
   const std::uint64_t w = ctx->world_size();
-  const ncclDataType_t type = nccl_type(args.dtype);
+  const ncclDataType_t type = nccl_type(parse_dtype(args.dtype));
   void *in = b.input.get(), *out = b.output.get(), *nout = b.nccl_out;
   ncclComm_t comm = ctx->has_nccl() ? ctx->nccl() : nullptr;
   auto label = [&](const char* chosen) { return v == "auto" ? std::string("a:") + chosen : std::string(chosen); };

@@ -28,6 +28,7 @@
 #include "gpu_check.hpp"
 #include "timing.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/nccl_type.hpp"
 #include "weft/gemm/cublas.hpp"
 #include "weft/ops/ag_gemm.hpp"
 #include "weft/ops/all_gather.hpp"
@@ -71,7 +72,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
                ": --dtype must be bf16 or fp16 (the hooked GEMMs' types), got '", args.dtype, "'");
   const DType dt = parse_dtype(args.dtype);
   const char* const ts = args.dtype.c_str();  // the type's name, as fill_uniform and the checks take it
-  const ncclDataType_t nccl_dt = dt == DType::fp16 ? ncclHalf : ncclBfloat16;
+  const ncclDataType_t nccl_dt = nccl_type(dt);
   WEFT_REQUIRE(args.b_layout == "nk", "weft-bench ", args.op, ": --b-layout must be nk (weights as PyTorch stores them)");
   cudaStream_t stream;
   WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -327,7 +328,7 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
           const float* ref = static_cast<const float*>(ref32);
           if (nccl) {
             cublas_nk(blas, dt, M, N, k, a, b, c32, true);
-            nccl_coll(c32, ref32, ncclFloat32);
+            nccl_coll(c32, ref32, nccl_type(DType::fp32));
           } else {  // the sum of every rank's GEMM, each rank's A and B rebuilt from their seeds
             const std::vector<std::uint64_t> a_seeds = seeds_of(a_seed), b_seeds = seeds_of(b_seed);
             void* a_p = device_alloc(M * k * 2);

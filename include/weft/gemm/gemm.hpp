@@ -196,6 +196,15 @@ class Gemm {
   /// configuration (GemmOptions::config) asks first, as the constructor
   /// refuses a forced name it cannot run.
   static bool has_configuration(const GemmOptions& o, const std::string& name);
+  /// True if weft's kernels can tile a GEMM of these options (what it depends
+  /// on: K, N, the B layout and the output type). Their TMA loads and stores
+  /// need 16-byte aligned rows: of A (and B stored [N,K]), so K a multiple of
+  /// 8; of B stored [K,N], so N a multiple of 8; of C, so N a multiple of 16
+  /// bytes' worth of output elements. Where they cannot, `why` (if given)
+  /// receives the reason, and only cuBLAS runs the shape
+  /// (GemmOptions::allow_cublas): the one rule for plans and for the
+  /// overlapped operators that choose their paths by it.
+  static bool can_tile(const GemmOptions& o, std::string* why = nullptr);
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 

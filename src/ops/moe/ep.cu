@@ -44,9 +44,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include <cuda_bf16.h>
-
 #include "../kernel_util.cuh"
+#include "bf16x8.cuh"
 #include "ep_layout.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
@@ -56,7 +55,9 @@ namespace weft {
 namespace {
 
 using namespace ops_detail;
+using moe_detail::add_bf16x8;
 using moe_detail::ExpertPlacement;
+using moe_detail::pack_bf16x8;
 
 constexpr int kChunk = 128;           // tokens per warp in the count kernel
 constexpr int kCountWarps = 4;        // warps per count block
@@ -357,24 +358,6 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
     }
   }
   dev::epoch_end(a.epoch, e);
-}
-
-__device__ __forceinline__ void add_bf16x8(float* acc, const uint4& v, float w) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    acc[2 * i] += w * f.x;
-    acc[2 * i + 1] += w * f.y;
-  }
-}
-
-__device__ __forceinline__ uint4 pack_bf16x8(const float* acc) {
-  uint4 out;
-  auto* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-  return out;
 }
 
 __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {

@@ -27,9 +27,8 @@
 // buffer. Flags carry the epoch, so nothing is reset.
 #include <algorithm>
 
-#include <cuda_bf16.h>
-
 #include "../kernel_util.cuh"
+#include "bf16x8.cuh"
 #include "ep_layout.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
@@ -39,7 +38,9 @@ namespace weft {
 namespace {
 
 using namespace ops_detail;
+using moe_detail::add_bf16x8;
 using moe_detail::ExpertPlacement;
+using moe_detail::pack_bf16x8;
 
 constexpr int kThreadsLl = 256;
 constexpr int kWarpsLl = kThreadsLl / 32;
@@ -161,16 +162,6 @@ __global__ void __launch_bounds__(kRecvThreads) ll_recv_kernel(LlArgs a) {
   dev::epoch_end(a.epoch, e);
 }
 
-__device__ __forceinline__ void add_bf16x8_ll(float* acc, const uint4& v, float w) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    acc[2 * i] += w * f.x;
-    acc[2 * i + 1] += w * f.y;
-  }
-}
-
 __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
   const std::uint64_t e = dev::epoch_begin(a.epoch);
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -208,15 +199,9 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
       for (unsigned left = valid; left != 0; left &= left - 1) {
         const int j = __ffs(left) - 1;
         const float wj = __shfl_sync(0xffffffffu, w, j);
-        if (v < vecs) add_bf16x8_ll(acc, __ldcg(a.comb_buf + (t * k + j) * vecs + v), wj);
+        if (v < vecs) add_bf16x8(acc, __ldcg(a.comb_buf + (t * k + j) * vecs + v), wj);
       }
-      if (v < vecs) {
-        uint4 packed;
-        auto* h = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) h[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-        a.out[t * vecs + v] = packed;
-      }
+      if (v < vecs) a.out[t * vecs + v] = pack_bf16x8(acc);
     }
   }
   dev::epoch_end(a.epoch, e);
