@@ -9,7 +9,12 @@
 //   full call         layout, dispatch, combine (identity experts: y = recv_x);
 //   copy bound        each rank's token-rank pairs pushed into the ranks' heaps by the copy
 //                     engines (cudaMemcpyAsync, one stream per destination, all at once):
-//                     the same bytes over the same links, with no routing.
+//                     the same bytes over the same links, with no routing;
+//   expanded write    the received rows written once (cudaMemsetAsync over recv_x): dispatch
+//                     ends by expanding each token-rank pair into one row per local expert
+//                     (top-8 of 256 experts: 32768 rows, 470 MB, from 58.7 MB of pairs), and
+//                     combine reads those rows back. The bound beside both calls is the copy
+//                     bound plus the expanded write: the two moves one after the other.
 // dispatch = (layout+dispatch) - layout and combine = full - (layout+dispatch), since a
 // plan runs its calls in that order (each once per layout).
 // Bandwidth, DeepEP's convention: bytes of the valid token-rank pairs (H x 2 per token and
@@ -75,8 +80,8 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
   WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   bool ok = true;
   std::string check = "skipped";
-  double t_layout = 0, t_ld = 0, t_full = 0, t_copy = 0;
-  std::int64_t pairs_bytes = 0, remote_bytes = 0, recv_rows = 0;
+  double t_layout = 0, t_ld = 0, t_full = 0, t_copy = 0, t_expand = 0;
+  std::int64_t pairs_bytes = 0, remote_bytes = 0, recv_rows = 0;  // recv_rows: this rank's expanded rows
   int blocks = 0;
   {
     ExpertParallel plan(ctx_ptr, {.experts = E, .hidden = H, .top_k = k, .max_tokens = T, .max_sms = args.max_sms});
@@ -172,6 +177,9 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     t_ld = t[1];
     t_full = t[2];
     t_copy = time_per_call(ctx, stream, copy_bound, 1, args.samples, args.warmup, args.hold);
+    const std::size_t recv_bytes = static_cast<std::size_t>(std::max<std::int64_t>(h.recv_rows, 1)) * H * 2;
+    auto expand_write = [&] { WEFT_CUDA(cudaMemsetAsync(d_recv, 0x3c, recv_bytes, stream)); };
+    t_expand = time_per_call(ctx, stream, expand_write, 1, args.samples, args.warmup, args.hold);
     ctx.synchronize(stream);
     for (int p = 0; p < world; ++p) {
       cudaStreamDestroy(sides[p]);
@@ -194,16 +202,19 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     max_remote = std::max<std::int64_t>(max_remote, b);
   }
   const double t_dispatch = t_ld - t_layout, t_combine = t_full - t_ld;
+  const double t_bound = t_copy + t_expand;  // pairs over the links, then the expanded rows written
   auto gbs = [](std::int64_t bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0.0; };
   if (me == 0) {
     if (args.json) {
       std::printf("{\"op\":\"ep\",\"world\":%d,\"tokens\":%lld,\"hidden\":%d,\"topk\":%d,\"experts\":%d,\"sms\":%d,"
                   "\"layout_us\":%.3f,\"layout_dispatch_us\":%.3f,\"full_us\":%.3f,\"dispatch_us\":%.3f,"
-                  "\"combine_us\":%.3f,\"copy_bound_us\":%.3f,\"pair_bytes\":%lld,\"remote_bytes\":%lld,"
+                  "\"combine_us\":%.3f,\"copy_bound_us\":%.3f,\"expand_write_us\":%.3f,\"bound_us\":%.3f,"
+                  "\"recv_rows\":%lld,\"pair_bytes\":%lld,\"remote_bytes\":%lld,"
                   "\"dispatch_gbs\":%.2f,\"combine_gbs\":%.2f,\"copy_bound_gbs\":%.2f,\"shared_gpu\":%s,"
                   "\"check\":\"%s\"}\n",
                   world, static_cast<long long>(T), H, k, E, blocks, t_layout, t_ld, t_full, t_dispatch, t_combine,
-                  t_copy, static_cast<long long>(max_pairs), static_cast<long long>(max_remote),
+                  t_copy, t_expand, t_bound, static_cast<long long>(recv_rows), static_cast<long long>(max_pairs),
+                  static_cast<long long>(max_remote),
                   gbs(max_pairs, t_dispatch), gbs(max_pairs, t_combine), gbs(max_pairs, t_copy),
                   shared ? "true" : "false", check.c_str());
     } else {
@@ -225,8 +236,12 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
       std::printf("%-18s %10.2f %10s %12s\n", "all three", t_full, "", "");
       std::printf("%-18s %10.2f %10.1f %12.1f   (copy engines, same bytes)\n", "copy bound", t_copy,
                   gbs(max_pairs, t_copy), gbs(max_remote, t_copy));
-      std::printf("dispatch / copy bound: %.3f, combine / copy bound: %.3f (time ratios); check: %s\n",
-                  t_dispatch / t_copy, t_combine / t_copy, check.c_str());
+      std::printf("%-18s %10.2f %10.1f %12s   (memset of rank 0's %.1f MB of expanded rows)\n", "expanded write",
+                  t_expand, gbs(recv_rows * H * 2, t_expand), "", recv_rows * H * 2 / 1e6);
+      std::printf("%-18s %10.2f %10s %12s   (copy bound + expanded write)\n", "bound", t_bound, "", "");
+      std::printf("dispatch / bound: %.3f, combine / bound: %.3f, dispatch / copy bound: %.3f, combine / copy bound: "
+                  "%.3f (time ratios); check: %s\n",
+                  t_dispatch / t_bound, t_combine / t_bound, t_dispatch / t_copy, t_combine / t_copy, check.c_str());
     }
     std::fflush(stdout);
   }
