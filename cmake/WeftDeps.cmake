@@ -16,9 +16,11 @@ message(STATUS "weft: NCCL ${WEFT_NCCL_LIBRARY} (headers ${WEFT_NCCL_INCLUDE_DIR
 # ---- NVSHMEM (optional): the heap backend for many nodes, docs/decisions/0057 ----
 # WEFT_NVSHMEM=AUTO builds the backend where NVSHMEM is found, ON demands it
 # (CI), OFF leaves it out. Found by cmake/WeftFindNvshmem.cmake (NVSHMEM_HOME,
-# .deps/nvshmem from scripts/setup.sh, python3's nvidia-nvshmem-cu13 wheel, the system).
+# .deps-nvshmem/ from scripts/setup.sh, python3's nvidia-nvshmem-cu13 wheel, the system).
 set(WEFT_NVSHMEM AUTO CACHE STRING "Build the NVSHMEM heap backend: AUTO (where NVSHMEM is found), ON or OFF")
 set_property(CACHE WEFT_NVSHMEM PROPERTY STRINGS AUTO ON OFF)
+set(WEFT_NVSHMEM_DEPS_DIR "${CMAKE_CURRENT_SOURCE_DIR}/.deps-nvshmem" CACHE PATH
+    "where scripts/setup.sh unpacks NVSHMEM (outside .deps/, which travels to GPU machines)")
 string(TOUPPER "${WEFT_NVSHMEM}" _weft_nvshmem)
 if(NOT _weft_nvshmem MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "WEFT_NVSHMEM=${WEFT_NVSHMEM}: use AUTO, ON or OFF")

@@ -3,7 +3,9 @@
 # host/nvshmemx_api.h) and the host library libnvshmem_host.so.3, which weft
 # opens at run time, so nothing is linked. Places searched, in this order:
 #   1. NVSHMEM_HOME (CMake or environment variable) and the hint directories;
-#   2. .deps/nvshmem, where scripts/setup.sh unpacks the pip wheel nvidia-nvshmem-cu13;
+#   2. WEFT_NVSHMEM_DEPS_DIR (.deps-nvshmem), where scripts/setup.sh unpacks the pip wheel
+#      nvidia-nvshmem-cu13 (beside .deps/, not in it: .deps/ travels to GPU machines, whose
+#      torch brings its own NVSHMEM, and 48 MB more would not fit what travels);
 #   3. the pip wheel nvidia-nvshmem-cu13 installed for python3 (.../nvidia/nvshmem/{include,lib},
 #      as torch installs it);
 #   4. the system (Debian/Ubuntu libnvshmem3-dev-cuda-13: /usr/include/nvshmem_13,
@@ -13,8 +15,8 @@
 function(weft_find_nvshmem error_var)
   set(${error_var} "" PARENT_SCOPE)
   set(roots ${NVSHMEM_HOME} $ENV{NVSHMEM_HOME} ${ARGN})
-  if(WEFT_DEPS_DIR)
-    list(APPEND roots ${WEFT_DEPS_DIR}/nvshmem)
+  if(WEFT_NVSHMEM_DEPS_DIR)
+    list(APPEND roots ${WEFT_NVSHMEM_DEPS_DIR})
   endif()
   find_program(WEFT_PYTHON3 NAMES python3 python DOC "python3, asked where pip wheels of NVIDIA libraries live")
   set(wheel_note " python3 not found.")
@@ -58,7 +60,7 @@ function(weft_find_nvshmem error_var)
     string(CONCAT message
       "NVSHMEM not found: the NVSHMEM heap backend needs NVSHMEM 3.x's host headers (host/nvshmemx_api.h) "
       "and libnvshmem_host.so.3. Looked in NVSHMEM_HOME (${NVSHMEM_HOME}$ENV{NVSHMEM_HOME}), ${looked}.${wheel_note} "
-      "Get it one of three ways: bash scripts/setup.sh (unpacks the pip wheel nvidia-nvshmem-cu13 into .deps/nvshmem); "
+      "Get it one of three ways: bash scripts/setup.sh (unpacks the pip wheel nvidia-nvshmem-cu13 into .deps-nvshmem/); "
       "python3 -m pip install nvidia-nvshmem-cu13 (torch installs it too); or set NVSHMEM_HOME to an "
       "NVSHMEM install (include/, lib/). Or configure with -DWEFT_NVSHMEM=OFF to build without it.")
     set(${error_var} "${message}" PARENT_SCOPE)
