@@ -24,17 +24,18 @@ if grep -q '^WEFT_NVSHMEM_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/nul
   off="$BUILD-no-nvshmem"
   echo "== the runtime without NVSHMEM (WEFT_NVSHMEM=OFF, in $off)"
   t0=$SECONDS
+  mkdir -p "$off"
   if cmake -S . -B "$off" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
-       -DWEFT_GEMM_KERNELS=subset -DWEFT_NVSHMEM=OFF >"$off.configure.log" 2>&1; then
+       -DWEFT_GEMM_KERNELS=subset -DWEFT_NVSHMEM=OFF >"$off/configure.log" 2>&1; then
     mapfile -t units < <(ninja -C "$off" -t targets all | grep -oE '^CMakeFiles/weft\.dir/src/(core|runtime)/[^:]+\.o')
-    if [ "${#units[@]}" -gt 0 ] && ninja -C "$off" -j "${WEFT_JOBS:-2}" "${units[@]}" >"$off.build.log" 2>&1 &&
+    if [ "${#units[@]}" -gt 0 ] && ninja -C "$off" -j "${WEFT_JOBS:-2}" "${units[@]}" >"$off/build.log" 2>&1 &&
        ! grep -q 'nvshmem_heap' <(printf '%s\n' "${units[@]}"); then
       echo "built without NVSHMEM: ${#units[@]} units of the core and the runtime, $((SECONDS - t0)) s"
     else
-      echo "FAILED: the runtime without NVSHMEM does not build (log: $off.build.log)"; tail -n 30 "$off.build.log"; status=1
+      echo "FAILED: the runtime without NVSHMEM does not build (log: $off/build.log)"; tail -n 30 "$off/build.log"; status=1
     fi
   else
-    echo "FAILED: configuring with WEFT_NVSHMEM=OFF (log: $off.configure.log)"; tail -n 30 "$off.configure.log"; status=1
+    echo "FAILED: configuring with WEFT_NVSHMEM=OFF (log: $off/configure.log)"; tail -n 30 "$off/configure.log"; status=1
   fi
 fi
 
