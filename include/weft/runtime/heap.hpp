@@ -4,7 +4,7 @@
 // the same offset on every rank, so a pointer into this rank's heap names the
 // same object everywhere (World::symm_at turns it into a peer's address).
 // SymmetricHeap is the interface, with two backends: the native heap (CUDA VMM
-// + POSIX-fd IPC, one node) and the NVSHMEM heap (one nvshmem_malloc per rank,
+// + POSIX-fd IPC, one node) and the NVSHMEM heap (one nvshmem_align block per rank,
 // optional at build time; many nodes). heap_backend.cpp chooses between them.
 #pragma once
 
