@@ -59,6 +59,7 @@ if(NOT WEFT_NVML_INCLUDE_DIR)
     "into .deps/), or set NVML_INCLUDE_DIR to the directory holding nvml.h.")
 endif()
 
+if(NOT SKBUILD)  # pip builds compile no tests
 # ---- GoogleTest: installed package, else the Debian source tree, else .deps ----
 find_package(GTest QUIET)
 if(NOT GTest_FOUND)
@@ -75,6 +76,7 @@ if(NOT GTest_FOUND)
 endif()
 if(NOT GTest_FOUND)
   message(FATAL_ERROR "GoogleTest not found: apt install googletest (or run scripts/setup.sh).")
+endif()
 endif()
 
 # ---- CUTLASS / CuTe headers: CUTLASS_ROOT, an installed CUTLASS, else .deps/ (pip nvidia-cutlass) ----

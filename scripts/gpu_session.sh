@@ -4,8 +4,10 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode grouped
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
+#    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
+#    arguments and the tiles it also times forced, ';'-separated;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
 #                                                the suite at world 1, 2, 4, 8, provoked hangs, examples, launcher)
@@ -102,6 +104,94 @@ if has launchers; then  # weft programs under torchrun with no WEFT_* variable; 
     WEFT_BUILD_DIR="$BUILD" run_logged "installed package, example project" check_install.log bash scripts/check_install.sh
     tail -n 5 "$OUT/check_install.log"
   fi
+fi
+
+if has python; then  # the Python package, installed from .deps without network; its pytest at world 1, 2 and 4
+  mkdir -p "$OUT/python"
+  # Build and install against $BUILD/libweft.a, then the CPU tests and the GPU tests as one rank.
+  WEFT_PYTHON_EXE=python3 run_logged "python: install + world 1" python_world1.log \
+    bash scripts/python_tests.sh "$BUILD" "$OUT/python/world1.xml"
+  tail -n 3 "$OUT/python_world1.log"
+  site="$PWD/$BUILD/python-site"
+  if grep -q "Segmentation fault" "$OUT/python_world1.log"; then
+    # A crash inside the extension: weft.init alone, with a SIGSEGV handler
+    # preloaded that prints the native frames (the image has no gdb), each
+    # frame of a weft library then resolved to its function and line.
+    cat >/tmp/weft_segv.c <<'C'
+#define _GNU_SOURCE
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+static void on_segv(int sig) {
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+__attribute__((constructor)) static void install(void) { signal(SIGSEGV, on_segv); }
+C
+    cat >/tmp/weft_init_only.py <<'PY'
+import torch, torch.distributed as dist, weft
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+print("torch", torch.__version__, "cuda", torch.version.cuda, flush=True)
+weft.init(dist.group.WORLD, heap_size="256M")
+print("weft.init ok", weft.info(), flush=True)
+weft.shutdown()
+PY
+    gcc -shared -fPIC -O0 -g -o /tmp/weft_segv.so /tmp/weft_segv.c >"$OUT/python_crash.log" 2>&1
+    LD_PRELOAD=/tmp/weft_segv.so WEFT_LOG_LEVEL=debug PYTHONPATH="$site" timeout 120 python3 /tmp/weft_init_only.py \
+      >>"$OUT/python_crash.log" 2>&1
+    echo "rc=$?" >>"$OUT/python_crash.log"
+    grep -oE '[^ (]*_C[^ (]*\.so\(\+0x[0-9a-f]+\)' "$OUT/python_crash.log" | sort -u | while read -r f; do
+      so=${f%%(*}; off=${f##*(+}; off=${off%)}
+      echo "$f -> $(addr2line -C -f -i -e "$so" "$off" | tr '\n' ' ')"
+    done >>"$OUT/python_crash.log" 2>&1
+    { echo "--- libraries"; PYTHONPATH="$site" python3 -c 'import weft, os; print(open("/proc/self/maps").read())' |
+        awk '{print $6}' | grep -E '\.so' | sort -u; } >>"$OUT/python_crash.log" 2>&1
+    note "python: weft.init backtrace" "-> python_crash.log"
+    grep -E '\[0x|->|weft.init ok|^rc=|error|Error' "$OUT/python_crash.log" | head -n 60
+  fi
+  # Bounds above the time a rank may spend compiling (torch.compile) while its peers already wait on the GPU.
+  for n in 2 4; do
+    share=()
+    [ "$GPUS" -ge "$n" ] || share=(--share-gpu)  # ranks sharing a GPU under MPS; their process group is gloo
+    # shellcheck disable=SC2016  # WEFT_RANK is expanded by each rank's shell
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=300 WEFT_WAIT_TIMEOUT=300 run_logged "python: world $n ${share[*]}" \
+      "python_world$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 1500 -- bash -c \
+      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
+    grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
+  done
+fi
+
+if has e2e; then  # issue 31's end-to-end example and host overhead (docs/PYTHON.md): world 1, then 2 (sharing where 1 GPU)
+  site="$PWD/$BUILD/python-site"
+  if [ ! -f "$site/weft/__init__.py" ]; then  # the package as the python stage installs it, without its tests
+    python3 -c 'import scikit_build_core' 2>/dev/null ||
+      python3 -m pip install -q --no-index --find-links .deps/wheels scikit-build-core >"$OUT/e2e_install.log" 2>&1
+    run_logged "e2e: install the package" e2e_install_pkg.log python3 -m pip install -q --no-build-isolation --no-index \
+      --no-deps --target "$site" -C cmake.define.WEFT_PREBUILT_LIBWEFT="$PWD/$BUILD/libweft.a" -C build-dir="$BUILD/python" .
+  fi
+  # GEMM choices kept in the build folder: a later call on the same machine skips their tuning.
+  export WEFT_TUNE_CACHE=${WEFT_TUNE_CACHE:-$PWD/$BUILD/e2e_tune_cache.txt}
+  t_e2e=$SECONDS
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" run_logged "e2e: host overhead, world 1" e2e_host_overhead.log \
+    timeout 300 python3 tools/bench/host_overhead.py --bench "$BUILD/weft-bench" --json
+  sed -n '/^host overhead, world 1/,$p' "$OUT/e2e_host_overhead.log" | grep -v '^{'
+  note "e2e: host overhead" "$(grep -E '^host_overhead:' "$OUT/e2e_host_overhead.log" | tail -n 1 | cut -c 16- || true)"
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" run_logged "e2e: tp_block, world 1" e2e_tp_block_w1.log \
+    timeout 420 python3 examples/python/tp_block.py --seq 1024,4096 --compile --graph 1000
+  grep -E '^ +(ok|FAIL)|^ *seq |^ +[0-9]+ |skipped|NOTE|^tp_block: ' "$OUT/e2e_tp_block_w1.log" | tail -n 20
+  note "e2e: tp_block world 1" "$(grep -E '^tp_block: (every|[0-9]+ check)' "$OUT/e2e_tp_block_w1.log" | cut -c 1-150)"
+  share=()
+  [ "$GPUS" -ge 2 ] || share=(--share-gpu)  # one GPU: ranks share it under MPS; their process group is gloo
+  # Bounds above the time a rank may spend compiling (torch.compile) while its peer already waits on the GPU.
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=300 WEFT_WAIT_TIMEOUT=300 \
+    run_logged "e2e: tp_block, world 2 ${share[*]}" e2e_tp_block_w2.log "$BUILD/weftrun" -n 2 "${share[@]}" --timeout 420 -- \
+    python3 examples/python/tp_block.py --seq 1024 --check-only --compile
+  grep -E '^ +(ok|FAIL)|skipped|NOTE|^tp_block: ' "$OUT/e2e_tp_block_w2.log" | tail -n 12
+  note "e2e: tp_block world 2" "$(grep -E '^tp_block: (every|[0-9]+ check)' "$OUT/e2e_tp_block_w2.log" | cut -c 1-150)"
+  note "e2e: stage time" "$((SECONDS - t_e2e)) s"
 fi
 
 if has shared; then  # weft-bench with ranks sharing one GPU: checks only, no figures (the rehearsal of a multi-GPU run)
@@ -372,6 +462,65 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
       note "torch SDPA decode" "not run: python3 has no torch here"
     fi
   done
+fi
+
+if has grouped; then  # the grouped GEMM: its GPU tests, weft-bench grouped_gemm and torch._grouped_mm on issue 33's shapes
+  run_logged "grouped GEMM tests, 1 rank" grouped_tests.log "$BUILD/weftrun" -n 1 --timeout 600 -- \
+    "$BUILD/tests/weft_gpu_tests" --gtest_filter='GroupedGemm.*'
+  grep -E "^\[ +(OK|FAILED|PASSED) +\]|Failure|error" "$OUT/grouped_tests.log" | head -n 30
+  # Issue 33's three shapes (weft-bench's defaults; torch's too) under each routing, bf16, W [E, N, K].
+  : >"$OUT/grouped.jsonl"
+  for routing in ${GROUPED_ROUTINGS:-uniform zipf}; do
+    run_logged "weft-bench grouped_gemm, $routing" "grouped_$routing.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
+      "$BUILD/weft-bench" grouped_gemm --routing "$routing" --json ${GROUPED_ARGS:-}
+    grep '^{' "$OUT/grouped_$routing.txt" >>"$OUT/grouped.jsonl"
+    if python3 -c 'import torch' 2>/dev/null; then
+      run_logged "torch._grouped_mm, $routing" "grouped_torch_$routing.txt" python3 tools/bench/grouped_mm_torch.py \
+        --routing "$routing" --json
+      grep '^{' "$OUT/grouped_torch_$routing.txt" >>"$OUT/grouped.jsonl"
+    else
+      note "torch._grouped_mm" "not run: python3 has no torch here"
+    fi
+  done
+  # One row per shape and routing: weft, torch and the dense cuBLAS GEMM of the same FLOPs, and the ratios.
+  python3 - "$OUT/grouped.jsonl" <<'PY' | tee "$OUT/grouped_table.txt"
+import json, sys
+weft, torch = {}, {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    key = (r["rows"], r["n"], r["k"], r["experts"], r["routing"])
+    (weft if r["op"] == "grouped_gemm" else torch)[key] = r
+print("grouped GEMM, bf16, W [E, N, K]; TFLOP/s = 2 x rows x N x K / time (medians of one run each)")
+print(f"{'rows':>6} {'N':>5} {'K':>5} {'E':>4} {'routing':>8} | {'weft':>6} {'torch':>6} {'cuBLAS dense':>12} | "
+      f"{'weft/torch':>10} {'weft/dense':>10} | weft config, rel err")
+for key in sorted(set(weft) | set(torch)):
+    w, t = weft.get(key), torch.get(key)
+    wt = w["weft_tflops"] if w else float("nan")
+    tt = t["torch_tflops"] if t else float("nan")
+    dense = w["dense_tflops"] if w else float("nan")
+    print(f"{key[0]:>6} {key[1]:>5} {key[2]:>5} {key[3]:>4} {key[4]:>8} | {wt:>6.1f} {tt:>6.1f} {dense:>12.1f} | "
+          f"{wt / tt:>10.3f} {wt / dense:>10.3f} | {w['config'] if w else '-'}, {w['rel_err'] if w else float('nan'):.1e}")
+PY
+  note "grouped ratio table" "-> grouped_table.txt"
+  # Each compiled tile forced on the same shapes: the timings the size heuristic's prior (0056) is to be checked against.
+  : >"$OUT/grouped_configs.jsonl"
+  IFS=';' read -ra grouped_configs <<<"${GROUPED_CONFIGS:-128x256x64 c2x1 cooperative;128x128x64 c1x1 cooperative}"
+  for routing in ${GROUPED_ROUTINGS:-uniform zipf}; do
+    for i in "${!grouped_configs[@]}"; do
+      "$BUILD/weftrun" -n 1 --timeout 600 -- "$BUILD/weft-bench" grouped_gemm --routing "$routing" --json \
+        --config "${grouped_configs[$i]}" >"$OUT/grouped_config_${i}_$routing.txt" 2>&1
+      note "grouped_gemm --config '${grouped_configs[$i]}', $routing" "rc=$? -> grouped_config_${i}_$routing.txt"
+      grep '^{' "$OUT/grouped_config_${i}_$routing.txt" >>"$OUT/grouped_configs.jsonl"
+    done
+  done
+  python3 - "$OUT/grouped_configs.jsonl" <<'PY' | tee -a "$OUT/grouped_table.txt"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print("each tile forced (weft TFLOP/s):")
+for r in sorted(rows, key=lambda r: (r["rows"], r["n"], r["k"], r["experts"], r["routing"], r["config"])):
+    print(f"{r['rows']:>6} {r['n']:>5} {r['k']:>5} {r['experts']:>4} {r['routing']:>8} | {r['config']:<28} | "
+          f"{r['weft_tflops']:>6.1f} | vs dense {r['vs_dense']:.3f}")
+PY
 fi
 
 if has bench; then

@@ -202,6 +202,25 @@ if ! version_ge "${v:-0}" 4.2; then
   say "warning: CUTLASS ${v:-of unknown version} in $cutlass_inc; weft is built and tested with 4.2 and may not compile with older versions"
 fi
 
+# ---- the Python package's build backend: wheels in .deps/wheels -------------------
+# `pip install --no-build-isolation .` (scripts/test.sh, the GPU machines,
+# which reach no registry) needs scikit-build-core and its two dependencies in
+# the installing Python; they are pure-Python wheels kept here, so that
+# `pip install --no-index --find-links .deps/wheels scikit-build-core` works
+# offline. The C++ build does not need them: a failed download only warns.
+PY_BUILD_WHEELS=("scikit_build_core-1.1.2-*.whl scikit-build-core==1.1.2" "packaging-26.4-*.whl packaging==26.4"
+                 "pathspec-1.1.1-*.whl pathspec==1.1.1")
+if command -v python3 >/dev/null; then
+  for entry in "${PY_BUILD_WHEELS[@]}"; do
+    read -r glob req <<<"$entry"
+    if ! ls "$WHEELS"/$glob >/dev/null 2>&1; then
+      mkdir -p "$WHEELS"
+      python3 -m pip download -q --no-deps --only-binary=:all: --retries 1 --timeout 20 -d "$WHEELS" "$req" >/dev/null 2>&1 ||
+        say "warning: could not download $req into $WHEELS (offline?): the Python package's offline install needs it"
+    fi
+  done
+fi
+
 # ---- NVSHMEM (optional): the NVSHMEM heap backend -------------------------------------
 # The places cmake/WeftFindNvshmem.cmake looks, in its order: NVSHMEM_HOME,
 # .deps-nvshmem, python3's wheel (torch's), the system. WEFT_NVSHMEM=OFF skips

@@ -9,7 +9,9 @@
 # suite at world sizes 1, 2, 4 and 8 (ranks sharing a GPU through MPS where
 # there are fewer GPUs), the provoked hangs, the examples and the launcher.
 # Between them, scripts/check_install.sh builds a program of its own against
-# the installed weft.
+# the installed weft, and scripts/python_tests.sh builds the Python package
+# (installing torch 2.11 into .venv-torch/ where no Python has it) and runs
+# its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -78,8 +80,15 @@ fi
 echo "== a program built against the installed weft (scripts/check_install.sh)"
 WEFT_BUILD_DIR="$BUILD" bash scripts/check_install.sh || status=1
 
+# The Python package: built against the library above, its CPU tests (and GPU tests as one rank, where there is a GPU).
+echo "== the Python package (scripts/python_tests.sh)"
+py_line="Python not run"
+rm -f "$BUILD/python-junit.xml"
+if bash scripts/python_tests.sh "$BUILD" "$BUILD/python-junit.xml"; then :; else status=1; fi
+[ -f "$BUILD/python-junit.xml" ] && py_line="Python $(count "$BUILD/python-junit.xml")"
+
 # The CPU tests run last, so the run ends with their count.
 echo "== CPU tests"
 ctest --test-dir "$BUILD" -L cpu --output-on-failure --output-junit cpu-junit.xml -j "$(nproc)" || status=1
-echo "weft tests: CPU $(count "$BUILD/cpu-junit.xml") | $gpu_line"
+echo "weft tests: CPU $(count "$BUILD/cpu-junit.xml") | $py_line | $gpu_line"
 exit "$status"

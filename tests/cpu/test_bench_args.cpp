@@ -77,7 +77,8 @@ Bounded run_bounded(const std::string& cmd, int limit_s) {
 }
 
 const std::vector<std::string> kAllOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
-                                          "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep",         "decode"};
+                                          "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep",         "decode",
+                                          "grouped_gemm"};
 }  // namespace
 
 TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
@@ -92,6 +93,21 @@ TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
 TEST(BenchArgs, SamplesAreHeldUnlessNoHold) {
   EXPECT_TRUE(parse_bench_args({"weft-bench", "gemm"}).hold);
   EXPECT_FALSE(parse_bench_args({"weft-bench", "gemm", "--no-hold"}).hold);
+}
+
+TEST(BenchArgs, EnqueueTimesTheHostOfTheCollectives) {
+  EXPECT_FALSE(parse_bench_args({"weft-bench", "all_reduce"}).enqueue);
+  const BenchArgs a = parse_bench_args({"weft-bench", "all_reduce", "--bytes", "1K", "--variant", "auto", "--enqueue"});
+  EXPECT_TRUE(a.enqueue);
+  EXPECT_EQ(a.bytes, (std::vector<std::uint64_t>{1024}));
+  EXPECT_EQ(a.variants, (std::vector<std::string>{"auto"}));
+  EXPECT_TRUE(parse_bench_args({"weft-bench", "all_gather", "--enqueue"}).enqueue);
+  EXPECT_TRUE(parse_bench_args({"weft-bench", "reduce_scatter", "--enqueue"}).enqueue);
+  for (const std::string op : {"gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep", "decode"})
+    EXPECT_NE(error_of({op, "--enqueue"}).find("--enqueue is for all_gather, all_reduce and reduce_scatter, got '" + op),
+              std::string::npos)
+        << op;
+  EXPECT_NE(bench_usage("all_reduce").find("--enqueue"), std::string::npos);
 }
 
 TEST(BenchArgs, OrderNamesTheContendersOrderInARound) {
@@ -354,7 +370,8 @@ TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
       {"--soak", "1"},          {"--shapes", "8,8,8"},     {"--b-layout", "nk"},    {"--out", "fp32"},
       {"--config", "c"},        {"--hook", "none"},        {"--any-order", ""},     {"--no-source-rows", "0,256"},
       {"--m", "8"},             {"--n", "8"},              {"--k", "8"},            {"--cases", "1,8,1,64"},
-      {"--splits", "2"},        {"--dist", ""}};
+      {"--splits", "2"},        {"--dist", ""},            {"--enqueue", ""},       {"--experts", "8"},
+      {"--routing", "zipf"},    {"--layout", "kn"}};
   for (const std::string& op : kAllOps) {
     const std::string h = help_of({op, "--help"});
     EXPECT_EQ(h, bench_usage(op));

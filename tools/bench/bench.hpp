@@ -34,5 +34,9 @@ int bench_ep(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 /// of the same run, this rank's GPU (exit code 0, or 3 if --check found the
 /// result off). Collective; rank 0 prints.
 int bench_decode(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+/// weft-bench grouped_gemm: GroupedGemm on each case and routing against one
+/// dense cuBLAS GEMM of the same FLOPs, this rank's GPU (exit code 0, or 3 if
+/// the result is off). Collective; rank 0 prints.
+int bench_grouped_gemm(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
 }  // namespace weft::bench

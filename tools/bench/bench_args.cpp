@@ -42,6 +42,11 @@ const OpInfo kOpInfo[] = {
     {"decode", "decode attention (FlashDecode) over a KV cache, in KV bytes read per second, against the HBM copy bound",
      "Each rank times its own GPU: per case, the attention (both launches) and a device-to-device\n"
      "copy of the same K and V bytes (the copy bound, read + write), median of the samples."},
+    {"grouped_gemm", "weft's grouped GEMM (every expert's rows x its weight) against one dense cuBLAS GEMM of the same FLOPs",
+     "out[rows of expert e] = A[rows of expert e] x W[e]^T: A [rows, K] sorted by expert, W [E, N, K]\n"
+     "(or [E, K, N]), the counts on the device. Each rank times its own GPU, the grouped GEMM and\n"
+     "cuBLAS's [rows, K] x [K, N] in turn; TFLOP/s = 2 x rows x N x K / time.\n"
+     "tools/bench/grouped_mm_torch.py times torch._grouped_mm on the same shapes and counts."},
 };
 constexpr std::size_t kOpCount = std::size(kOpInfo);
 
@@ -53,10 +58,11 @@ const std::vector<std::string> kOps = [] {
 
 // Which operations an option applies to: one bit per operation, in kOpInfo's order.
 constexpr unsigned kAllGather = 1u << 0, kAllReduce = 1u << 1, kReduceScatter = 1u << 2, kGemm = 1u << 3,
-                   kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6, kEp = 1u << 7, kDecode = 1u << 8;
+                   kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6, kEp = 1u << 7, kDecode = 1u << 8,
+                   kGroupedGemm = 1u << 9;
 constexpr unsigned kCollectives = kAllGather | kAllReduce | kReduceScatter;
 constexpr unsigned kOverlap = kAgGemm | kGemmRs | kGemmAr;
-constexpr unsigned kEvery = kCollectives | kGemm | kOverlap | kEp | kDecode;
+constexpr unsigned kEvery = kCollectives | kGemm | kOverlap | kEp | kDecode | kGroupedGemm;
 
 unsigned op_bit(const std::string& op) {
   for (std::size_t i = 0; i < kOpCount; ++i)
@@ -96,6 +102,7 @@ const OptionInfo kOptions[] = {
     {"--dtype", true, kGemm, "--dtype T", "input type: bf16 or fp16 (default bf16)"},
     {"--dtype", true, kOverlap, "--dtype T", "bf16 or fp16 (default bf16)"},
     {"--dtype", true, kDecode, "--dtype T", "q, K, V and output type: bf16 or fp16 (default bf16)"},
+    {"--dtype", true, kGroupedGemm, "--dtype T", "A, W and output type: bf16 or fp16 (default bf16)"},
     {"--check", false, kCollectives, "--check", "verify bitwise against NCCL first (fresh random data, poisoned outputs) (default off)"},
     {"--check", false, kGemm, "--check",
      "always on for gemm: each shape's output is compared with cuBLAS's fp32 output"},
@@ -104,6 +111,9 @@ const OptionInfo kOptions[] = {
      "bitwise (default off)"},
     {"--check", false, kGemmRs | kGemmAr, "--check",
      "verify against cuBLAS + NCCL before timing: the output's relative error (default off)"},
+    {"--check", false, kGroupedGemm, "--check",
+     "always on for grouped_gemm: each case's output is compared with cuBLAS's fp32 output,\n"
+     "expert by expert"},
     {"--check", false, kDecode, "--check",
      "compare each case with an fp32 attention on the GPU (output relative error, lse) (default off)"},
     {"--json", false, kEvery, "--json", "one JSON object per line (default: a table)"},
@@ -112,6 +122,10 @@ const OptionInfo kOptions[] = {
     {"--no-hold", false, kEvery, "--no-hold",
      "let each sample's GPU work start while the host still enqueues it (by default the stream\n"
      "is held until the whole sample is enqueued, so events time the GPU, not the host)"},
+    {"--enqueue", false, kCollectives, "--enqueue",
+     "time the host instead: microseconds to enqueue one call (run), one launch of a CUDA graph\n"
+     "holding one call, and that graph's replay on the GPU; 100 calls per sample behind a held\n"
+     "stream, so no call waits for the GPU; NCCL's enqueue beside them (default off)"},
     {"--max-sms", true, kCollectives, "--max-sms N", "cap on the SMs an SM variant may occupy, 0 to 1024 (default 0: the plan chooses)"},
     {"--max-sms", true, kEp, "--max-sms N",
      "cap on the SMs dispatch and combine occupy, 0 to 1024 (default 0: the rank's share of its GPU)"},
@@ -133,7 +147,19 @@ const OptionInfo kOptions[] = {
      "N and K one positive integer each (e.g. --m 2048,4096 --n 8192 --k 8192) (default: --shapes')"},
     {"--n", true, kGemm | kOverlap, "", nullptr},
     {"--k", true, kGemm | kOverlap, "", nullptr},
-    {"--order", true, kGemm | kOverlap, "--order O",
+    {"--m", true, kGroupedGemm, "--m ROWS --n N --k K",
+     "rows summed over the experts (a positive integer or a comma list), each expert's\n"
+     "weight N x K (N = the MLP's F for an up-projection, K = H) (default: rows 16384 N 7168 K 4096 E 8;\n"
+     "rows 65536 N 768 K 2048 E 128; rows 32768 N 2048 K 7168 E 32)"},
+    {"--n", true, kGroupedGemm, "", nullptr},
+    {"--k", true, kGroupedGemm, "", nullptr},
+    {"--experts", true, kGroupedGemm, "--experts E",
+     "experts, 1 to 65536 (default 8 with --m; without it, each default shape's own)"},
+    {"--routing", true, kGroupedGemm, "--routing R",
+     "rows per expert: uniform (balanced), zipf (expert i's share ~ (i + 1)^-1.2) or one-hot\n"
+     "(every row to expert 0) (default uniform)"},
+    {"--layout", true, kGroupedGemm, "--layout L", "nk (W stored [E, N, K]) or kn (W stored [E, K, N]) (default nk)"},
+    {"--order", true, kGemm | kOverlap | kGroupedGemm, "--order O",
      "the contenders' order in each round of samples: fixed (each always follows the same one)\n"
      "or shuffled (a fresh order each round, the same on every rank) (default fixed)"},
     {"--soak", true, kGemm | kOverlap, "--soak S",
@@ -143,6 +169,8 @@ const OptionInfo kOptions[] = {
     {"--b-layout", true, kGemm, "--b-layout L", "nk (B stored [N,K]) or kn (B stored [K,N]) (default nk)"},
     {"--out", true, kGemm, "--out T", "output type: the input type or fp32 (default: the input type)"},
     {"--config", true, kGemm, "--config NAME", "force one GEMM configuration (default: the tuned one)"},
+    {"--config", true, kGroupedGemm, "--config NAME",
+     "force one grouped configuration, e.g. \"128x128x64 c1x1 cooperative\" (default: the size heuristic's)"},
     {"--hook", true, kGemm, "--hook H",
      "none, wait_a_rows, report_rows, wait_source_rows (adds S = 0) or add_rows (the lower half\n"
      "of the rows added onto zeros): the hooked kernels alone (no flag waited on, nothing\n"
@@ -194,7 +222,7 @@ const std::vector<std::string>& variants_of(const std::string& op) {
   if (op == "ep") return gemm;
   static const std::vector<std::string> overlap = {"fused", "sequential", "auto"};
   if (is_overlap_op(op)) return overlap;
-  return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" || op == "decode" ? gemm : rs;
+  return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" || op == "decode" || op == "grouped_gemm" ? gemm : rs;
 }
 
 bool is_pow2(std::uint64_t v) { return v && (v & (v - 1)) == 0; }
@@ -496,6 +524,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   std::string bytes = "1K:256M", variants, way;
   std::vector<std::int64_t> m_list;
   std::int64_t n_value = 0, k_value = 0;
+  int grouped_experts = 0;  // grouped_gemm --experts (0: the default shapes' own, 8 with --m)
   bool shapes_given = false;
   // --n N, --k K: one dimension each.
   auto one_dim = [](const std::string& flag, const std::string& v) {
@@ -515,6 +544,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--samples") args.samples = parse_int(a, v, 1, 100000);
     else if (a == "--warmup") args.warmup = parse_int(a, v, 0, 100000);
     else if (a == "--no-hold") args.hold = false;
+    else if (a == "--enqueue") args.enqueue = true;
     else if (a == "--order") args.order = parse_name(kOrders, v, a);
     else if (a == "--max-sms") args.max_sms = parse_int(a, v, 0, 1024);
     else if (a == "--chunks") args.chunks = parse_int(a, v, 1, 4096);
@@ -553,7 +583,10 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--tokens") args.ep_tokens = parse_int(a, v, 1, 1 << 20);
     else if (a == "--hidden") args.ep_hidden = parse_int(a, v, 8, 1 << 16);
     else if (a == "--topk") args.ep_topk = parse_int(a, v, 1, 32);
+    else if (a == "--experts" && op == "grouped_gemm") grouped_experts = parse_int(a, v, 1, 1 << 16);
     else if (a == "--experts") args.ep_experts = parse_int(a, v, 1, 1024);
+    else if (a == "--routing") args.routing = routing_name(parse_routing(v));
+    else if (a == "--layout") args.b_layout = v;
     else if (a == "--k") k_value = one_dim(a, v);
   }
   if (!way.empty() && args.op == "ag_gemm") args.ag_way = parse_name(kAgWays, way, "--way");
@@ -581,8 +614,23 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   if ((args.op == "gemm_rs" || args.op == "gemm_ar") && args.shapes.empty())
     args.shapes = parse_shapes("2048,8192,28672;4096,8192,28672;8192,8192,28672;2048,8192,8192;4096,8192,8192;"
                                "8192,8192,8192;4096,4096,8192");
-  WEFT_REQUIRE(args.b_layout == "nk" || args.b_layout == "kn", "--b-layout expects nk or kn, got '", args.b_layout,
-               "'");
+  WEFT_REQUIRE(args.b_layout == "nk" || args.b_layout == "kn", args.op == "grouped_gemm" ? "--layout" : "--b-layout",
+               " expects nk or kn, got '", args.b_layout, "'");
+  if (args.op == "grouped_gemm") {
+    if (args.shapes.empty()) {  // issue 33's shapes: Mixtral-, Qwen3-30B-A3B- and DeepSeek-like up-projections
+      args.grouped_cases = {{16384, 7168, 4096, 8}, {65536, 768, 2048, 128}, {32768, 2048, 7168, 32}};
+      if (grouped_experts)
+        for (GroupedCase& c : args.grouped_cases) c.experts = grouped_experts;
+    } else {
+      for (const auto& s : args.shapes) args.grouped_cases.push_back({s[0], s[1], s[2], grouped_experts ? grouped_experts : 8});
+    }
+    for (const GroupedCase& c : args.grouped_cases) {
+      WEFT_REQUIRE(c.n % 8 == 0 && c.k % 8 == 0, "grouped_gemm: N = ", c.n, " and K = ", c.k,
+                   " must be multiples of 8 (16-byte rows for TMA)");
+    }
+    WEFT_REQUIRE(args.dtype == "bf16" || args.dtype == "fp16", "grouped_gemm takes --dtype bf16 or fp16, got '",
+                 args.dtype, "'");
+  }
   if (args.op == "gemm" && args.shapes.empty())  // the per-rank GEMMs of the tensor-parallel benchmark shapes
     args.shapes = parse_shapes("8192,14336,8192;4096,14336,8192;2048,14336,8192;1000,14336,8192;8192,4096,8192;"
                                "4096,4096,8192;8192,8192,14336;4096,8192,14336;2048,8192,14336");

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "routing.hpp"
 #include "timing.hpp"
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/ag_gemm.hpp"
@@ -18,9 +19,15 @@ struct DecodeCase {
   std::int64_t batch, q_heads, kv_heads, kv_len, page_size;
 };
 
+/// One shape of weft-bench grouped_gemm: rows summed over the experts, each expert's weight N x K.
+struct GroupedCase {
+  std::int64_t rows, n, k;
+  int experts;
+};
+
 /// Everything weft-bench was asked to do.
 struct BenchArgs {
-  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep", "decode"
+  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep", "decode", "grouped_gemm"
   std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
   std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant; overlap ops: modes
   std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
@@ -29,6 +36,7 @@ struct BenchArgs {
   int samples = 15;                   ///< timed samples per (size, variant); the median is reported
   int warmup = 3;                     ///< untimed samples first
   bool hold = true;                   ///< hold the stream while a sample is enqueued (--no-hold: not; timing.hpp)
+  bool enqueue = false;               ///< collectives: time the host's enqueue of a call, and a graph of one call
   SampleOrder order = SampleOrder::fixed;  ///< --order: the contenders' order in each round of samples (timing.hpp)
   int max_sms = 0;                    ///< SM variants: cap on SMs (0 = plan's choice)
   int chunks = 0;                     ///< overlapped operators: copy/signal chunks per rank's rows (0 = plan's default)
@@ -54,6 +62,9 @@ struct BenchArgs {
   std::vector<DecodeCase> decode_cases;  ///< --cases (default: the shapes of docs/PERF.md's decode table)
   int splits = 0;                        ///< --splits: KV splits per (sequence, KV head) (0: the plan's choice)
   bool dist = false;                     ///< --dist: also time DistFlashDecode over a shard per rank
+  // grouped_gemm only (also b_layout, from --layout)
+  std::vector<GroupedCase> grouped_cases;  ///< --m/--n/--k/--experts (default: issue 33's three MoE shapes)
+  std::string routing = "uniform";         ///< --routing: uniform, zipf or one-hot (routing.hpp)
 };
 
 /// The largest per-rank message --bytes takes (1024T): far above any GPU's

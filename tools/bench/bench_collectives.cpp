@@ -8,10 +8,13 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 
 #include "bench.hpp"
+#include "enqueue_hold.hpp"
 #include "gpu_check.hpp"
 #include "timing.hpp"
 #include "weft/core/env.hpp"
@@ -178,9 +181,149 @@ int calls_for(std::uint64_t bytes) {
   return static_cast<int>(std::clamp<std::uint64_t>((std::uint64_t{64} << 20) / bytes, 2, 100));
 }
 
+
+// ---- --enqueue: what one call costs the host ------------------------------
+
+// Calls enqueued per sample: far below the depth of CUDA's launch queue
+// (about a thousand launches), past which a launch blocks until the GPU has
+// taken some, which would time the GPU again.
+constexpr int kEnqueueCalls = 100;
+
+// Host microseconds per call of `fn`: kEnqueueCalls calls enqueued behind a
+// held stream (nothing runs until all are enqueued, so no call waits for the
+// GPU), the wall time divided by the calls; the median over the samples on
+// this rank.
+double host_us_per_call(Context& ctx, cudaStream_t stream, EnqueueHold& held, const std::function<void()>& fn,
+                        int samples, int warmup) {
+  std::vector<double> us;
+  for (int s = 0; s < warmup + samples; ++s) {
+    ctx.synchronize(stream);
+    held.hold(stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int c = 0; c < kEnqueueCalls; ++c) fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    held.release();
+    ctx.synchronize(stream);
+    WEFT_REQUIRE(!held.timed_out(), "weft-bench --enqueue: rank ", ctx.rank(), " took over ", held.limit_ms(),
+                 " ms to enqueue ", kEnqueueCalls, " calls: the hold gave up, so the sample is not the host's alone");
+    if (s >= warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / kEnqueueCalls);
+  }
+  return median(us);
+}
+
+// The largest of each rank's values (the job is as slow as its slowest rank).
+std::vector<double> max_over_ranks(Context& ctx, const std::vector<double>& mine) {
+  std::string line;
+  for (double v : mine) line += std::to_string(v) + " ";
+  std::vector<double> out(mine.size(), -1e300);
+  for (const std::string& theirs : ctx.store().all_gather(line, "enqueue timing")) {
+    std::istringstream in(theirs);
+    for (double& x : out) {
+      double v = 0;
+      in >> v;
+      x = std::max(x, v);
+    }
+  }
+  return out;
+}
+
+struct EnqueueRow {
+  std::uint64_t bytes = 0;
+  std::string variant;
+  double run_host = 0, graph_launch_host = 0, graph_replay_device = 0, run_device = 0, nccl_host = -1;
+};
+
+// weft-bench OP --enqueue: per size and variant, the host's time to enqueue
+// one run(), one launch of a CUDA graph holding one run(), and that graph's
+// replay time on the GPU (events around kEnqueueCalls replays behind a held
+// stream), beside the GPU time of run() back to back and NCCL's enqueue.
+int bench_enqueue(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
+  Context& ctx = *ctx_ptr;
+  const std::string& op = args.op;
+  cudaStream_t stream;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<EnqueueRow> rows;
+  {
+    Buffers b(ctx, op, args.bytes.back(), args.dtype);
+    fill_random(b.input.get(), args.bytes.back(), fresh_seed(ctx.rank(), 1), stream);
+    if (op != "all_gather") fill_uniform(b.input.get(), args.bytes.back() / dtype_bytes(args.dtype), args.dtype, 7, stream);
+    EnqueueHold held;
+    for (std::uint64_t bytes : args.bytes) {
+      for (const std::string& v : args.variants) {
+        if (!variant_fits(op, v, bytes, ctx.world_size())) continue;
+        if (ctx.rank() == 0)
+          std::fprintf(stderr, "[weft-bench] %s %s per rank, %s, enqueue ...\n", op.c_str(), format_bytes(bytes).c_str(),
+                       v.c_str());
+        std::shared_ptr<void> plan;
+        Case c = make_case(ctx_ptr, op, v, bytes, args, b, plan);
+        // One eager call first: a first run may finish setting up, and must not be captured.
+        ctx.barrier(stream);
+        c.weft(stream);
+        ctx.synchronize(stream);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        WEFT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        c.weft(stream);
+        WEFT_CUDA(cudaStreamEndCapture(stream, &graph));
+        WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        WEFT_CUDA(cudaGraphUpload(exec, stream));
+        auto replay = [&] { WEFT_CUDA(cudaGraphLaunch(exec, stream)); };
+        std::vector<double> mine = {
+            host_us_per_call(ctx, stream, held, [&] { c.weft(stream); }, args.samples, args.warmup),
+            host_us_per_call(ctx, stream, held, replay, args.samples, args.warmup),
+            time_per_call(ctx, stream, replay, kEnqueueCalls, args.samples, args.warmup, true),
+            time_per_call(ctx, stream, [&] { c.weft(stream); }, kEnqueueCalls, args.samples, args.warmup, true),
+            c.nccl ? host_us_per_call(ctx, stream, held, [&] { c.nccl(stream); }, args.samples, args.warmup) : -1.0};
+        ctx.synchronize(stream);
+        WEFT_CUDA(cudaGraphExecDestroy(exec));
+        WEFT_CUDA(cudaGraphDestroy(graph));
+        const std::vector<double> worst = max_over_ranks(ctx, mine);
+        EnqueueRow row;
+        row.bytes = bytes;
+        row.variant = c.variant;
+        row.run_host = worst[0];
+        row.graph_launch_host = worst[1];
+        row.graph_replay_device = worst[2];
+        row.run_device = worst[3];
+        row.nccl_host = worst[4];
+        rows.push_back(row);
+      }
+    }
+  }
+  WEFT_CUDA(cudaStreamDestroy(stream));
+  if (ctx.rank() != 0) return 0;
+  if (args.json) {
+    for (const auto& r : rows)
+      std::printf("{\"op\":\"%s\",\"mode\":\"enqueue\",\"world\":%d,\"dtype\":\"%s\",\"bytes\":%llu,\"variant\":\"%s\","
+                  "\"calls_per_sample\":%d,\"run_host_us\":%.3f,\"graph_launch_host_us\":%.3f,"
+                  "\"graph_replay_device_us\":%.3f,\"run_device_us\":%.3f,\"nccl_host_us\":%.3f,"
+                  "\"shared_gpu\":%s}\n",
+                  op.c_str(), ctx.world_size(), args.dtype.c_str(), static_cast<unsigned long long>(r.bytes),
+                  r.variant.c_str(), kEnqueueCalls, r.run_host, r.graph_launch_host, r.graph_replay_device,
+                  r.run_device, r.nccl_host, ctx.team().shares_gpus() ? "true" : "false");
+  } else {
+    std::printf("%s, %d rank(s), %s: us per call, median of %d samples of %d calls enqueued behind a held stream, max "
+                "over ranks.\nhost = the host's time to enqueue one call; GPU = CUDA events around the calls, run "
+                "back to back\n",
+                op.c_str(), ctx.world_size(), args.dtype.c_str(), args.samples, kEnqueueCalls);
+    std::printf("%8s %11s | %10s %10s | %12s %12s | %10s\n", "bytes", "variant", "run", "run", "graph launch",
+                "graph replay", "nccl");
+    std::printf("%8s %11s | %10s %10s | %12s %12s | %10s\n", "", "", "host", "GPU", "host", "GPU", "host");
+    for (const auto& r : rows) {
+      char nccl[32] = "-";
+      if (r.nccl_host >= 0) std::snprintf(nccl, sizeof nccl, "%.2f", r.nccl_host);
+      std::printf("%8s %11s | %10.2f %10.2f | %12.2f %12.2f | %10s\n", format_bytes(r.bytes).c_str(),
+                  r.variant.c_str(), r.run_host, r.run_device, r.graph_launch_host, r.graph_replay_device, nccl);
+    }
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int bench_collective(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
+  if (args.enqueue) return bench_enqueue(ctx_ptr, args);
   Context& ctx = *ctx_ptr;
   const int world = ctx.world_size(), me = ctx.rank();
   const std::string& op = args.op;

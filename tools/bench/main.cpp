@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     ContextOptions opts;
     // Room for the largest input and output, plus the plans' staging and signals.
     const std::uint64_t world = launch.world_size;
-    if (args.op == "gemm" || args.op == "decode") {
+    if (args.op == "gemm" || args.op == "decode" || args.op == "grouped_gemm") {
       opts.heap_bytes = std::uint64_t{256} << 20;
     } else if (args.op == "ep") {
       // The plan's staging at most every rank's tokens (rows and their meta records), the copy bound's sink.
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     if (args.op == "gemm") return bench::bench_gemm(ctx, args);
     if (args.op == "ep") return bench::bench_ep(ctx, args);
     if (args.op == "decode") return bench::bench_decode(ctx, args);
+    if (args.op == "grouped_gemm") return bench::bench_grouped_gemm(ctx, args);
     if (bench::is_overlap_op(args.op)) return bench::bench_overlap(ctx, args);
     return bench::bench_collective(ctx, args);
   } catch (const Error& e) {

@@ -1,38 +1,40 @@
 #!/usr/bin/env python3
 """Cost model of weft's planned inter-node schedules at 16, 32 and 64 GPUs.
 
-Prints the tables of docs/SCALE_MODEL.md: predictions computed from PARAMS
-(each measured on 2 x H200, published, or assumed, as its row says).
+Prints the tables of docs/SCALE.md: predictions computed from PARAMS
+(each measured on 2 x H200, published, or assumed, as its row says), at one
+node (8 GPUs, the sanity anchor) and at 2, 4 and 8 nodes.
 
     scale_model.py [--markdown]        print the tables (standard library only)
+    scale_model.py --json              the same predictions as one JSON object
     scale_model.py --check FILE        exit 0 iff FILE's block between the markers equals the output
-    scale_model.py --set nic_lat=3     the tables with other values (e.g. measured ones)
+    scale_model.py --set nic_lat=3     the tables with other values (e.g. measured ones; repeatable)
 """
 import argparse
 import difflib
+import json
 import math
 import sys
 
 BEGIN, END = "<!-- scale_model.py begin -->", "<!-- scale_model.py end -->"
 
-# name: (value, unit, kind, source). "PERF" is docs/PERF.md, "anchors" is the
-# reference anchors (measured on the same 2 x H200 machine, PyTorch 2.11).
-# NVLink bandwidths are bus bandwidths at 256 MB per rank, 2 x H200, back-to-back
-# loop: the fused operators move 64 MB - 1 GB a call, and 256 MB is the middle.
+# name: (value, unit, kind, source). kind: "measured" (2 x H200, NV18, docs/PERF.md, the section
+# named), "published" (the document named) or "assumed". NVLink bandwidths are bus bandwidths at
+# 256 MB per rank, back-to-back loop: the fused operators move 64 MB - 1 GB a call, 256 MB is the middle.
 PARAMS = {
-    "nvl_bw": (343.4, "GB/s", "measured-here", "weft AllGather bus bandwidth, 256 MB per rank (PERF, AllGather)"),
-    "nvl_red_bw": (281.6, "GB/s", "measured-here", "weft ReduceScatter bus bandwidth, 256 MB (PERF, ReduceScatter)"),
-    "nccl_ag_bw": (256.6, "GB/s", "measured-here", "NCCL AllGather bus bandwidth, 256 MB (PERF, AllGather)"),
-    "nccl_rs_bw": (229.9, "GB/s", "measured-here", "NCCL ReduceScatter bus bandwidth, 256 MB (PERF, ReduceScatter)"),
-    "nccl_ar_bw": (300.1, "GB/s", "measured-here", "NCCL AllReduce bus bandwidth, 256 MB (PERF, AllReduce)"),
-    "nvl_lat": (1.36, "us", "measured-here", "notify/wait ping-pong over NVLink, one way (PERF, Primitives)"),
-    "weft_t0": (1.4, "us", "measured-here", "weft's 1 KB collectives, 2.7-3.3 us, less one NVLink trip (PERF)"),
-    "nccl_t0": (4.7, "us", "measured-here", "NCCL's 1 KB AllReduce, 6.1 us, less one NVLink trip (PERF)"),
-    "gemm_tflops": (700.0, "TFLOP/s", "measured-here", "cuBLAS bf16 on the 9 per-rank TP shapes: 686-762 (PERF, GEMM)"),
-    "hbm_bw": (4250.0, "GB/s", "measured-here", "HBM copy, 4 GiB, read + write (anchors)"),
+    "nvl_bw": (343.4, "GB/s", "measured", "docs/PERF.md, Collectives > AllGather: weft's bus bandwidth, 256 MB per rank"),
+    "nvl_red_bw": (281.6, "GB/s", "measured", "docs/PERF.md, Collectives > ReduceScatter: weft's bus bandwidth, 256 MB"),
+    "nccl_ag_bw": (256.6, "GB/s", "measured", "docs/PERF.md, Collectives > AllGather: NCCL's bus bandwidth, 256 MB"),
+    "nccl_rs_bw": (229.9, "GB/s", "measured", "docs/PERF.md, Collectives > ReduceScatter: NCCL's bus bandwidth, 256 MB"),
+    "nccl_ar_bw": (300.1, "GB/s", "measured", "docs/PERF.md, Collectives > AllReduce: NCCL's bus bandwidth, 256 MB"),
+    "nvl_lat": (1.36, "us", "measured", "docs/PERF.md, Primitives: notify/wait ping-pong over NVLink, one way"),
+    "weft_t0": (1.4, "us", "measured", "docs/PERF.md, Collectives: weft's 1 KB calls, 2.7-3.3 us, less one NVLink trip"),
+    "nccl_t0": (4.7, "us", "measured", "docs/PERF.md, Collectives > AllReduce: NCCL at 1 KB, 6.1 us, less one NVLink trip"),
+    "gemm_tflops": (700.0, "TFLOP/s", "measured", "docs/PERF.md, GEMM against cuBLAS: cuBLAS bf16 on the 9 per-rank TP shapes, 686-762"),
+    "hbm_bw": (4250.0, "GB/s", "measured", "one H200: a 4 GiB device-to-device copy in 2.021 ms, read + write (not in docs/PERF.md)"),
     "gemm_t0": (3.0, "us", "assumed", "a GEMM's launch and last-wave tail"),
-    "ov_ag": (1.02, "x", "measured-here", "fused AllGather+GEMM over ideal, 2 ranks: 1.007-1.034 (PERF)"),
-    "ov_rs": (1.03, "x", "measured-here", "fused GEMM+ReduceScatter over ideal, K = 28672: 1.012-1.036 (PERF)"),
+    "ov_ag": (1.02, "x", "measured", "docs/PERF.md, Overlapped operators > AllGather+GEMM: x ideal 1.007-1.034"),
+    "ov_rs": (1.03, "x", "measured", "docs/PERF.md, Overlapped operators > GEMM+ReduceScatter: x ideal at K = 28672, 1.012-1.036"),
     "nic_bw": (50.0, "GB/s", "published", "NDR InfiniBand 400 Gb/s, one NIC per GPU (DeepEP README: ~50 GB/s)"),
     "nic_eff": (0.90, "x", "assumed", "share of the line rate GPU-initiated puts reach"),
     "nic_lat": (4.0, "us", "published", "put + signal across one IB switch: 'a few microseconds' (3-5), 4 taken"),
@@ -42,9 +44,17 @@ PARAMS = {
 }
 
 # Published peers' figures the tables are held against (anchors.md; DeepEP README).
-DEEPEP_NORMAL = {16: (43, 43), 32: (58, 57), 64: (51, 50)}          # GB/s, dispatch / combine, H800
+# DeepEP normal mode: 8 GPUs over NVLink (bytes per token-rank pair), 16-64 over RDMA (per token-node pair).
+DEEPEP_NORMAL = {8: (153, 158), 16: (43, 43), 32: (58, 57), 64: (51, 50)}   # GB/s, dispatch / combine, H800
+UCCL_EP_8_H200 = (320, 319)   # GB/s, dispatch / combine, 8 x H200 (the same count as DeepEP's at one node)
 DEEPEP_LL = {16: (118, 195), 32: (155, 273), 64: (173, 314)}        # us, dispatch / combine, H800
-PAPER_16 = {"ag_gemm": 1.33, "gemm_rs": 1.42}                        # over PyTorch + NCCL, 16 H800
+# Triton-distributed over PyTorch + NCCL, H800, means over the paper's shapes: 8 = one node, 16 = two.
+PAPER = {8: {"ag_gemm": 1.42, "gemm_rs": 1.28}, 16: {"ag_gemm": 1.33, "gemm_rs": 1.42}}
+# Qwen3-32B MLP, 8 x H800, M = 2048 (hidden 5120, intermediate 25600; AllGather+GEMM on gate and up,
+# GEMM+ReduceScatter on down): Triton-distributed 0.885 ms, PyTorch 1.077 ms.
+QWEN3_MLP = {"m": 2048, "hidden": 5120, "inter": 25600, "paper_ms": 0.885, "torch_ms": 1.077}
+# GEMM+ReduceScatter where overlap does not pay (8 x H100): Triton-distributed 0.323 ms, cuBLAS + NCCL 0.167.
+SMALL_RS = {"m": 4096, "n": 4096, "k": 8192, "paper_ms": 0.323, "base_ms": 0.167}
 # PERF.md's overlapped tables, 2 x H200, "x seq" of sweep 1 / sweep 2.
 MEASURED_2 = {("ag_gemm", 8192, 28672, 8192): (1.105, 1.120), ("ag_gemm", 8192, 8192, 8192): (1.397, 1.391),
               ("gemm_rs", 8192, 8192, 28672): (1.131, 1.127), ("gemm_rs", 8192, 8192, 8192): (1.391, 1.395)}
@@ -235,7 +245,7 @@ def ep_two_hop(tokens, W, p, token_bytes, groups):
     nodes, ranks = ep_fanout(W, p, groups)
     t_nic = tokens * nodes * (Nn - 1) / Nn * token_bytes / nic(p)
     t_nvl = tokens * ranks * (L - 1) / L * token_bytes / (p["nvl_bw"] * GB)
-    lat = (p["weft_t0"] + p["nic_lat"] + p["nvl_lat"]) * US
+    lat = (p["weft_t0"] + (p["nic_lat"] if Nn > 1 else 0.0) + p["nvl_lat"]) * US
     return lat + pipe(t_nic, t_nvl, p["chunks"])
 
 
@@ -247,12 +257,14 @@ def ep_direct(tokens, W, p, token_bytes, groups, per_expert):
     # experts are uniform over the ranks: (W - L) / W of the copies leave the node
     t_nic = tokens * copies * (W - L) / W * token_bytes / nic(p)
     t_nvl = tokens * copies * (L - 1) / W * token_bytes / (p["nvl_bw"] * GB)
-    return (p["weft_t0"] + p["nic_lat"]) * US + max(t_nic, t_nvl)
+    return (p["weft_t0"] + (p["nic_lat"] if W > L else p["nvl_lat"])) * US + max(t_nic, t_nvl)
 
 
 def logical_bw(tokens, W, p, seconds, conv_bytes, groups):
-    """DeepEP's 'bottleneck bandwidth': (token, node) pairs, own node included, x bytes / time."""
-    return tokens * ep_fanout(W, p, groups)[0] * conv_bytes / seconds / GB
+    """DeepEP's bandwidth: across nodes (token, node) pairs, own node included, x bytes / time
+    (its 'RDMA bottleneck'); within one node (token, rank) pairs."""
+    nodes, ranks = ep_fanout(W, p, groups)
+    return tokens * (nodes if topo(W, p)[1] > 1 else ranks) * conv_bytes / seconds / GB
 
 
 # ---- output ----
@@ -262,9 +274,13 @@ def table(headers, rows):
 
 
 def shapes_for(op, W):
+    """The layer's M x N x K: two strong-scaling shapes (M = 8192) and one weak (M = 1024 W; at 8 GPUs
+    that is the first shape, so it is left out)."""
     if op == "ag_gemm":
-        return [(8192, 28672, 8192, "8192"), (8192, 8192, 8192, "8192"), (1024 * W, 28672, 8192, "1024 W")]
-    return [(8192, 8192, 28672, "8192"), (8192, 8192, 8192, "8192"), (1024 * W, 8192, 28672, "1024 W")]
+        shapes = [(8192, 28672, 8192, "8192"), (8192, 8192, 8192, "8192"), (1024 * W, 28672, 8192, "1024 W")]
+    else:
+        shapes = [(8192, 8192, 28672, "8192"), (8192, 8192, 8192, "8192"), (1024 * W, 8192, 28672, "1024 W")]
+    return shapes if 1024 * W != 8192 else shapes[:2]
 
 
 def bound(g, coll, S, op, W, p):
@@ -276,114 +292,235 @@ def bound(g, coll, S, op, W, p):
     return "NIC" if nic_t > nvl_t else "NVLink"
 
 
-def render(p):
-    ms, us = (lambda s: "%.3f" % (s * 1e3)), (lambda s: "%.0f" % (s * 1e6))
-    names = {"ag_gemm": "AllGather+GEMM", "gemm_rs": "GEMM+ReduceScatter"}
-    out = ["### Parameters",
-           table(["name", "value", "unit", "kind", "source"],
-                 [(k, p[k], v[1], v[2], v[3]) for k, v in PARAMS.items()]), ""]
+NAMES = {"ag_gemm": "AllGather+GEMM", "gemm_rs": "GEMM+ReduceScatter"}
+COLLS = (("ag", "AllGather"), ("rs", "ReduceScatter"), ("ar", "AllReduce"))
+WORLDS = (8, 16, 32, 64)          # one node (the anchor), then 2, 4 and 8 nodes
+EP_OPS = (("dispatch", FP8_TOKEN, HIDDEN * (1 + 4 / 128)), ("combine", BF16_TOKEN, BF16_TOKEN))
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def overlapped_row(op, m, n, k, label, W, p):
+    """One fused operator at one world size: times in seconds, ratios, the H800 ratio, the paper's."""
+    g, nc, wc, f, S = fused(op, m, n, k, W, p)
+    gh, nch, _, fh, _ = fused(op, m, n, k, W, h800(p))
+    return {"op": op, "shape": "%s x %d x %d" % (label, n, k), "m": m, "n": n, "k": k, "gpus": W,
+            "bytes_per_rank": S, "gemm_s": g, "nccl_coll_s": nc, "weft_coll_s": wc, "baseline_s": g + nc,
+            "weft_s": f, "x_seq": (g + nc) / f, "x_ideal": f / max(g, wc), "bound": bound(g, wc, S, op, W, p),
+            "x_seq_h800": (gh + nch) / fh, "paper_x_seq": PAPER.get(W, {}).get(op)}
+
+
+def qwen3_mlp(p):
+    """Qwen3-32B's MLP at 8 GPUs: AllGather+GEMM on gate and up, then GEMM+ReduceScatter on down."""
+    q, out = QWEN3_MLP, {}
+    for key, prm in (("h200", p), ("h800", h800(p))):
+        ag = fused("ag_gemm", q["m"], 2 * q["inter"], q["hidden"], 8, prm)
+        rs = fused("gemm_rs", q["m"], q["hidden"], q["inter"], 8, prm)
+        out[key] = {"baseline_s": ag[0] + ag[1] + rs[0] + rs[1], "weft_s": ag[3] + rs[3]}
+    return out
+
+
+def predict(p):
+    """Every prediction the tables print, as plain data (seconds, GB/s, ratios)."""
+    res = {"params": {k: {"value": p[k], "unit": v[1], "kind": v[2], "source": v[3]} for k, v in PARAMS.items()}}
 
     rows = []
     for (op, m, n, k), meas in MEASURED_2.items():
         g, nc, _, f, _ = fused(op, m, n, k, 2, p)
-        rows.append((names[op] + ", x seq", "%d x %d x %d" % (m, n, k), "%.2f" % ((g + nc) / f), "%.3f / %.3f" % meas))
-    for op, name in (("ag", "AllGather"), ("rs", "ReduceScatter"), ("ar", "AllReduce")):
+        rows.append({"figure": NAMES[op] + ", x seq", "size": "%d x %d x %d" % (m, n, k),
+                     "model": (g + nc) / f, "measured": list(meas)})
+    for op, name in COLLS:
         S = 256 * 2 ** 20
-        rows.append((name + ", bus GB/s weft / NCCL", "256 MB per rank", "%.0f / %.0f" % (
-            bus_bytes(op, S, 2) / WEFT[op](S, 2, p) / GB, bus_bytes(op, S, 2) / nccl(op, S, 2, p) / GB),
-            MEASURED_2_BUS[op]))
-    out += ["### The model at 2 GPUs against PERF.md",
-            table(["figure", "shape or size", "model", "measured (sweep 1 / 2)"], rows), ""]
+        rows.append({"figure": name + ", bus GB/s weft / NCCL", "size": "256 MB per rank",
+                     "model": [bus_bytes(op, S, 2) / WEFT[op](S, 2, p) / GB, bus_bytes(op, S, 2) / nccl(op, S, 2, p) / GB],
+                     "measured": MEASURED_2_BUS[op]})
+    res["two_gpus"] = rows
 
-    rows, mean16 = [], {"ag_gemm": [[], []], "gemm_rs": [[], []]}
-    for op in ("ag_gemm", "gemm_rs"):
-        for W in (16, 32, 64):
-            for m, n, k, label in shapes_for(op, W):
-                g, nc, wc, f, S = fused(op, m, n, k, W, p)
-                seq = g + nc
-                gh, nch, _, fh, _ = fused(op, m, n, k, W, h800(p))
-                if W == 16:
-                    mean16[op][0].append(seq / f)
-                    mean16[op][1].append((gh + nch) / fh)
-                rows.append((names[op], "%s x %d x %d" % (label, n, k), W, ms(g), ms(nc), ms(wc), ms(seq), ms(f),
-                             "%.2f" % (seq / f), "%.2f" % (f / max(g, wc)), bound(g, wc, S, op, W, p),
-                             "%.2f" % ((gh + nch) / fh)))
-    out += ["### Overlapped operators (8 GPUs per node; strong scaling, except M = 1024 W)",
-            table(["operator", "M x N x K", "GPUs", "GEMM ms", "NCCL coll. ms", "weft coll. ms", "NCCL + cuBLAS ms",
-                   "weft fused ms", "x seq", "x ideal", "bound", "x seq, H800 NVLink"], rows), ""]
+    res["overlapped"] = [overlapped_row(op, m, n, k, label, W, p)
+                         for op in ("ag_gemm", "gemm_rs") for W in WORLDS for m, n, k, label in shapes_for(op, W)]
 
     rows = []
-    for op, name in (("ag", "AllGather"), ("rs", "ReduceScatter"), ("ar", "AllReduce")):
+    for op, name in COLLS:
         for mb in (1, 16, 256):
-            S, cells = mb * 2 ** 20, []
-            for W in (16, 32, 64):
+            S = mb * 2 ** 20
+            for W in WORLDS:
                 tw, tn = WEFT[op](S, W, p), nccl(op, S, W, p)
-                bus = bus_bytes(op, S, W) / GB
-                cells.append("%.0f / %.0f (%.2fx)" % (bus / tw, bus / tn, tn / tw))
-            rows.append([name, "%d MB" % mb] + cells)
-    out += ["### Collectives: bus bandwidth, weft hierarchical / NCCL, GB/s (NCCL time / weft time)",
-            table(["collective", "bytes per rank", "16 GPUs", "32 GPUs", "64 GPUs"], rows), ""]
+                rows.append({"collective": name, "op": op, "bytes_per_rank": S, "gpus": W, "weft_s": tw, "nccl_s": tn,
+                             "weft_bus_gbps": bus_bytes(op, S, W) / tw / GB, "nccl_bus_gbps": bus_bytes(op, S, W) / tn / GB})
+    res["collectives"] = rows
 
-    rows, ratios, h200, ll32 = [], {"dispatch": [], "combine": []}, {"dispatch": [], "combine": []}, None
-    for W in (16, 32, 64):
-        for i, (op, tb, conv) in enumerate((("dispatch", FP8_TOKEN, HIDDEN * (1 + 4 / 128)),
-                                            ("combine", BF16_TOKEN, BF16_TOKEN))):
+    rows = []
+    for W in WORLDS:
+        for i, (op, tb, conv) in enumerate(EP_OPS):
             t = ep_two_hop(4096, W, p, tb, 4)
-            bw_h800 = logical_bw(4096, W, p, ep_two_hop(4096, W, h800(p), tb, 4), conv, 4)
-            ratios[op].append(bw_h800 / DEEPEP_NORMAL[W][i])
-            h200[op].append(logical_bw(4096, W, p, t, conv, 4))
-            two, direct = ep_two_hop(128, W, p, tb, NO_LIMIT), ep_direct(128, W, p, tb, NO_LIMIT, True)
-            if W == 32 and op == "dispatch":
-                ll32 = [(ep_two_hop(128, W, q, tb, NO_LIMIT), ep_direct(128, W, q, tb, NO_LIMIT, True))
-                        for q in (p, h800(p))]
-            rows.append((W, op, us(t), "%.0f" % h200[op][-1], us(ep_direct(4096, W, p, tb, 4, False)),
-                         "%.0f" % bw_h800, DEEPEP_NORMAL[W][i], us(two), us(direct), DEEPEP_LL[W][i]))
+            row = {"gpus": W, "op": op, "two_hop_s": t, "gbps": logical_bw(4096, W, p, t, conv, 4),
+                   "flat_s": ep_direct(4096, W, p, tb, 4, False),
+                   "gbps_h800": logical_bw(4096, W, p, ep_two_hop(4096, W, h800(p), tb, 4), conv, 4),
+                   "deepep_gbps": DEEPEP_NORMAL[W][i]}
+            if W > int(p["gpus_per_node"]):
+                row.update({"ll_two_hop_s": ep_two_hop(128, W, p, tb, NO_LIMIT),
+                            "ll_direct_s": ep_direct(128, W, p, tb, NO_LIMIT, True), "deepep_ll_us": DEEPEP_LL[W][i],
+                            "ll_two_hop_h800_s": ep_two_hop(128, W, h800(p), tb, NO_LIMIT),
+                            "ll_direct_h800_s": ep_direct(128, W, h800(p), tb, NO_LIMIT, True)})
+            rows.append(row)
+    res["ep"] = rows
+
+    ov = res["overlapped"]
+    per = {(W, op): [r for r in ov if r["gpus"] == W and r["op"] == op] for W in WORLDS for op in NAMES}
+    small = {key: fused("gemm_rs", SMALL_RS["m"], SMALL_RS["n"], SMALL_RS["k"], 8, prm)
+             for key, prm in (("h200", p), ("h800", h800(p)))}
+    ep8 = [r for r in res["ep"] if r["gpus"] == 8]
+    res["published"] = {
+        "mean_x_seq": {"%d/%s" % (W, op): {"h200": mean([r["x_seq"] for r in per[W, op]]),
+                                           "h800": mean([r["x_seq_h800"] for r in per[W, op]]),
+                                           "paper": PAPER[W][op]} for W in (8, 16) for op in NAMES},
+        "qwen3_mlp": dict(qwen3_mlp(p), paper_ms=QWEN3_MLP["paper_ms"], torch_ms=QWEN3_MLP["torch_ms"]),
+        "small_gemm_rs": {key: {"baseline_s": v[0] + v[1], "weft_s": v[3]} for key, v in small.items()},
+        "ep_one_node": {r["op"]: {"gbps": r["gbps"], "gbps_h800": r["gbps_h800"], "deepep_gbps": r["deepep_gbps"]}
+                        for r in ep8},
+        "ep": {op: {"gbps": [r["gbps"] for r in res["ep"] if r["op"] == op and r["gpus"] > 8],
+                    "ratio_h800": [r["gbps_h800"] / r["deepep_gbps"] for r in res["ep"] if r["op"] == op and r["gpus"] > 8]}
+               for op, _, _ in EP_OPS},
+        "ll32": [(r["ll_two_hop_s"], r["ll_direct_s"], r["ll_two_hop_h800_s"], r["ll_direct_h800_s"])
+                 for r in res["ep"] if r["gpus"] == 32 and r["op"] == "dispatch"][0],
+    }
+    return res
+
+
+def render(p):
+    """The markdown tables of docs/SCALE.md."""
+    res = predict(p)
+    ms, us = (lambda s: "%.3f" % (s * 1e3)), (lambda s: "%.0f" % (s * 1e6))
+    x = lambda v: "%.2f" % v  # noqa: E731
+    out = ["### Parameters",
+           table(["name", "value", "unit", "kind", "source"],
+                 [(k, v["value"], v["unit"], v["kind"], v["source"]) for k, v in res["params"].items()]), ""]
+
+    rows = []
+    for r in res["two_gpus"]:
+        if isinstance(r["model"], list):
+            rows.append((r["figure"], r["size"], "%.0f / %.0f" % tuple(r["model"]), r["measured"]))
+        else:
+            rows.append((r["figure"], r["size"], x(r["model"]), "%.3f / %.3f" % tuple(r["measured"])))
+    out += ["### The model at 2 GPUs against PERF.md (measured)",
+            table(["figure", "shape or size", "model", "measured (sweep 1 / 2)"], rows), ""]
+
+    pub = res["published"]
+    mx, q, sm = pub["mean_x_seq"], pub["qwen3_mlp"], pub["small_gemm_rs"]
+    rows = [("%s over PyTorch + NCCL (mean of the 2 shapes)" % NAMES[op], "%.2fx (its shapes)" % mx["8/" + op]["paper"],
+             "%.2fx" % mx["8/" + op]["h200"], "%.2fx" % mx["8/" + op]["h800"]) for op in NAMES]
+    rows.append(("Qwen3-32B MLP, M = 2048: AllGather+GEMM then GEMM+ReduceScatter, over PyTorch",
+                 "%.3f vs %.3f ms (%.2fx)" % (q["paper_ms"], q["torch_ms"], q["torch_ms"] / q["paper_ms"]),
+                 "%s vs %s ms (%.2fx)" % (ms(q["h200"]["weft_s"]), ms(q["h200"]["baseline_s"]),
+                                          q["h200"]["baseline_s"] / q["h200"]["weft_s"]),
+                 "%.2fx" % (q["h800"]["baseline_s"] / q["h800"]["weft_s"])))
+    rows.append(("GEMM+ReduceScatter 4096 x 4096 x 8192 over cuBLAS + NCCL (8 x H100)",
+                 "%.3f vs %.3f ms (%.2fx)" % (SMALL_RS["paper_ms"], SMALL_RS["base_ms"], SMALL_RS["base_ms"] / SMALL_RS["paper_ms"]),
+                 "%s vs %s ms (%.2fx)" % (ms(sm["h200"]["weft_s"]), ms(sm["h200"]["baseline_s"]),
+                                          sm["h200"]["baseline_s"] / sm["h200"]["weft_s"]),
+                 "%.2fx" % (sm["h800"]["baseline_s"] / sm["h800"]["weft_s"])))
+    for i, op in enumerate(("dispatch", "combine")):
+        e = pub["ep_one_node"][op]
+        rows.append(("EP %s, 4096 tokens, GB/s (token-rank pairs), the model's bound" % op,
+                     "DeepEP %d GB/s; UCCL-EP %d on 8 x H200" % (e["deepep_gbps"], UCCL_EP_8_H200[i]),
+                     "%.0f GB/s (UCCL-EP at %.2f of it)" % (e["gbps"], UCCL_EP_8_H200[i] / e["gbps"]),
+                     "%.0f GB/s (DeepEP at %.2f of it)" % (e["gbps_h800"], e["deepep_gbps"] / e["gbps_h800"])))
+    out += ["### One node (8 GPUs) against the published single-node figures (the anchor)",
+            table(["figure", "published (8 x H800 unless said)", "model, H200", "model, H800 NVLink"], rows), ""]
+
+    rows = []
+    for r in res["overlapped"]:
+        paper = "-" if r["paper_x_seq"] is None else "%.2f (mean)" % r["paper_x_seq"]
+        rows.append((NAMES[r["op"]], r["shape"], r["gpus"], ms(r["gemm_s"]), ms(r["nccl_coll_s"]), ms(r["weft_coll_s"]),
+                     ms(r["baseline_s"]), ms(r["weft_s"]), x(r["x_seq"]), x(r["x_ideal"]), r["bound"],
+                     x(r["x_seq_h800"]), paper))
+    out += ["### Overlapped operators (8 GPUs per node; strong scaling, except M = 1024 W)",
+            table(["operator", "M x N x K", "GPUs", "GEMM ms", "NCCL coll. ms", "weft coll. ms", "NCCL + cuBLAS ms",
+                   "weft fused ms", "x seq", "x ideal", "bound", "x seq, H800 NVLink", "paper x seq, H800"], rows), ""]
+
+    rows, cells = [], {}
+    for r in res["collectives"]:
+        cells.setdefault((r["collective"], r["bytes_per_rank"]), []).append(
+            "%.0f / %.0f (%.2fx)" % (r["weft_bus_gbps"], r["nccl_bus_gbps"], r["nccl_s"] / r["weft_s"]))
+    for (name, S), c in cells.items():
+        rows.append([name, "%d MB" % (S // 2 ** 20)] + c)
+    out += ["### Collectives: bus bandwidth, weft hierarchical / NCCL, GB/s (NCCL time / weft time)",
+            table(["collective", "bytes per rank"] + ["%d GPUs" % W for W in WORLDS], rows), ""]
+
+    rows = [(r["gpus"], r["op"], us(r["two_hop_s"]), "%.0f" % r["gbps"], us(r["flat_s"]), "%.0f" % r["gbps_h800"],
+             r["deepep_gbps"], us(r["ll_two_hop_s"]), us(r["ll_direct_s"]), r["deepep_ll_us"])
+            for r in res["ep"] if r["gpus"] > 8]
     out += ["### Expert parallelism: 4096 tokens per rank (top-4 nodes) and 128 (low latency, no node limit)",
             table(["GPUs", "op", "4096: two-hop us", "GB/s (DeepEP's count)", "flat us", "H800 NVLink GB/s",
                    "DeepEP, H800 GB/s", "128: two-hop us", "direct us", "DeepEP, H800 us"], rows), ""]
 
-    def mean(xs):
-        return sum(xs) / len(xs)
-
-    ll = ["two-hop %s us vs direct %s us (%.2fx)" % (us(a), us(b), b / a) for a, b in ll32]
-    rows = [("AllGather+GEMM over PyTorch + NCCL, 16 GPUs", "%.2fx" % PAPER_16["ag_gemm"],
-             "%.2fx" % mean(mean16["ag_gemm"][0]), "%.2fx" % mean(mean16["ag_gemm"][1])),
-            ("GEMM+ReduceScatter over PyTorch + NCCL, 16 GPUs", "%.2fx" % PAPER_16["gemm_rs"],
-             "%.2fx" % mean(mean16["gemm_rs"][0]), "%.2fx" % mean(mean16["gemm_rs"][1])),
-            ("dispatch over DeepEP, 16-64 GPUs", "1.18x", "%.0f-%.0f GB/s" % (min(h200["dispatch"]),
-             max(h200["dispatch"])), "bound / DeepEP: %.2f-%.2fx" % (min(ratios["dispatch"]), max(ratios["dispatch"]))),
-            ("combine over DeepEP, 16-64 GPUs", "1.44x", "%.0f-%.0f GB/s" % (min(h200["combine"]),
-             max(h200["combine"])), "bound / DeepEP: %.2f-%.2fx" % (min(ratios["combine"]), max(ratios["combine"]))),
-            ("low-latency dispatch, 32 GPUs", "137 us vs DeepEP 182 us (1.33x)", ll[0], ll[1])]
-    out += ["### Against the published figures (means over the three shapes above)",
+    ep, ll = pub["ep"], pub["ll32"]
+    rows = [("%s over PyTorch + NCCL, 16 GPUs" % NAMES[op], "%.2fx" % mx["16/" + op]["paper"],
+             "%.2fx" % mx["16/" + op]["h200"], "%.2fx" % mx["16/" + op]["h800"]) for op in NAMES]
+    for op, paper in (("dispatch", "1.18x"), ("combine", "1.44x")):
+        rows.append(("%s over DeepEP, 16-64 GPUs" % op, paper, "%.0f-%.0f GB/s" % (min(ep[op]["gbps"]), max(ep[op]["gbps"])),
+                     "bound / DeepEP: %.2f-%.2fx" % (min(ep[op]["ratio_h800"]), max(ep[op]["ratio_h800"]))))
+    rows.append(("low-latency dispatch, 32 GPUs", "137 us vs DeepEP 182 us (1.33x)",
+                 "two-hop %s us vs direct %s us (%.2fx)" % (us(ll[0]), us(ll[1]), ll[1] / ll[0]),
+                 "two-hop %s us vs direct %s us (%.2fx)" % (us(ll[2]), us(ll[3]), ll[3] / ll[2])))
+    out += ["### Against the published multi-node figures (means over the three shapes above)",
             table(["figure", "published", "model, H200", "model, H800 NVLink"], rows)]
     return "\n".join(out) + "\n"
 
 
-def main():
+def parse_params(sets):
+    """PARAMS' values with NAME=VALUE overrides; raises ValueError naming the bad one."""
+    p = {k: v[0] for k, v in PARAMS.items()}
+    for s in sets:
+        name, eq, value = s.partition("=")
+        if name not in p or not eq:
+            raise ValueError("--set %s: expected NAME=VALUE with NAME one of %s" % (s, ", ".join(PARAMS)))
+        try:
+            p[name] = float(value)
+        except ValueError:
+            raise ValueError("--set %s: %r is not a number" % (s, value))
+        if not p[name] > 0 and name not in ("gemm_t0", "weft_t0", "nccl_t0", "nvl_lat", "nic_lat"):
+            raise ValueError("--set %s: must be positive" % s)
+    if p["gpus_per_node"] != int(p["gpus_per_node"]) or p["chunks"] != int(p["chunks"]):
+        raise ValueError("--set: gpus_per_node and chunks must be whole numbers")
+    return p
+
+
+def doc_block(text):
+    """The part of a page between the markers, or None."""
+    if BEGIN not in text or END not in text:
+        return None
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print the tables (the default)")
+    ap.add_argument("--json", action="store_true", help="print the predictions as one JSON object (seconds, GB/s)")
     ap.add_argument("--check", metavar="FILE", help="compare FILE's block between the markers with the output")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a parameter")
-    args = ap.parse_args()
-    p = {k: v[0] for k, v in PARAMS.items()}
-    for s in args.set:
-        name, _, value = s.partition("=")
-        try:
-            p[name] = float(value) if name in p else None
-        except ValueError:
-            p[name] = None
-        if p[name] is None:
-            ap.error("--set %s: expected NAME=VALUE, a number, with NAME one of %s" % (s, ", ".join(PARAMS)))
+    args = ap.parse_args(argv)
+    try:
+        p = parse_params(args.set)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.json and (args.markdown or args.check):
+        ap.error("--json prints the data alone: drop --markdown and --check")
+    if args.json:
+        json.dump(predict(p), sys.stdout, indent=1, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
     out = render(p)
     if args.check:
         if args.set:
             ap.error("--check compares the documented parameters: drop --set")
-        text = open(args.check, encoding="utf-8").read()
-        if BEGIN not in text or END not in text:
+        with open(args.check, encoding="utf-8") as f:
+            have = doc_block(f.read())
+        if have is None:
             print("%s: no block between %s and %s" % (args.check, BEGIN, END))
             return 1
-        have = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
         if have != out:
             sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), out.splitlines(True),
                                                        args.check, "scale_model.py"))

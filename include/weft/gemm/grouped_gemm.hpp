@@ -1,0 +1,98 @@
+// weft/gemm/grouped_gemm.hpp - the grouped GEMM engine: every expert's rows times its weight, in one launch.
+//
+// out[rows of expert e] = A[rows of expert e] x W[e]^T (W as [E, N, K], "nk")
+// or A[rows of expert e] x W[e] (W as [E, K, N], "kn"). A is row-major
+// [rows, K] with its rows sorted by expert; out is row-major [rows, N]; the
+// rows each expert holds are counted in device memory (int32 [E]), as a
+// router writes them, so a run never waits on the host: no copy of the counts
+// to the host, no synchronisation, and a run can be captured in a CUDA graph
+// and replayed with other counts. Experts may hold no rows. bf16 or fp16,
+// fp32 accumulation, output of the input type.
+//
+// The kernels are CUTLASS 3's sm_90a grouped (ptr-array) GEMMs: one persistent
+// grid whose tile scheduler walks every expert's tiles in turn, so an
+// imbalanced routing costs the tiles it has and no more (nothing is padded to
+// the largest expert). A short prologue kernel on the same stream turns the
+// counts into each expert's problem shape, pointers and strides, in a
+// workspace the plan owns.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft/core/dtype.hpp"
+#include "weft/gemm/gemm.hpp"
+
+namespace weft {
+
+/// What a GroupedGemm plan is built for.
+struct GroupedGemmOptions {
+  int experts = 0;            ///< E >= 1: the groups, one weight matrix each
+  std::int64_t n = 0, k = 0;  ///< each expert's weight is N x K; both multiples of 8 (16-byte rows for TMA)
+  /// The most rows (summed over experts) a run may take: A's and out's row
+  /// capacity. A run whose counts sum to more computes only the rows that fit
+  /// and records the fault for check_counts().
+  std::int64_t max_rows = 0;
+  DType dtype = DType::bf16;  ///< A, W and out: bf16 or fp16
+  BLayout w_layout = BLayout::nk;  ///< W as [E, N, K] (nk) or [E, K, N] (kn)
+  /// The rows a typical run holds (summed over experts), for the size
+  /// heuristic; 0: max_rows. Any count up to max_rows runs correctly.
+  std::int64_t expected_rows = 0;
+  /// Force a configuration by name (see GroupedGemm::configurations); empty: the size heuristic.
+  std::string config;
+  /// The most SMs the persistent grid may hold; 0: every SM.
+  int max_sms = 0;
+};
+
+/// One run's operands: device pointers, 16-byte aligned.
+struct GroupedGemmArgs {
+  const void* a = nullptr;    ///< [rows, K] row-major, rows sorted by expert
+  const void* w = nullptr;    ///< [E, N, K] or [E, K, N] row-major
+  void* out = nullptr;        ///< [rows, N] row-major
+  /// Device memory, int32 [E]: the rows of each expert, in order (expert e's
+  /// rows follow expert e - 1's in A and out). Read on the device only.
+  const std::int32_t* expert_rows = nullptr;
+};
+
+namespace gemm_detail {
+struct GroupedConfig;
+}
+
+/// A planned grouped GEMM for one (E, N, K, dtype, layout). Not thread-safe;
+/// one stream at a time (the per-expert arrays live in the plan's workspace).
+class GroupedGemm {
+ public:
+  /// Validates the options (errors say what was expected) and picks the configuration.
+  explicit GroupedGemm(const GroupedGemmOptions& options);
+  ~GroupedGemm();
+  GroupedGemm(const GroupedGemm&) = delete;
+  GroupedGemm& operator=(const GroupedGemm&) = delete;
+
+  /// Enqueues the prologue and the grouped GEMM on `stream`. Checks the
+  /// pointers on the host; the counts are read on the device only.
+  void run(const GroupedGemmArgs& args, cudaStream_t stream);
+  /// Synchronises `stream`, then throws weft::Error if a run since the last
+  /// check was given a negative count or counts that summed past max_rows
+  /// (such a run computes only the rows that fit), and clears the record.
+  /// For tests and debugging: run() itself never synchronises.
+  void check_counts(cudaStream_t stream);
+  /// The configuration in use ("128x256x64 c2x1 cooperative").
+  std::string config() const;
+  /// Names of the compiled configurations for this dtype and layout.
+  std::vector<std::string> configurations() const;
+  const GroupedGemmOptions& options() const { return options_; }
+
+ private:
+  GroupedGemmOptions options_;
+  std::vector<const gemm_detail::GroupedConfig*> candidates_;
+  const gemm_detail::GroupedConfig* chosen_ = nullptr;
+  int sm_count_ = 0;
+  void* workspace_ = nullptr;  // the per-expert arrays, then CUTLASS's workspace
+  std::size_t workspace_bytes_ = 0;
+  std::uint32_t* faults_ = nullptr;  // device: fault bits, and the first total that overflowed (check_counts)
+};
+
+}  // namespace weft

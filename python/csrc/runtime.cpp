@@ -1,0 +1,113 @@
+#include "runtime.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
+
+namespace weft_torch {
+
+std::shared_ptr<Runtime> g_runtime;  // set by weft.init (module.cpp)
+
+std::shared_ptr<Runtime> runtime_or_null() { return g_runtime && !g_runtime->closed() ? g_runtime : nullptr; }
+
+Runtime& runtime(const char* op) {
+  TORCH_CHECK(g_runtime && !g_runtime->closed(), "weft.", op,
+              ": weft is not initialised in this process: call weft.init() (inside torchrun, or after "
+              "torch.distributed.init_process_group) first");
+  return *g_runtime;
+}
+
+void* Runtime::allocate(std::uint64_t bytes, const std::string& type) {
+  collect();
+  void* p = ctx_->heap().alloc(bytes, type, "torch tensor");
+  std::lock_guard<std::mutex> lock(mu_);
+  ++live_;
+  return p;
+}
+
+void Runtime::release(void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ctx_) return;  // closed: the heap is gone already
+  --live_;
+  pending_.insert(static_cast<std::uint64_t>(static_cast<char*>(p) - ctx_->heap().base()));
+}
+
+std::uint64_t Runtime::pending_frees() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.size();
+}
+
+void Runtime::collect() {
+  std::vector<std::uint64_t> mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mine.assign(pending_.begin(), pending_.end());
+  }
+  std::string blob(mine.size() * sizeof(std::uint64_t), '\0');
+  if (!mine.empty()) std::memcpy(blob.data(), mine.data(), blob.size());
+  auto all = ctx_->store().all_gather(blob, "symmetric tensors released");
+  // Free what every rank has released, in offset order: the same list on every rank.
+  std::vector<std::uint64_t> common = mine;
+  for (const auto& b : all) {
+    std::vector<std::uint64_t> theirs(b.size() / sizeof(std::uint64_t));
+    if (!theirs.empty()) std::memcpy(theirs.data(), b.data(), theirs.size() * sizeof(std::uint64_t));
+    std::vector<std::uint64_t> both;
+    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
+    common.swap(both);
+  }
+  if (common.empty()) return;
+  // Work queued on this GPU may still use the blocks, and peers' work may
+  // still write into them: every rank finishes its GPU work before the first
+  // free's exchange, which no rank passes before all have reached it.
+  WEFT_CUDA(cudaDeviceSynchronize());
+  for (std::uint64_t offset : common) {
+    ctx_->heap().free(ctx_->heap().base() + offset);
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(offset);
+  }
+}
+
+AnyPlan& Runtime::plan(const std::string& op, const std::string& key, cudaStream_t stream,
+                       const std::function<std::unique_ptr<AnyPlan>()>& make) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &status);
+  TORCH_CHECK(status == cudaStreamCaptureStatusNone, "weft.", op, ": the first call for ", key,
+              " is being captured into a CUDA graph, but it builds the operator's plan (collectively: it allocates "
+              "in the symmetric heap, checks the call across ranks and tunes or times its paths), which cannot be "
+              "captured. Call the op once with these shapes before capturing (a warm-up run).");
+  // Every rank builds the plan of the same call: compared here by its key (the
+  // op and its shapes), so that ranks passing different shapes get an error
+  // naming both, rather than a kernel that waits for data no peer sends.
+  ctx_->verify_same_call(weft::str("weft.", op, ": ", key));
+  auto made = make();
+  auto& slot = plans_[key];
+  slot = std::move(made);
+  return *slot;
+}
+
+void Runtime::close() {
+  if (!ctx_) return;
+  try {
+    WEFT_CUDA(cudaDeviceSynchronize());
+    plans_.clear();
+  } catch (const std::exception& e) {
+    WEFT_LOG(warn, "weft.shutdown: ", e.what());
+  }
+  std::shared_ptr<weft::Context> ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.clear();
+    ctx.swap(ctx_);  // deleters from now on find no heap and do nothing
+  }
+  ctx.reset();  // the heap meets its peers, then unmaps
+}
+
+}  // namespace weft_torch

@@ -1,0 +1,80 @@
+// runtime.hpp - the process's weft state behind the Python package: the Context,
+// the symmetric tensors' frees, and the plans the ops build per shape.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "weft/runtime/context.hpp"
+
+namespace weft_torch {
+
+/// A plan of any operator, with the symmetric buffer it stages through (if any).
+struct AnyPlan {
+  virtual ~AnyPlan() = default;
+  weft::SymmetricBuffer staging;
+};
+
+template <class Op>
+struct Plan : AnyPlan {
+  std::unique_ptr<Op> op;
+};
+
+class Runtime {
+ public:
+  Runtime(std::shared_ptr<weft::Context> ctx, std::string group_name)
+      : ctx_(std::move(ctx)), group_name_(std::move(group_name)) {}
+
+  weft::Context& ctx() { return *ctx_; }
+  const std::shared_ptr<weft::Context>& ctx_ptr() const { return ctx_; }
+  const std::string& group_name() const { return group_name_; }
+  int device() const { return ctx_->team().device; }
+  bool closed() const { return ctx_ == nullptr; }
+
+  /// Collective: a heap block of `bytes` for a tensor; frees that every rank
+  /// has made since the last call are carried out first.
+  void* allocate(std::uint64_t bytes, const std::string& type);
+  /// Called by a symmetric tensor's deleter (any thread, no collective): the
+  /// block is freed by the next collective allocation once every rank has
+  /// dropped its tensor.
+  void release(void* p);
+  /// Collective: frees the blocks that every rank has released.
+  void collect();
+
+  /// The plan `key` names, built by `make` (collective) if this process has
+  /// none yet. Refused during CUDA graph capture: a plan allocates, checks
+  /// the call across ranks and, for the overlapped operators, times its paths.
+  AnyPlan& plan(const std::string& op, const std::string& key, cudaStream_t stream,
+                const std::function<std::unique_ptr<AnyPlan>()>& make);
+
+  /// Tears everything down (collective): the plans, then the Context and its
+  /// heap. Tensors still alive in the heap must not be used afterwards.
+  void close();
+
+  std::uint64_t live_tensors() const { return live_; }
+  std::uint64_t pending_frees();
+  std::uint64_t plan_count() const { return plans_.size(); }
+
+ private:
+  std::shared_ptr<weft::Context> ctx_;
+  std::string group_name_;
+  std::mutex mu_;
+  std::set<std::uint64_t> pending_;  // heap offsets released by this rank, not yet freed
+  std::uint64_t live_ = 0;
+  std::map<std::string, std::unique_ptr<AnyPlan>> plans_;
+};
+
+/// The process's runtime, or an error naming `op` when weft.init() was not called.
+Runtime& runtime(const char* op);
+/// The runtime if initialised, else nullptr.
+std::shared_ptr<Runtime> runtime_or_null();
+
+}  // namespace weft_torch

@@ -1,0 +1,78 @@
+// grouped_config.hpp (private) - one compiled grouped GEMM configuration, and the host-side
+// rules GroupedGemm follows (the size heuristic, the checks), kept free of CUDA so the CPU tests reach them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft/gemm/grouped_gemm.hpp"
+
+namespace weft::gemm_detail {
+
+/// Fault bits the prologue records (GroupedGemm::check_counts).
+enum GroupedFault : std::uint32_t {
+  kNegativeCount = 1u,  ///< an expert's count was negative (taken as 0)
+  kOverCapacity = 2u,   ///< the counts summed past max_rows (the rows past it were not computed)
+};
+
+/// Arguments every grouped configuration takes.
+struct GroupedProblem {
+  int experts;
+  std::int64_t n, k, max_rows;
+  const void* a;
+  const void* w;
+  void* out;
+  const std::int32_t* expert_rows;
+  void* workspace;         ///< GroupedConfig::workspace bytes: the per-expert arrays, then CUTLASS's
+  std::uint32_t* faults;   ///< [2]: GroupedFault bits, the first total past max_rows
+  int sm_count;
+};
+
+/// One instantiated grouped kernel: its types, its tile, and how to run it.
+struct GroupedConfig {
+  DType dtype;
+  BLayout w_layout;
+  const char* name;
+  int tile_m, tile_n, cluster_m, cluster_n;
+  /// Bytes of device workspace for `experts` groups on `sm_count` SMs.
+  std::size_t (*workspace)(int experts, int sm_count);
+  /// Enqueues the prologue and the kernel on `stream`; "" on success, else why not.
+  const char* (*run)(const GroupedProblem&, cudaStream_t stream);
+};
+
+/// Every compiled grouped configuration: the grouped rows of src/gemm/kernel_table.cmake, in its order.
+const std::vector<const GroupedConfig*>& all_grouped_configs();
+
+/// The tile of a candidate, for the size heuristic.
+struct GroupedTile {
+  int tile_m, tile_n, cluster_m, cluster_n;
+};
+
+/// Output tiles the grouped scheduler walks when `rows` spread evenly over
+/// `experts`: per expert, its row tiles rounded up to whole clusters along M,
+/// times the column tiles rounded up to whole clusters along N.
+std::int64_t grouped_tiles(const GroupedTile& t, std::int64_t n, std::int64_t rows, int experts);
+
+/// The size heuristic (docs/decisions/0056): the candidate with the least
+/// estimated time, waves x a tile's cost, where waves = ceil(tiles / SMs) and
+/// a tile's cost is its area over the tile's relative throughput (a
+/// 128x128 cooperative tile does about 0.85 of a 128x256's work per SM-second:
+/// it loads more operand bytes per flop). Ties go to the earlier candidate.
+/// K scales every candidate alike and does not enter. Returns the index into `tiles`.
+std::size_t choose_grouped_tile(const std::vector<GroupedTile>& tiles, std::int64_t n, std::int64_t rows, int experts,
+                                int sm_count);
+
+/// "" if `o` describes a plan GroupedGemm can build, else what was expected.
+std::string grouped_options_error(const GroupedGemmOptions& o);
+
+/// "" if `args` are operands a plan of `o` can run, else what was expected.
+std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArgs& args);
+
+/// The message check_counts raises for the prologue's record, or "" if it holds no fault.
+std::string grouped_fault_message(const GroupedGemmOptions& o, std::uint32_t bits, std::uint32_t first_total);
+
+}  // namespace weft::gemm_detail

@@ -1,0 +1,191 @@
+#include "weft/gemm/grouped_gemm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <limits>
+
+#include "grouped_config.hpp"
+#include "weft/core/error.hpp"
+
+namespace weft {
+namespace gemm_detail {
+
+// One function per compiled grouped kernel, each in a unit generated from the
+// grouped rows of src/gemm/kernel_table.cmake (cmake/WeftGemmKernels.cmake).
+#define WEFT_GROUPED_GEMM_KERNEL(id) const GroupedConfig* id();
+#include "grouped_gemm_configs.inc"
+#undef WEFT_GROUPED_GEMM_KERNEL
+
+const std::vector<const GroupedConfig*>& all_grouped_configs() {
+  static const std::vector<const GroupedConfig*> configs = {
+#define WEFT_GROUPED_GEMM_KERNEL(id) id(),
+#include "grouped_gemm_configs.inc"
+#undef WEFT_GROUPED_GEMM_KERNEL
+  };
+  return configs;
+}
+
+namespace {
+
+// The most experts a plan takes: the prologue's one block spreads them over
+// its threads, and a router with more would be unusual.
+constexpr int kMaxExperts = 1 << 16;
+
+// A 128x128 tile's work per SM-second relative to a 128x256 tile's: the
+// narrow tile loads 1.5x the operand bytes per flop (A once per 128 columns
+// instead of 256). A prior, to be replaced by measurement (decision 0056).
+double tile_throughput(const GroupedTile& t) { return t.tile_n >= 256 ? 1.0 : 0.85; }
+
+std::int64_t ceil_div(std::int64_t x, std::int64_t y) { return (x + y - 1) / y; }
+
+const char* layout_name(BLayout l) { return l == BLayout::nk ? "[E, N, K]" : "[E, K, N]"; }
+
+}  // namespace
+
+std::int64_t grouped_tiles(const GroupedTile& t, std::int64_t n, std::int64_t rows, int experts) {
+  const std::int64_t per_expert = ceil_div(std::max<std::int64_t>(rows, 0), experts);
+  const std::int64_t row_tiles = ceil_div(ceil_div(per_expert, t.tile_m), t.cluster_m) * t.cluster_m;
+  const std::int64_t col_tiles = ceil_div(ceil_div(n, t.tile_n), t.cluster_n) * t.cluster_n;
+  return experts * row_tiles * col_tiles;
+}
+
+std::size_t choose_grouped_tile(const std::vector<GroupedTile>& tiles, std::int64_t n, std::int64_t rows, int experts,
+                                int sm_count) {
+  std::size_t best = 0;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < tiles.size(); ++i) {
+    const GroupedTile& t = tiles[i];
+    const double waves = static_cast<double>(ceil_div(std::max<std::int64_t>(grouped_tiles(t, n, rows, experts), 1),
+                                                      std::max(sm_count, 1)));
+    const double cost = waves * t.tile_m * t.tile_n / tile_throughput(t);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = i;
+    }
+  }
+  return best;
+}
+
+std::string grouped_options_error(const GroupedGemmOptions& o) {
+  if (o.experts < 1 || o.experts > kMaxExperts)
+    return str("experts = ", o.experts, ": expected 1 to ", kMaxExperts);
+  if (o.n <= 0 || o.k <= 0) return str("N and K must be positive, got N = ", o.n, ", K = ", o.k);
+  if (o.n > INT_MAX || o.k > INT_MAX) return str("N = ", o.n, " and K = ", o.k, " must fit in 31 bits");
+  if (o.k % 8 != 0) return str("K = ", o.k, " must be a multiple of 8 (rows of A and W must be 16-byte aligned for TMA)");
+  if (o.n % 8 != 0) return str("N = ", o.n, " must be a multiple of 8 (rows of out", o.w_layout == BLayout::kn ? " and W" : "",
+                               " must be 16-byte aligned for TMA)");
+  if (o.max_rows < 1 || o.max_rows > INT_MAX)
+    return str("max_rows = ", o.max_rows, ": expected 1 to ", INT_MAX, " (the row capacity of A and out)");
+  if (o.expected_rows < 0 || o.expected_rows > o.max_rows)
+    return str("expected_rows = ", o.expected_rows, ": expected 0 (max_rows) to max_rows = ", o.max_rows);
+  if (o.dtype != DType::bf16 && o.dtype != DType::fp16)
+    return str("dtype must be bf16 or fp16, got ", to_string(o.dtype));
+  if (o.max_sms < 0) return str("max_sms = ", o.max_sms, " must be >= 0 (0: every SM)");
+  return "";
+}
+
+std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArgs& x) {
+  struct Operand {
+    const char* name;
+    const void* ptr;
+    std::uintptr_t align;
+    std::string shape;
+  };
+  const Operand operands[] = {
+      {"A", x.a, 16, str("[rows <= ", o.max_rows, ", K = ", o.k, "]")},
+      {"W", x.w, 16, o.w_layout == BLayout::nk ? str("[E = ", o.experts, ", N = ", o.n, ", K = ", o.k, "]")
+                                               : str("[E = ", o.experts, ", K = ", o.k, ", N = ", o.n, "]")},
+      {"out", x.out, 16, str("[rows <= ", o.max_rows, ", N = ", o.n, "]")},
+      {"expert_rows", x.expert_rows, 4, str("int32 [E = ", o.experts, "]")},
+  };
+  for (const Operand& op : operands) {
+    if (!op.ptr) return str(op.name, " ", op.shape, " must be a device pointer, got null");
+    if (reinterpret_cast<std::uintptr_t>(op.ptr) % op.align != 0)
+      return str(op.name, " ", op.shape, " at ", op.ptr, " is not ", op.align, "-byte aligned",
+                 op.align == 16 ? " (TMA needs 16-byte aligned matrices)" : "");
+  }
+  return "";
+}
+
+std::string grouped_fault_message(const GroupedGemmOptions& o, std::uint32_t bits, std::uint32_t first_total) {
+  std::string why;
+  if (bits & kNegativeCount) why += "an expert's row count was negative (taken as 0)";
+  if (bits & kOverCapacity)
+    why += str(why.empty() ? "" : "; ", "the row counts summed to ", first_total, ", past max_rows = ", o.max_rows,
+               " (the rows past it were not computed)");
+  return why.empty() ? "" : str("GroupedGemm: ", why, "; expected E = ", o.experts,
+                                " counts >= 0 summing to at most max_rows");
+}
+
+}  // namespace gemm_detail
+
+namespace {
+std::string describe(const GroupedGemmOptions& o) {
+  return str(o.experts, " experts x ", o.n, "x", o.k, " ", to_string(o.dtype), ", W ", gemm_detail::layout_name(o.w_layout));
+}
+}  // namespace
+
+GroupedGemm::GroupedGemm(const GroupedGemmOptions& options) : options_(options) {
+  const GroupedGemmOptions& o = options_;
+  // Every check before any CUDA call: a bad plan is refused the same way with or without a GPU.
+  const std::string why = gemm_detail::grouped_options_error(o);
+  WEFT_REQUIRE(why.empty(), "GroupedGemm: ", why);
+  for (const auto* c : gemm_detail::all_grouped_configs())
+    if (c->dtype == o.dtype && c->w_layout == o.w_layout && (o.config.empty() || o.config == c->name))
+      candidates_.push_back(c);
+  if (candidates_.empty()) {
+    std::string have;
+    for (const auto* c : gemm_detail::all_grouped_configs())
+      have += str("\n  ", to_string(c->dtype), ", W ", gemm_detail::layout_name(c->w_layout), ": ", c->name);
+    WEFT_FAIL("GroupedGemm: no compiled configuration for ", describe(o),
+              o.config.empty() ? std::string() : str(" named '", o.config, "'"), "; available:",
+              have.empty() ? std::string(" none (this build compiled no grouped kernels)") : have);
+  }
+  int device = 0;
+  WEFT_CUDA(cudaGetDevice(&device));
+  WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  if (o.max_sms > 0) sm_count_ = std::min(sm_count_, o.max_sms);
+  std::vector<gemm_detail::GroupedTile> tiles;
+  for (const auto* c : candidates_) tiles.push_back({c->tile_m, c->tile_n, c->cluster_m, c->cluster_n});
+  const std::int64_t rows = o.expected_rows ? o.expected_rows : o.max_rows;
+  chosen_ = candidates_[gemm_detail::choose_grouped_tile(tiles, o.n, rows, o.experts, sm_count_)];
+  workspace_bytes_ = chosen_->workspace(o.experts, sm_count_);
+  WEFT_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+  WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&faults_), 2 * sizeof(std::uint32_t)));
+  WEFT_CUDA(cudaMemset(faults_, 0, 2 * sizeof(std::uint32_t)));
+}
+
+GroupedGemm::~GroupedGemm() {
+  if (workspace_) cudaFree(workspace_);
+  if (faults_) cudaFree(faults_);
+}
+
+std::string GroupedGemm::config() const { return chosen_->name; }
+
+std::vector<std::string> GroupedGemm::configurations() const {
+  std::vector<std::string> names;
+  for (const auto* c : candidates_) names.push_back(c->name);
+  return names;
+}
+
+void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {
+  const std::string why = gemm_detail::grouped_args_error(options_, args);
+  WEFT_REQUIRE(why.empty(), "GroupedGemm::run: ", why);
+  const gemm_detail::GroupedProblem p{options_.experts, options_.n,  options_.k,       options_.max_rows,
+                                      args.a,           args.w,      args.out,         args.expert_rows,
+                                      workspace_,       faults_,     sm_count_};
+  const char* err = chosen_->run(p, stream);
+  WEFT_REQUIRE(!*err, "GroupedGemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);
+}
+
+void GroupedGemm::check_counts(cudaStream_t stream) {
+  std::uint32_t record[2] = {0, 0};
+  WEFT_CUDA(cudaMemcpyAsync(record, faults_, sizeof(record), cudaMemcpyDeviceToHost, stream));
+  WEFT_CUDA(cudaStreamSynchronize(stream));
+  if (record[0] == 0) return;
+  WEFT_CUDA(cudaMemsetAsync(faults_, 0, sizeof(record), stream));
+  WEFT_CUDA(cudaStreamSynchronize(stream));
+  WEFT_FAIL(gemm_detail::grouped_fault_message(options_, record[0], record[1]));
+}
+
+}  // namespace weft

@@ -1,0 +1,210 @@
+// grouped_kernel.cuh (private) - builds one sm_90a grouped GEMM from CUTLASS's ptr-array kernel,
+// and the prologue that turns device-side row counts into its per-expert arguments.
+//
+// CUTLASS's grouped kernel takes, per group, a problem shape, operand
+// pointers and strides, all in device memory, and with no host copy of the
+// shapes its persistent tile scheduler reads them on the device: the grid is
+// the SM count and each CTA walks the tiles of every group in turn (a group
+// of 0 rows has no tiles). weft's prologue writes those arrays from the
+// counts on the same stream, so a run is stream-ordered end to end and needs
+// no host synchronisation; a graph replay reads the counts of that moment.
+#pragma once
+
+#include <climits>
+
+#include "cutlass_kernel.cuh"  // KernelSpec, CutlassElement
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "grouped_config.hpp"
+
+namespace weft::gemm_detail {
+
+/// Threads of the prologue's one block; each takes a contiguous run of experts.
+constexpr int kGroupedPrologueThreads = 1024;
+
+/// Rounds a byte offset up to 128 (TMA descriptors and CUTLASS's workspace want that much).
+constexpr std::size_t grouped_align(std::size_t bytes) { return (bytes + 127) / 128 * 128; }
+
+/// One grouped configuration: Element in and out, W as [E, N, K] (LayoutB
+/// ColumnMajor in CUTLASS's K x N view) or [E, K, N] (RowMajor).
+template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN>
+struct GroupedKernel {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // M, N, K per group
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+  using TileShape = cute::Shape<cute::Int<TM>, cute::Int<TN>, cute::Int<TK>>;
+  using ClusterShape = cute::Shape<cute::Int<CM>, cute::Int<CN>, cute::_1>;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 16 / sizeof(Element);
+  // No source matrix (void C): out = A x W, alpha 1.
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element, LayoutB*, kAlign, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideD = typename GemmKernel::InternalStrideD;
+
+  /// The per-expert arrays, carved from the front of the plan's workspace;
+  /// CUTLASS's own workspace (per-SM TMA descriptors) follows them.
+  struct Arrays {
+    Shape* shapes;
+    const Element** a;
+    const Element** w;
+    Element** out;
+    StrideA* stride_a;
+    StrideB* stride_w;
+    StrideD* stride_out;
+    void* cutlass_workspace;
+  };
+
+  static std::size_t arrays_bytes(int experts) {
+    const std::size_t e = static_cast<std::size_t>(experts);
+    return grouped_align(e * sizeof(Shape)) + 3 * grouped_align(e * sizeof(void*)) +
+           grouped_align(e * sizeof(StrideA)) + grouped_align(e * sizeof(StrideB)) +
+           grouped_align(e * sizeof(StrideD));
+  }
+
+  static Arrays carve(void* workspace, int experts) {
+    const std::size_t e = static_cast<std::size_t>(experts);
+    char* at = static_cast<char*>(workspace);
+    auto take = [&](std::size_t bytes) {
+      char* p = at;
+      at += grouped_align(bytes);
+      return p;
+    };
+    Arrays arr;
+    arr.shapes = reinterpret_cast<Shape*>(take(e * sizeof(Shape)));
+    arr.a = reinterpret_cast<const Element**>(take(e * sizeof(void*)));
+    arr.w = reinterpret_cast<const Element**>(take(e * sizeof(void*)));
+    arr.out = reinterpret_cast<Element**>(take(e * sizeof(void*)));
+    arr.stride_a = reinterpret_cast<StrideA*>(take(e * sizeof(StrideA)));
+    arr.stride_w = reinterpret_cast<StrideB*>(take(e * sizeof(StrideB)));
+    arr.stride_out = reinterpret_cast<StrideD*>(take(e * sizeof(StrideD)));
+    arr.cutlass_workspace = at;
+    return arr;
+  }
+
+  static typename Gemm::Arguments arguments(const GroupedProblem& p, const Arrays& arr) {
+    typename Gemm::Arguments args;
+    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+    // No host copy of the shapes: the scheduler reads them on the device, and
+    // the grid is one CTA per SM.
+    args.problem_shape = {p.experts, arr.shapes, nullptr};
+    args.mainloop = {arr.a, arr.stride_a, arr.w, arr.stride_w};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = arr.stride_out;
+    args.epilogue.ptr_D = arr.out;
+    args.epilogue.dD = arr.stride_out;
+    args.hw_info.sm_count = p.sm_count;
+    // Along M: consecutive tiles of one expert share its weight's column tile (the larger operand), kept in L2.
+    args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongM;
+    return args;
+  }
+
+  static std::size_t workspace(int experts, int sm_count) {
+    GroupedProblem p{};
+    p.experts = experts;
+    p.sm_count = sm_count;
+    const Arrays none{};
+    return arrays_bytes(experts) + grouped_align(Gemm::get_workspace_size(arguments(p, none)));
+  }
+
+  static const char* run(const GroupedProblem& p, cudaStream_t stream);
+};
+
+/// Writes every expert's problem shape (its rows, N, K), pointers and strides
+/// from the counts: one block, each thread a contiguous run of experts, their
+/// first rows by a block-wide scan of the runs' sums. A negative count is
+/// taken as 0; rows past max_rows are dropped (an expert that straddles it
+/// keeps the rows that fit); both are recorded in p.faults.
+template <class K>
+__global__ void __launch_bounds__(kGroupedPrologueThreads) grouped_prologue(typename K::Arrays arr, GroupedProblem p) {
+  using Element = std::remove_const_t<std::remove_pointer_t<std::remove_pointer_t<decltype(arr.a)>>>;
+  __shared__ std::int64_t sums[kGroupedPrologueThreads];
+  const int t = threadIdx.x;
+  const int per = (p.experts + kGroupedPrologueThreads - 1) / kGroupedPrologueThreads;
+  const int first = min(t * per, p.experts), last = min(first + per, p.experts);
+  std::int64_t mine = 0;
+  bool negative = false;
+  for (int e = first; e < last; ++e) {
+    const int c = p.expert_rows[e];
+    negative |= c < 0;
+    mine += max(c, 0);
+  }
+  sums[t] = mine;
+  __syncthreads();
+  for (int offset = 1; offset < kGroupedPrologueThreads; offset <<= 1) {  // inclusive scan
+    const std::int64_t before = t >= offset ? sums[t - offset] : 0;
+    __syncthreads();
+    sums[t] += before;
+    __syncthreads();
+  }
+  const std::int64_t total = sums[kGroupedPrologueThreads - 1];
+  std::int64_t row = sums[t] - mine;  // this thread's first expert's first row
+  const Element* a = static_cast<const Element*>(p.a);
+  const Element* w = static_cast<const Element*>(p.w);
+  Element* out = static_cast<Element*>(p.out);
+  const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  for (int e = first; e < last; ++e) {
+    const std::int64_t c = max(p.expert_rows[e], 0);
+    const std::int64_t begin = row < p.max_rows ? row : p.max_rows;
+    const int m = static_cast<int>(c < p.max_rows - begin ? c : p.max_rows - begin);
+    arr.shapes[e] = cute::make_shape(m, n, k);
+    arr.a[e] = a + begin * p.k;
+    arr.w[e] = w + static_cast<std::int64_t>(e) * p.n * p.k;
+    arr.out[e] = out + begin * p.n;
+    arr.stride_a[e] = cutlass::make_cute_packed_stride(typename K::StrideA{}, cute::make_shape(m, k, 1));
+    arr.stride_w[e] = cutlass::make_cute_packed_stride(typename K::StrideB{}, cute::make_shape(n, k, 1));
+    arr.stride_out[e] = cutlass::make_cute_packed_stride(typename K::StrideD{}, cute::make_shape(m, n, 1));
+    row += c;
+  }
+  if (negative) atomicOr(&p.faults[0], static_cast<unsigned>(kNegativeCount));
+  if (t == 0 && total > p.max_rows) {
+    atomicOr(&p.faults[0], static_cast<unsigned>(kOverCapacity));
+    atomicCAS(&p.faults[1], 0u, static_cast<unsigned>(total < std::int64_t{UINT_MAX} ? total : std::int64_t{UINT_MAX}));
+  }
+}
+
+template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN>
+const char* GroupedKernel<Element, LayoutB, TM, TN, TK, CM, CN>::run(const GroupedProblem& p, cudaStream_t stream) {
+  const Arrays arr = carve(p.workspace, p.experts);
+  grouped_prologue<GroupedKernel><<<1, kGroupedPrologueThreads, 0, stream>>>(arr, p);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cudaGetErrorString(e);
+  Gemm gemm;
+  const auto args = arguments(p, arr);
+  cutlass::Status s = gemm.can_implement(args);
+  if (s == cutlass::Status::kSuccess) s = gemm.initialize(args, arr.cutlass_workspace, stream);
+  if (s == cutlass::Status::kSuccess) s = gemm.run(stream);
+  return s == cutlass::Status::kSuccess ? "" : cutlass::cutlassGetStatusString(s);
+}
+
+/// GroupedKernel<...> for one grouped row of the table (a KernelSpec: cooperative, no hook).
+template <KernelSpec S>
+struct GroupedKernelOfSpec {
+  static_assert(S.input == S.output, "a grouped kernel's output is its input type");
+  static_assert(S.schedule == Schedule::cooperative && S.hook == Hook::none,
+                "grouped kernels: the cooperative schedule, no hook (for now)");
+  using type = GroupedKernel<typename CutlassElement<S.input>::type,
+                             std::conditional_t<S.b_layout == BLayout::nk, cutlass::layout::ColumnMajor,
+                                                cutlass::layout::RowMajor>,
+                             S.tile_m, S.tile_n, S.tile_k, S.cluster_m, S.cluster_n>;
+};
+
+/// The GroupedConfig of the table's grouped row S, named `name`.
+template <KernelSpec S>
+constexpr GroupedConfig grouped_spec_config(const char* name) {
+  using K = typename GroupedKernelOfSpec<S>::type;
+  return GroupedConfig{S.input, S.b_layout, name, S.tile_m, S.tile_n, S.cluster_m, S.cluster_n, &K::workspace, &K::run};
+}
+
+}  // namespace weft::gemm_detail

@@ -1,0 +1,399 @@
+// GroupedGemm on one GPU, against a float64 CPU reference, expert by expert:
+// issue 33's three MoE shapes scaled down, under uniform, Zipf (s = 1.2) and
+// one-hot routing; empty experts (first, last, runs of them); one expert;
+// odd totals (1001 rows); bf16 and fp16; W as [E, N, K] and [E, K, N]. Most
+// cases run under every compiled configuration, each forced by name (at test
+// sizes the heuristic alone would pick the narrow tile). Outputs start as
+// NaNs, and the rows past the counts' total must stay so. Then: 50 back-to-back runs and a CUDA
+// graph's replays equal the eager run bitwise, a replay reads the counts of
+// its moment, counts that are negative or overflow the capacity are reported,
+// and bad options and operands are refused naming what was expected. Every
+// rank runs each test on its own GPU share (any world size).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu_check.hpp"
+#include "gpu_test.hpp"
+#include "routing.hpp"
+#include "weft/core/error.hpp"
+#include "weft/gemm/grouped_gemm.hpp"
+
+using namespace weft;
+using weft::test::ctx;
+
+namespace {
+
+constexpr std::uint16_t kNaN = 0xFFFF;  // a NaN in bf16 and in fp16
+
+double to_double(std::uint16_t bits, DType t) {
+  if (t == DType::bf16) {
+    const std::uint32_t u = std::uint32_t{bits} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  __half_raw r;
+  r.x = bits;
+  return __half2float(__half(r));
+}
+
+struct Case {
+  std::string name;
+  std::int64_t n, k;
+  std::vector<std::int32_t> counts;  // rows per expert
+  DType dtype = DType::bf16;
+  BLayout layout = BLayout::nk;
+  std::int64_t spare_rows = 0;  // capacity past the counts' total: must stay unwritten
+  std::string config;           // forced configuration, or "" for the heuristic's
+};
+
+Case routed(std::string name, std::int64_t rows, int experts, std::int64_t n, std::int64_t k, bench::Routing r) {
+  return Case{name + ", " + bench::routing_name(r), n, k, bench::routing_counts(r, rows, experts)};
+}
+
+/// A case's operands on the device and the host (the host copies as doubles).
+struct Problem {
+  Case c;
+  GroupedGemmOptions o;
+  std::int64_t rows = 0;  // the counts' total
+  std::vector<double> a, w;
+  void *da = nullptr, *dw = nullptr, *dout = nullptr;
+  std::int32_t* dcounts = nullptr;
+
+  Problem(const Case& cs, std::uint64_t salt) : c(cs) {
+    for (std::int32_t x : c.counts) rows += x;
+    o.experts = static_cast<int>(c.counts.size());
+    o.n = c.n;
+    o.k = c.k;
+    o.max_rows = std::max<std::int64_t>(rows + c.spare_rows, 1);
+    o.dtype = c.dtype;
+    o.w_layout = c.layout;
+    o.config = c.config;
+    cudaStream_t s = test::stream();
+    const std::string t = to_string(c.dtype);
+    const std::uint64_t a_n = o.max_rows * c.k, w_n = std::uint64_t(o.experts) * c.n * c.k;
+    WEFT_CUDA(cudaMalloc(&da, a_n * 2));
+    WEFT_CUDA(cudaMalloc(&dw, w_n * 2));
+    WEFT_CUDA(cudaMalloc(&dout, o.max_rows * c.n * 2));
+    WEFT_CUDA(cudaMalloc(&dcounts, c.counts.size() * 4));
+    WEFT_CUDA(cudaMemcpyAsync(dcounts, c.counts.data(), c.counts.size() * 4, cudaMemcpyHostToDevice, s));
+    bench::fill_uniform(da, a_n, t, bench::fresh_seed(ctx().rank(), 2 * salt), s);
+    bench::fill_uniform(dw, w_n, t, bench::fresh_seed(ctx().rank(), 2 * salt + 1), s);
+    std::vector<std::uint16_t> ha(a_n), hw(w_n);
+    WEFT_CUDA(cudaMemcpyAsync(ha.data(), da, a_n * 2, cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA(cudaMemcpyAsync(hw.data(), dw, w_n * 2, cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA(cudaStreamSynchronize(s));
+    a.resize(a_n);
+    w.resize(w_n);
+    for (std::uint64_t i = 0; i < a_n; ++i) a[i] = to_double(ha[i], c.dtype);
+    for (std::uint64_t i = 0; i < w_n; ++i) w[i] = to_double(hw[i], c.dtype);
+  }
+  ~Problem() {
+    for (void* p : {da, dw, dout, static_cast<void*>(dcounts)}) cudaFree(p);
+  }
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
+
+  GroupedGemmArgs args() const { return {.a = da, .w = dw, .out = dout, .expert_rows = dcounts}; }
+  void poison(cudaStream_t s) const { bench::poison(dout, o.max_rows * c.n * 2, 0xFF, s); }
+
+  /// out[rows, N] in float64, row r of expert e = sum_k A[r, k] W[e](n, k); rows split over threads.
+  std::vector<double> reference() const {
+    std::vector<double> ref(rows * c.n);
+    std::vector<int> expert_of(rows);
+    for (std::int64_t e = 0, r = 0; e < o.experts; ++e)
+      for (std::int32_t i = 0; i < c.counts[e]; ++i) expert_of[r++] = static_cast<int>(e);
+    const std::int64_t n = c.n, k = c.k;
+    auto work = [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const double* ar = &a[r * k];
+        const double* we = &w[std::uint64_t(expert_of[r]) * n * k];
+        for (std::int64_t j = 0; j < n; ++j) {
+          double sum = 0;
+          if (c.layout == BLayout::nk)
+            for (std::int64_t q = 0; q < k; ++q) sum += ar[q] * we[j * k + q];
+          else
+            for (std::int64_t q = 0; q < k; ++q) sum += ar[q] * we[q * n + j];
+          ref[r * n + j] = sum;
+        }
+      }
+    };
+    const int threads = static_cast<int>(std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+    std::vector<std::thread> pool;
+    const std::int64_t per = (rows + threads - 1) / threads;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back(work, std::min(rows, t * per), std::min(rows, (t + 1) * per));
+    for (auto& th : pool) th.join();
+    return ref;
+  }
+
+  /// The largest per-expert ||out - ref|| / ||ref|| (non-finite: infinity), and
+  /// the elements past the counts' total that are not the poison.
+  struct Verdict {
+    double worst = 0;
+    int worst_expert = -1;
+    std::int64_t written_past_total = 0;
+  };
+  Verdict check(cudaStream_t s) const {
+    std::vector<std::uint16_t> got(o.max_rows * c.n);
+    WEFT_CUDA(cudaMemcpyAsync(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA(cudaStreamSynchronize(s));
+    const std::vector<double> ref = reference();
+    Verdict v;
+    std::int64_t r = 0;
+    for (int e = 0; e < o.experts; ++e) {
+      double diff = 0, norm = 0;
+      bool finite = true;
+      for (std::int64_t i = r * c.n; i < (r + c.counts[e]) * c.n; ++i) {
+        const double x = to_double(got[i], c.dtype);
+        finite &= std::isfinite(x);
+        diff += (x - ref[i]) * (x - ref[i]);
+        norm += ref[i] * ref[i];
+      }
+      const double err = !finite ? INFINITY : norm > 0 ? std::sqrt(diff / norm) : (diff == 0 ? 0.0 : INFINITY);
+      if (c.counts[e] > 0 && err >= v.worst) {
+        v.worst = err;
+        v.worst_expert = e;
+      }
+      r += c.counts[e];
+    }
+    for (std::int64_t i = rows * c.n; i < o.max_rows * c.n; ++i) v.written_past_total += got[i] != kNaN;
+    return v;
+  }
+};
+
+/// Runs a case once on poisoned output and checks it; returns the configuration that ran.
+std::string expect_right(const Case& cs, std::uint64_t salt) {
+  SCOPED_TRACE(cs.name);
+  cudaStream_t s = test::stream();
+  Problem pr(cs, salt);
+  GroupedGemm gg(pr.o);
+  pr.poison(s);
+  gg.run(pr.args(), s);
+  gg.check_counts(s);
+  const Problem::Verdict v = pr.check(s);
+  EXPECT_LE(v.worst, 1e-2) << cs.name << " (" << gg.config() << "): expert " << v.worst_expert << " of "
+                           << pr.o.experts << ", " << (v.worst_expert >= 0 ? cs.counts[v.worst_expert] : 0) << " rows";
+  EXPECT_EQ(v.written_past_total, 0) << cs.name << ": elements written past the counts' total";
+  return gg.config();
+}
+
+/// expect_right under every compiled configuration for the case's type and
+/// layout, each forced by name (the heuristic picks the narrow tile at test sizes).
+void expect_right_in_every_configuration(Case cs, std::uint64_t salt) {
+  GroupedGemmOptions o;
+  o.experts = static_cast<int>(cs.counts.size());
+  o.n = cs.n;
+  o.k = cs.k;
+  o.max_rows = 1;
+  o.dtype = cs.dtype;
+  o.w_layout = cs.layout;
+  const std::vector<std::string> names = GroupedGemm(o).configurations();
+  EXPECT_FALSE(names.empty());
+  const std::string base = cs.name;
+  for (const std::string& name : names) {
+    cs.config = name;
+    cs.name = base + ", " + name;
+    EXPECT_EQ(expect_right(cs, salt++), name) << "a forced configuration runs as named";
+  }
+}
+
+}  // namespace
+
+TEST(GroupedGemm, TheIssueShapesScaledDownMatchFloat64UnderEachRouting) {
+  // Mixtral-, Qwen3-30B-A3B- and DeepSeek-like up-projections (N = F, K = H),
+  // rows / 16, N and K / 8: the experts' counts keep their shape (8 experts of
+  // 128 rows, 128 of 32, 32 of 64, before the routing skews them).
+  std::uint64_t salt = 1;
+  for (bench::Routing r : {bench::Routing::uniform, bench::Routing::zipf}) {
+    expect_right_in_every_configuration(routed("Mixtral-like", 1024, 8, 896, 512, r), salt += 10);
+    expect_right_in_every_configuration(routed("Qwen3-like", 4096, 128, 96, 256, r), salt += 10);
+    expect_right_in_every_configuration(routed("DeepSeek-like", 2048, 32, 256, 896, r), salt += 10);
+  }
+  // The plan's own choice (the size heuristic's), as a caller gets it.
+  EXPECT_FALSE(expect_right(routed("DeepSeek-like", 2048, 32, 256, 896, bench::Routing::zipf), salt += 10).empty());
+  // Every row to one expert: 127 experts without rows.
+  expect_right_in_every_configuration(routed("Qwen3-like", 4096, 128, 96, 256, bench::Routing::one_hot), salt += 10);
+}
+
+TEST(GroupedGemm, EmptyExpertsOneExpertAndOddTotals) {
+  std::uint64_t salt = 100;
+  // Empty experts first, last and in a run, between experts of odd sizes.
+  expect_right_in_every_configuration(Case{"empty first, last and in a run", 264, 136, {0, 17, 0, 0, 0, 300, 1, 129, 0}},
+                                      salt);
+  salt += 10;
+  // Every expert empty: nothing to compute, nothing written.
+  Case none{"every expert empty", 64, 64, {0, 0, 0, 0}};
+  none.spare_rows = 256;
+  expect_right(none, salt++);
+  // One expert: a plain GEMM of 1001 rows.
+  expect_right(Case{"one expert, 1001 rows", 520, 264, {1001}}, salt++);
+  // 1001 rows over 8 experts, Zipf; with rows to spare that must stay unwritten.
+  Case odd = routed("1001 rows over 8 experts", 1001, 8, 1032, 128, bench::Routing::zipf);
+  odd.spare_rows = 39;
+  expect_right(odd, salt++);
+  // One row per expert.
+  expect_right(Case{"one row each", 256, 256, std::vector<std::int32_t>(64, 1)}, salt++);
+}
+
+TEST(GroupedGemm, BothTypesBothLayoutsAndEveryConfiguration) {
+  std::uint64_t salt = 200;
+  for (DType t : {DType::bf16, DType::fp16})
+    for (BLayout layout : {BLayout::nk, BLayout::kn}) {
+      Case c = routed(std::string(to_string(t)) + (layout == BLayout::nk ? ", W [E, N, K]" : ", W [E, K, N]"), 1001, 16,
+                      520, 256, bench::Routing::zipf);
+      c.dtype = t;
+      c.layout = layout;
+      c.spare_rows = 23;
+      expect_right_in_every_configuration(c, salt);
+      salt += 10;
+    }
+}
+
+TEST(GroupedGemm, RepeatedRunsAndGraphReplaysEqualTheEagerRunAndReplaysReadTheirCounts) {
+  cudaStream_t s = test::stream();
+  Case cs = routed("Qwen3-like, Zipf", 4096, 128, 96, 256, bench::Routing::zipf);
+  Problem pr(cs, 300);
+  GroupedGemm gg(pr.o);
+  const std::uint64_t out_bytes = pr.o.max_rows * cs.n * 2;
+  void* first;
+  unsigned long long* mismatches;
+  WEFT_CUDA(cudaMalloc(&first, out_bytes));
+  WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof(unsigned long long)));
+  WEFT_CUDA(cudaMemsetAsync(mismatches, 0, sizeof(unsigned long long), s));
+  pr.poison(s);
+  gg.run(pr.args(), s);
+  WEFT_CUDA(cudaMemcpyAsync(first, pr.dout, out_bytes, cudaMemcpyDeviceToDevice, s));
+  for (int i = 0; i < 50; ++i) {  // back to back: no host synchronisation between runs
+    pr.poison(s);
+    gg.run(pr.args(), s);
+    bench::accumulate_mismatches(pr.dout, first, out_bytes, mismatches, s);
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  pr.poison(s);
+  gg.run(pr.args(), s);
+  WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+  WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 50; ++i) {
+    WEFT_CUDA(cudaGraphLaunch(exec, s));
+    bench::accumulate_mismatches(pr.dout, first, out_bytes, mismatches, s);
+  }
+  unsigned long long host = 0;
+  WEFT_CUDA(cudaMemcpyAsync(&host, mismatches, sizeof(host), cudaMemcpyDeviceToHost, s));
+  WEFT_CUDA(cudaStreamSynchronize(s));
+  EXPECT_EQ(host, 0u) << "output bytes that differed from the first run, over 50 runs and 50 replays";
+  {
+    const Problem::Verdict v = pr.check(s);
+    EXPECT_LE(v.worst, 1e-2) << "the replays' output";
+  }
+  // New counts written to the device between replays (the same total, 4096
+  // rows): the replay computes them, as the counts are read on the device
+  // when the graph runs, not fixed at capture.
+  Case uniform = routed("Qwen3-like, uniform", 4096, 128, 96, 256, bench::Routing::uniform);
+  pr.c.counts = uniform.counts;
+  WEFT_CUDA(cudaMemcpyAsync(pr.dcounts, pr.c.counts.data(), pr.c.counts.size() * 4, cudaMemcpyHostToDevice, s));
+  WEFT_CUDA(cudaGraphLaunch(exec, s));
+  {
+    const Problem::Verdict v = pr.check(s);
+    EXPECT_LE(v.worst, 1e-2) << "a replay after the counts changed";
+  }
+  gg.check_counts(s);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(first);
+  cudaFree(mismatches);
+}
+
+TEST(GroupedGemm, CountsThatAreNegativeOrPastTheCapacityAreReported) {
+  cudaStream_t s = test::stream();
+  Case cs{"capacity", 64, 64, {100, 100, 100, 100}};
+  Problem pr(cs, 400);
+  GroupedGemmOptions small = pr.o;
+  small.max_rows = 250;  // the counts sum to 400
+  GroupedGemm gg(small);
+  pr.poison(s);
+  gg.run(pr.args(), s);
+  try {
+    gg.check_counts(s);
+    ADD_FAILURE() << "counts past max_rows were not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the row counts summed to 400, past max_rows = 250"), std::string::npos)
+        << e.what();
+  }
+  // Nothing past the capacity was written (the rows past it were dropped).
+  std::vector<std::uint16_t> got(pr.o.max_rows * cs.n);
+  WEFT_CUDA(cudaMemcpy(got.data(), pr.dout, got.size() * 2, cudaMemcpyDeviceToHost));
+  std::int64_t past = 0;
+  for (std::int64_t i = small.max_rows * cs.n; i < pr.o.max_rows * cs.n; ++i) past += got[i] != kNaN;
+  EXPECT_EQ(past, 0) << "elements written past max_rows";
+  gg.check_counts(s);  // the record was cleared
+  const std::int32_t negative[4] = {10, -5, 10, 10};
+  WEFT_CUDA(cudaMemcpy(pr.dcounts, negative, sizeof(negative), cudaMemcpyHostToDevice));
+  gg.run(pr.args(), s);
+  try {
+    gg.check_counts(s);
+    ADD_FAILURE() << "a negative count was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("an expert's row count was negative"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GroupedGemm, RefusesBadOptionsAndOperandsNamingWhatWasExpected) {
+  auto plan_error = [](GroupedGemmOptions o) {
+    try {
+      GroupedGemm g(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  GroupedGemmOptions o;
+  o.experts = 8;
+  o.n = 256;
+  o.k = 100;
+  o.max_rows = 64;
+  EXPECT_NE(plan_error(o).find("K = 100 must be a multiple of 8"), std::string::npos) << plan_error(o);
+  o.k = 256;
+  o.experts = 0;
+  EXPECT_NE(plan_error(o).find("experts = 0: expected 1 to"), std::string::npos) << plan_error(o);
+  o.experts = 8;
+  o.dtype = DType::fp32;
+  EXPECT_NE(plan_error(o).find("dtype must be bf16 or fp16"), std::string::npos) << plan_error(o);
+  o.dtype = DType::bf16;
+  GroupedGemm gg(o);
+  void* buf;
+  std::int32_t* counts;
+  WEFT_CUDA(cudaMalloc(&buf, 1 << 20));
+  WEFT_CUDA(cudaMalloc(&counts, 64));
+  const GroupedGemmArgs good{.a = buf, .w = buf, .out = buf, .expert_rows = counts};
+  auto run_error = [&](GroupedGemmArgs x) {
+    try {
+      gg.run(x, test::stream());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  GroupedGemmArgs x = good;
+  x.w = nullptr;
+  EXPECT_NE(run_error(x).find("W [E = 8, N = 256, K = 256] must be a device pointer"), std::string::npos) << run_error(x);
+  x = good;
+  x.a = static_cast<char*>(buf) + 8;
+  EXPECT_NE(run_error(x).find("is not 16-byte aligned"), std::string::npos) << run_error(x);
+  x = good;
+  x.expert_rows = nullptr;
+  EXPECT_NE(run_error(x).find("expert_rows int32 [E = 8]"), std::string::npos) << run_error(x);
+  WEFT_CUDA(cudaStreamSynchronize(test::stream()));
+  cudaFree(buf);
+  cudaFree(counts);
+}
