@@ -13,6 +13,38 @@ if(WEFT_NCCL_ERROR)
 endif()
 message(STATUS "weft: NCCL ${WEFT_NCCL_LIBRARY} (headers ${WEFT_NCCL_INCLUDE_DIR})")
 
+# ---- NVSHMEM (optional): the heap backend for many nodes, docs/decisions/0057 ----
+# WEFT_NVSHMEM=AUTO builds the backend where NVSHMEM is found, ON demands it
+# (CI), OFF leaves it out. Found by cmake/WeftFindNvshmem.cmake (NVSHMEM_HOME,
+# .deps-nvshmem/ from scripts/setup.sh, python3's nvidia-nvshmem-cu13 wheel, the system).
+set(WEFT_NVSHMEM AUTO CACHE STRING "Build the NVSHMEM heap backend: AUTO (where NVSHMEM is found), ON or OFF")
+set_property(CACHE WEFT_NVSHMEM PROPERTY STRINGS AUTO ON OFF)
+set(WEFT_NVSHMEM_DEPS_DIR "${CMAKE_CURRENT_SOURCE_DIR}/.deps-nvshmem" CACHE PATH
+    "where scripts/setup.sh unpacks NVSHMEM (outside .deps/, which travels to GPU machines)")
+string(TOUPPER "${WEFT_NVSHMEM}" _weft_nvshmem)
+if(NOT _weft_nvshmem MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "WEFT_NVSHMEM=${WEFT_NVSHMEM}: use AUTO, ON or OFF")
+endif()
+set(WEFT_HAVE_NVSHMEM OFF)
+if(NOT _weft_nvshmem STREQUAL "OFF")
+  include(WeftFindNvshmem)
+  weft_find_nvshmem(WEFT_NVSHMEM_ERROR)
+  if(NOT WEFT_NVSHMEM_ERROR)
+    set(WEFT_HAVE_NVSHMEM ON)
+    message(STATUS "weft: NVSHMEM ${WEFT_NVSHMEM_VERSION} heap backend (headers ${WEFT_NVSHMEM_INCLUDE_DIR}, "
+                   "library ${WEFT_NVSHMEM_HOST_LIBRARY}, opened at run time)")
+  elseif(_weft_nvshmem STREQUAL "ON")
+    message(FATAL_ERROR "WEFT_NVSHMEM=ON: ${WEFT_NVSHMEM_ERROR}")
+  else()
+    message(STATUS "weft: no NVSHMEM heap backend (WEFT_NVSHMEM=AUTO and NVSHMEM not found; "
+                   "bash scripts/setup.sh fetches it)")
+  endif()
+else()
+  message(STATUS "weft: no NVSHMEM heap backend (WEFT_NVSHMEM=OFF)")
+endif()
+# For scripts (scripts/gpu_tests.sh runs the suite on the NVSHMEM heap too where it is built in).
+set(WEFT_NVSHMEM_BUILT ${WEFT_HAVE_NVSHMEM} CACHE INTERNAL "the NVSHMEM heap backend is compiled in")
+
 # ---- nvml.h (header only: libnvidia-ml is opened at run time) ----
 # NVML_INCLUDE_DIR (CMake or environment variable), the CUDA toolkit (CUDA_HOME,
 # CUDA_PATH, the toolkit CMake found), the system, then .deps/ (pip nvidia-nvml-dev).

@@ -9,6 +9,7 @@
 # measured before the grouped ones: the 20-kernel subset in 21 minutes with 2
 # jobs, all 36 in 4 with 16, so about 1 + 2 x kernels / jobs minutes).
 # WEFT_GEMM_KERNELS=subset compiles 20 dense and 2 grouped kernels (CI).
+# WEFT_NVSHMEM=AUTO|ON|OFF builds the NVSHMEM heap backend (CI: ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # nvcc: CUDA_HOME's, else CUDA_PATH's, else PATH's, else /usr/local/cuda's (as scripts/setup.sh checks).
@@ -66,6 +67,15 @@ if [ -n "${WEFT_GEMM_KERNELS:-}" ]; then
     exit 2
   fi
   KERNELS=(-DWEFT_GEMM_KERNELS="$WEFT_GEMM_KERNELS")
+fi
+# WEFT_NVSHMEM=AUTO|ON|OFF: the NVSHMEM heap backend where NVSHMEM is found (the
+# default), demanded (CI), or left out (docs/decisions/0057).
+if [ -n "${WEFT_NVSHMEM:-}" ]; then
+  if ! [[ "${WEFT_NVSHMEM^^}" =~ ^(AUTO|ON|OFF)$ ]]; then
+    say "WEFT_NVSHMEM must be AUTO, ON or OFF (got '$WEFT_NVSHMEM')" >&2
+    exit 2
+  fi
+  KERNELS+=(-DWEFT_NVSHMEM="${WEFT_NVSHMEM^^}")
 fi
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
   say "configuring $BUILD"

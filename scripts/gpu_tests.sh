@@ -2,6 +2,9 @@
 # The GPU test matrix, on whatever NVIDIA GPUs this machine has:
 #   - the whole GPU suite at world sizes 1, 2, 4 and 8, with ranks sharing a
 #     GPU through MPS (weftrun --share-gpu) where there are more ranks than GPUs;
+#   - where weft was built with NVSHMEM (WEFT_NVSHMEM), the whole suite again on
+#     the NVSHMEM heap (WEFT_HEAP_BACKEND=nvshmem) at world sizes 1, 2 and 4, and
+#     every collective's result digest compared with the native heap's run;
 #   - the overlapped operators at world 2 and 4 with one hardware queue per rank
 #     (CUDA_DEVICE_MAX_CONNECTIONS=1);
 #   - the provoked hangs: a rank that skips an AllReduce at world 4, named by
@@ -15,7 +18,7 @@
 #
 # One line per step; the last line counts the test cases (from rank 0's
 # GoogleTest summary at each world size) and the steps:
-#   GPU: P passed, F failed, S skipped test cases (world sizes 1 2 4 8); steps: N ok, M failed
+#   GPU: P passed, F failed, S skipped test cases (world sizes 1 2 4 8[, on NVSHMEM 1 2 4]); steps: N ok, M failed
 # Exit status 0 iff every step passed. scripts/test.sh runs it on GPU machines,
 # scripts/gpu_session.sh in its gpu stage.
 set -uo pipefail
@@ -90,6 +93,47 @@ for n in 1 2 4 8; do
   verdict "suite, world $n ($args)" $ok "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, $((SECONDS - t0)) s${left:+; $left}"
   grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sort -u | head -n 20
 done
+
+# ---- the suite on the NVSHMEM heap, where weft was built with it ---------------------------
+# The same binary and cases, the heap from NVSHMEM (docs/decisions/0057); then
+# the digests HeapBackend.CollectiveDigestsOnFixedInputs prints must equal the
+# native run's at the same world size: collectives bitwise equal under either backend.
+nv_worlds=""
+if grep -q '^WEFT_NVSHMEM_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+  for n in 1 2 4; do
+    args=$(ranks "$n") || continue
+    nv_worlds="$nv_worlds $n"
+    log="$LOGS/nvshmem_w$n.log"
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    WEFT_HEAP_BACKEND=nvshmem "$WEFTRUN" $args --tag-output --timeout 1200 -- "$TESTS" --gtest_filter='-WaitTimeout.*' \
+      >"$log" 2>&1
+    rc=$?
+    p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
+    s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
+    f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+    passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
+    [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))
+    backend=$(grep -oE 'heap backend: [a-z]+' "$log" | head -n 1)
+    left=$(no_mps_left)
+    ok=1
+    [ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$left" ] && [ "$backend" = "heap backend: nvshmem" ] && ok=0
+    verdict "suite on NVSHMEM, world $n ($args)" $ok \
+      "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, ${backend:-no backend line}, $((SECONDS - t0)) s${left:+; $left}"
+    grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sort -u | head -n 20
+    # Bitwise: every digest line of this run against the native suite's at the same world size.
+    native=$(grep -oE '\[ digest \] .*' "$LOGS/suite_w$n.log" 2>/dev/null | sort)
+    nvshmem=$(grep -oE '\[ digest \] .*' "$log" | sort)
+    lines=$(printf '%s\n' "$nvshmem" | grep -c 'digest' || true)
+    same=1
+    [ -n "$native" ] && [ "$native" = "$nvshmem" ] && same=0
+    verdict "collectives bitwise, native = NVSHMEM, world $n" $same \
+      "$lines digests$([ -z "$native" ] && echo ', none from the native run')$(
+        [ -n "$native" ] && [ "$native" != "$nvshmem" ] && echo ": $(diff <(echo "$native") <(echo "$nvshmem") | grep -c '^>') differ")"
+  done
+else
+  say "suite on NVSHMEM" "not run: $BUILD was built without NVSHMEM (WEFT_NVSHMEM=ON, scripts/setup.sh fetches it)"
+fi
 
 # ---- the overlapped operators with one hardware queue per rank ---------------------------
 # CUDA_DEVICE_MAX_CONNECTIONS=1 (as Megatron-LM sets it): every stream of a
@@ -182,5 +226,5 @@ rc=$?
 verdict "CUDA_VISIBLE_DEVICES empty" $([ "$rc" -eq 77 ] && grep -q 'SKIPPED' "$log"; echo $?) \
   "rc=$rc: $(grep -m 1 -o 'SKIPPED.*' "$log" | cut -c1-100)"
 
-echo "GPU: $passed passed, $failed failed, $skipped skipped test cases (world sizes$worlds); steps: $steps_ok ok, $steps_failed failed"
+echo "GPU: $passed passed, $failed failed, $skipped skipped test cases (world sizes$worlds${nv_worlds:+, on NVSHMEM$nv_worlds}); steps: $steps_ok ok, $steps_failed failed"
 [ "$steps_failed" -eq 0 ] && [ "$failed" -eq 0 ]

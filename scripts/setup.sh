@@ -7,8 +7,13 @@
 #   - nvml.h: used where it is (NVML_INCLUDE_DIR, CUDA_HOME/include, the CUDA toolkit,
 #     /usr/include), else unpacked from the pip wheel nvidia-nvml-dev into .deps/;
 #   - CUTLASS/CuTe headers: used where they are (CUTLASS_ROOT, or installed where CMake
-#     finds them), else unpacked from the pip wheel nvidia-cutlass into .deps/cutlass.
-# The two wheels come from .deps/wheels/ when they are there (offline installs:
+#     finds them), else unpacked from the pip wheel nvidia-cutlass into .deps/cutlass;
+#   - NVSHMEM (optional: the NVSHMEM heap backend, docs/decisions/0057): used where it is
+#     (NVSHMEM_HOME, python3's nvidia-nvshmem-cu13 wheel), else its headers and host
+#     libraries unpacked from that wheel into .deps-nvshmem/ (its wheel kept in
+#     .deps-nvshmem/wheels/); skipped with WEFT_NVSHMEM=OFF. It stays out of .deps/,
+#     which travels to GPU machines, where torch's wheel provides NVSHMEM.
+# The wheels come from .deps/wheels/ when they are there (offline installs:
 # docs/INSTALL.md, 'Installing offline', names the files), else pip downloads them into it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +21,8 @@ DEPS=.deps
 WHEELS=$DEPS/wheels
 NVML_WHEEL_VERSION=13.0.87
 CUTLASS_WHEEL_VERSION=4.2.0.0
+# The NVSHMEM torch 2.11 installs (its wheel requires nvidia-nvshmem-cu13==3.4.5): one NVSHMEM per process.
+NVSHMEM_WHEEL_VERSION=3.4.5
 mkdir -p "$DEPS"
 
 say() { echo "[setup] $*"; }
@@ -214,4 +221,57 @@ if command -v python3 >/dev/null; then
   done
 fi
 
-say "ok: CMake $cmake_version, CUDA $cuda_version ($nvcc), nvml.h in $(dirname "$nvml_h"), CUTLASS ${v:-?} in $cutlass_inc"
+# ---- NVSHMEM (optional): the NVSHMEM heap backend -------------------------------------
+# The places cmake/WeftFindNvshmem.cmake looks, in its order: NVSHMEM_HOME,
+# .deps-nvshmem, python3's wheel (torch's), the system. WEFT_NVSHMEM=OFF skips
+# it; =ON (CI) fails if it cannot be had; otherwise a failed download only warns
+# and weft builds without the backend.
+nvshmem_has() { [ -f "$1/include/host/nvshmemx_api.h" ] && { [ -f "$1/lib/libnvshmem_host.so.3" ] || [ -f "$1/lib64/libnvshmem_host.so.3" ]; }; }
+NVDEPS=.deps-nvshmem
+nvshmem_mode=$(echo "${WEFT_NVSHMEM:-AUTO}" | tr '[:lower:]' '[:upper:]')
+nvshmem_note="NVSHMEM skipped (WEFT_NVSHMEM=OFF)"
+if [ "$nvshmem_mode" != OFF ]; then
+  nvshmem_dir=""
+  if [ -n "${NVSHMEM_HOME:-}" ]; then
+    nvshmem_has "$NVSHMEM_HOME" && nvshmem_dir=$NVSHMEM_HOME ||
+      say "note: NVSHMEM_HOME=$NVSHMEM_HOME holds no include/host/nvshmemx_api.h and lib/libnvshmem_host.so.3; looking elsewhere"
+  fi
+  if [ -z "$nvshmem_dir" ] && nvshmem_has "$NVDEPS"; then nvshmem_dir=$NVDEPS; fi
+  if [ -z "$nvshmem_dir" ] && command -v python3 >/dev/null; then
+    wheel_dir=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])" 2>/dev/null || true)
+    if [ -n "$wheel_dir" ] && nvshmem_has "$wheel_dir"; then nvshmem_dir=$wheel_dir; fi
+  fi
+  if [ -z "$nvshmem_dir" ]; then
+    if [ "$nvshmem_mode" = ON ]; then
+      whl=$(WHEELS=$NVDEPS/wheels wheel "nvidia-nvshmem-cu13==$NVSHMEM_WHEEL_VERSION" "nvidia_nvshmem_cu13-$NVSHMEM_WHEEL_VERSION-*_$arch.whl" \
+            "nvidia_nvshmem_cu13-$NVSHMEM_WHEEL_VERSION-py3-none-manylinux2014_$arch.manylinux_2_17_$arch.whl")
+    else
+      whl=$( (WHEELS=$NVDEPS/wheels wheel "nvidia-nvshmem-cu13==$NVSHMEM_WHEEL_VERSION" "nvidia_nvshmem_cu13-$NVSHMEM_WHEEL_VERSION-*_$arch.whl" \
+              "nvidia_nvshmem_cu13-$NVSHMEM_WHEEL_VERSION-py3-none-manylinux2014_$arch.manylinux_2_17_$arch.whl") || true)
+    fi
+    if [ -n "$whl" ] && command -v python3 >/dev/null; then
+      # Headers and the host, bootstrap and transport libraries; not the 31 MB LLVM bitcode.
+      python3 - "$NVDEPS" "$whl" <<'PY'
+import os, shutil, sys, zipfile
+dest, whl = sys.argv[1], sys.argv[2]
+prefix = "nvidia/nvshmem/"
+with zipfile.ZipFile(whl) as z:
+    for n in z.namelist():
+        if n.startswith(prefix) and not n.endswith("/") and not n.endswith(".bc"):
+            target = os.path.join(dest, n[len(prefix):])
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with z.open(n) as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
+PY
+      nvshmem_has "$NVDEPS" || die "$whl did not hold NVSHMEM's headers and host library where expected (nvidia/nvshmem/)"
+      nvshmem_dir=$NVDEPS
+      say "NVSHMEM $NVSHMEM_WHEEL_VERSION unpacked into $NVDEPS"
+    else
+      say "warning: NVSHMEM not found and not fetched: weft builds without the NVSHMEM heap backend (WEFT_NVSHMEM=ON demands it)"
+    fi
+  fi
+  nvshmem_note="NVSHMEM ${nvshmem_dir:+in $nvshmem_dir}"
+  [ -n "$nvshmem_dir" ] || nvshmem_note="no NVSHMEM"
+fi
+
+say "ok: CMake $cmake_version, CUDA $cuda_version ($nvcc), nvml.h in $(dirname "$nvml_h"), CUTLASS ${v:-?} in $cutlass_inc, $nvshmem_note"

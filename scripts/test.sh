@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: sets up, builds, runs the CPU tests always and the GPU
+# The test command: sets up, builds (and, where the build has the NVSHMEM heap
+# backend, compiles the runtime once more without it), runs the CPU tests always and the GPU
 # tests as the machine allows, and ends with one line that counts CPU and GPU
 # test cases apart:
 #   weft tests: CPU P passed, F failed, S skipped | GPU P passed, F failed, S skipped (...)
@@ -16,6 +17,29 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 BUILD=${WEFT_BUILD_DIR:-build}
+status=0
+
+# Both builds (docs/decisions/0057): where the build above has the NVSHMEM heap
+# backend, a second one configured with WEFT_NVSHMEM=OFF compiles the units of
+# the core and the runtime, the only ones the option changes (about a minute).
+if grep -q '^WEFT_NVSHMEM_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null && command -v ninja >/dev/null; then
+  off="$BUILD-no-nvshmem"
+  echo "== the runtime without NVSHMEM (WEFT_NVSHMEM=OFF, in $off)"
+  t0=$SECONDS
+  mkdir -p "$off"
+  if cmake -S . -B "$off" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
+       -DWEFT_GEMM_KERNELS=subset -DWEFT_NVSHMEM=OFF >"$off/configure.log" 2>&1; then
+    mapfile -t units < <(ninja -C "$off" -t targets all | grep -oE '^CMakeFiles/weft\.dir/src/(core|runtime)/[^:]+\.o')
+    if [ "${#units[@]}" -gt 0 ] && ninja -C "$off" -j "${WEFT_JOBS:-2}" "${units[@]}" >"$off/build.log" 2>&1 &&
+       ! grep -q 'nvshmem_heap' <(printf '%s\n' "${units[@]}"); then
+      echo "built without NVSHMEM: ${#units[@]} units of the core and the runtime, $((SECONDS - t0)) s"
+    else
+      echo "FAILED: the runtime without NVSHMEM does not build (log: $off/build.log)"; tail -n 30 "$off/build.log"; status=1
+    fi
+  else
+    echo "FAILED: configuring with WEFT_NVSHMEM=OFF (log: $off/configure.log)"; tail -n 30 "$off/configure.log"; status=1
+  fi
+fi
 
 gpus=0
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
@@ -37,7 +61,6 @@ print(f"{p} passed, {f} failed, {s} skipped")
 PY
 }
 
-status=0
 gpu_line=""
 if [ "$gpus" -eq 0 ]; then
   echo "== GPU tests: no NVIDIA GPU visible here (nvidia-smi lists none); each case must report itself skipped"

@@ -5,8 +5,8 @@
 // Rank 0 prints the job (launcher, ranks, nodes), each rank's GPU, its SMs
 // (its share under MPS), whether it supports CUDA VMM with POSIX fd handles,
 // its NVLinks, and the peer-access / link matrix between all ranks ("same
-// GPU" for ranks sharing one). It also maps a small symmetric heap, so a
-// successful run shows the native backend works here.
+// GPU" for ranks sharing one). It also maps a small symmetric heap (either backend), so a
+// successful run shows the chosen backend (WEFT_HEAP_BACKEND) works here.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -22,7 +22,7 @@ const char* kUsage =
     "\n"
     "Prints what this machine offers weft: the job (launcher, ranks, nodes), each rank's GPU, its\n"
     "SMs (its share when ranks share a GPU under MPS), CUDA VMM support, NVLinks, the link matrix\n"
-    "between ranks, and maps a small symmetric heap to show the native backend works. Exits 1,\n"
+    "between ranks, and maps a small symmetric heap to show its backend works (WEFT_HEAP_BACKEND). Exits 1,\n"
     "saying why on stderr, where no usable GPU is visible.\n";
 }  // namespace
 
@@ -76,8 +76,14 @@ int main(int argc, char** argv) {
                       str(t.peer_access_matrix[r][c] ? "access, " : "no access, ", t.link_matrix[r][c]).c_str());
         std::printf("\n");
       }
-      std::printf("  symmetric heap: native backend (CUDA VMM + POSIX fds), %llu MiB per rank mapped on every rank\n",
-                  static_cast<unsigned long long>(ctx->heap().capacity() >> 20));
+      const bool native = ctx->heap().backend() == HeapBackend::native;
+      int mapped = 0;
+      for (int pe = 0; pe < t.world_size; ++pe) mapped += ctx->heap().peer_reachable(pe) ? 1 : 0;
+      std::printf("  symmetric heap: %s backend (%s), %llu MiB per rank, %d of %d ranks mapped here; NVSHMEM %s "
+                  "(WEFT_HEAP_BACKEND)\n",
+                  to_string(ctx->heap().backend()), native ? "CUDA VMM + POSIX fds" : "NVSHMEM, peers by nvshmem_ptr",
+                  static_cast<unsigned long long>(ctx->heap().capacity() >> 20), mapped, t.world_size,
+                  nvshmem_built() ? "built in" : "not built in");
     }
     ctx->host_barrier("weft-info done");
     return 0;

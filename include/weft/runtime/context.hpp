@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "weft/runtime/heap.hpp"
@@ -30,6 +31,12 @@ namespace weft {
 struct ContextOptions {
   /// Bytes of symmetric heap per rank. 0: WEFT_HEAP_SIZE, else 1 GiB.
   std::uint64_t heap_bytes = 0;
+  /// Which heap backend (docs/decisions/0057). Unset: WEFT_HEAP_BACKEND
+  /// (native, nvshmem or auto), else auto: NVSHMEM when the job spans nodes
+  /// and weft was built with it, the native heap otherwise. Every rank must ask
+  /// for the same; asking for nvshmem from a build without it throws, saying
+  /// how to build it.
+  std::optional<HeapBackend> heap_backend;
   /// Create the NCCL communicator (needed for baselines and host collectives).
   /// Never created where ranks share a GPU: NCCL refuses two ranks on one GPU.
   bool create_nccl = true;
@@ -66,7 +73,7 @@ class Context {
   const Team& team() const { return team_; }
   /// The ranks' key-value store (bootstrap exchanges, call checks).
   Store& store() { return *store_; }
-  /// The symmetric heap every collective buffer lives in.
+  /// The symmetric heap every collective buffer lives in (heap().backend() says which).
   SymmetricHeap& heap() { return *heap_; }
   /// The NCCL communicator over all ranks (throws, saying why, if there is none).
   ncclComm_t nccl() const;

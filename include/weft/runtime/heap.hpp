@@ -3,8 +3,9 @@
 // Every rank reserves a heap of the same size; collective allocations return
 // the same offset on every rank, so a pointer into this rank's heap names the
 // same object everywhere (World::symm_at turns it into a peer's address).
-// SymmetricHeap is the interface; NativeHeap (CUDA VMM + POSIX-fd IPC, one
-// node) implements it, and an NVSHMEM-backed heap for many nodes will too.
+// SymmetricHeap is the interface, with two backends: the native heap (CUDA VMM
+// + POSIX-fd IPC, one node) and the NVSHMEM heap (one nvshmem_align block per rank,
+// optional at build time; many nodes). heap_backend.cpp chooses between them.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +15,41 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/env.hpp"
+
 namespace weft {
+
+class Store;
+
+/// Which implementation backs the symmetric heap (docs/decisions/0057).
+enum class HeapBackend {
+  automatic,  ///< nvshmem where the job spans nodes and weft was built with NVSHMEM; native otherwise
+  native,     ///< CUDA VMM memory shared by file descriptors: one node
+  nvshmem,    ///< NVSHMEM's symmetric heap: any number of nodes (needs a build with WEFT_NVSHMEM)
+};
+
+/// "auto", "native", "nvshmem".
+const char* to_string(HeapBackend b);
+/// Parses WEFT_HEAP_BACKEND's forms: "auto" (or "automatic"), "native",
+/// "nvshmem"; case-insensitive, surrounding blanks ignored. Throws weft::Error
+/// naming `what` and the accepted values otherwise.
+HeapBackend parse_heap_backend(const std::string& text, const std::string& what = "WEFT_HEAP_BACKEND");
+/// True when this libweft was built with the NVSHMEM backend (CMake found NVSHMEM;
+/// WEFT_NVSHMEM=AUTO or ON). The library itself is opened at run time.
+bool nvshmem_built();
+/// The backend a job runs: `requested` resolved (automatic: nvshmem iff
+/// num_nodes > 1 and `built_with_nvshmem`), then checked. Pure logic, the same
+/// on every rank for the same inputs. Throws weft::Error, saying how to get
+/// what was asked for: nvshmem without a build that has it (how to build one),
+/// native for a job that spans nodes, or a job that spans nodes with no NVSHMEM.
+HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built_with_nvshmem);
+/// Collective (through `store`): the backend of the job. Each rank's request
+/// is `option` if set, else WEFT_HEAP_BACKEND from `env`, else automatic; the
+/// ranks' requests are compared first, so ranks that disagree all throw,
+/// naming each request, instead of building different heaps; then
+/// choose_heap_backend decides, identically on every rank. Context::create calls it.
+HeapBackend agree_heap_backend(std::optional<HeapBackend> option, const EnvMap& env, int num_nodes,
+                               bool built_with_nvshmem, Store& store);
 
 /// The offset bookkeeping of a heap: first-fit over a sorted free list with
 /// coalescing. Pure CPU logic; every rank runs an identical copy, so identical
@@ -90,16 +125,26 @@ class SymmetricHeap {
   virtual void free(void* p) = 0;
 
   /// Host-visible address of symmetric object `p` on rank `pe`, mapped into
-  /// this process (for copy-engine transfers and tests).
+  /// this process (for copy-engine transfers and tests). Throws if `pe` is
+  /// not peer_reachable, naming the backend and the peer.
   virtual void* peer_ptr(const void* p, int pe) const = 0;
   /// True if [p, p + bytes) lies inside one live allocation of this heap.
   virtual bool contains(const void* p, std::uint64_t bytes) const = 0;
   /// Name and offset of the allocation holding heap offset `offset`, for reports.
   virtual std::string describe_offset(std::uint64_t offset) const = 0;
 
+  /// Which backend this is (never automatic).
+  virtual HeapBackend backend() const = 0;
+  /// True when rank `pe`'s heap is mapped into this process, so peer_ptr and
+  /// World::symm_at give addresses loads and stores can use: every peer under
+  /// the native heap; under NVSHMEM, the peers nvshmem_ptr reaches (NVLink,
+  /// the same GPU). The device array peer_bases_device() holds nullptr for the others.
+  virtual bool peer_reachable(int pe) const = 0;
+
   virtual char* base() const = 0;                 ///< this rank's heap
   virtual std::uint64_t capacity() const = 0;     ///< bytes per rank
-  virtual char* const* peer_bases_device() const = 0;  ///< device array [world] of mapped bases
+  /// Device array [world] of mapped bases; nullptr where !peer_reachable(pe).
+  virtual char* const* peer_bases_device() const = 0;
   virtual const HeapAllocator& allocator() const = 0;  ///< the offsets' bookkeeping (same on every rank)
 };
 

@@ -37,13 +37,14 @@ struct LaunchEpoch {
   unsigned* arrivals;      ///< blocks of the current launch that have finished
 };
 
-/// The device-side handle of a job on one node (native backend).
+/// The device-side handle of a job: the same under either heap backend (with
+/// NVSHMEM, peer_base holds nvshmem_ptr's addresses; nullptr for peers it does not reach).
 struct World {
   std::int32_t rank;                 ///< this process's rank
   std::int32_t size;                 ///< number of ranks
   char* heap_base;                   ///< this rank's symmetric heap (device address)
   std::uint64_t heap_bytes;          ///< its size
-  char* const* peer_base;            ///< device array [size]: where each rank's heap is mapped here
+  char* const* peer_base;            ///< device array [size]: where each rank's heap is mapped here (nullptr: not mapped)
   std::uint64_t* barrier_flags;      ///< symmetric uint64[size], for barrier_all / sync_all
   std::uint64_t* barrier_epoch;      ///< this rank's barrier counter (local device memory)
   std::uint64_t wait_timeout_ns;     ///< spin bound; 0 = wait forever
@@ -64,6 +65,13 @@ struct World {
     auto offset = reinterpret_cast<const char*>(p) - heap_base;
     return reinterpret_cast<T*>(peer_base[pe] + offset);
   }
+
+  /// True when rank pe's heap is mapped here, so symm_at(p, pe) may be
+  /// dereferenced: every peer under the native heap; under NVSHMEM, the peers
+  /// nvshmem_ptr reaches (NVLink, the same GPU). The Context refuses a job with
+  /// any other peer for now; the seam for NVSHMEM's device put/signal path to
+  /// such peers is here. Reads peer_base[pe]; does not block.
+  WEFT_DEVICE bool reachable(int pe) const { return peer_base[pe] != nullptr; }
 
   /// The heap offset of `p` for reports, or ~0 if p is outside this rank's heap.
   WEFT_DEVICE std::uint64_t offset_of(const void* p) const {

@@ -1,0 +1,112 @@
+// The choice of symmetric-heap backend: WEFT_HEAP_BACKEND / ContextOptions, the
+// job's nodes, and whether this build has NVSHMEM (docs/decisions/0057).
+#include <algorithm>
+#include <cctype>
+#include <exception>
+
+#include "weft/core/env.hpp"
+#include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
+#include "weft/runtime/heap.hpp"
+#include "weft/runtime/store.hpp"
+
+namespace weft {
+
+const char* to_string(HeapBackend b) {
+  switch (b) {
+    case HeapBackend::automatic: return "auto";
+    case HeapBackend::native: return "native";
+    case HeapBackend::nvshmem: return "nvshmem";
+  }
+  return "?";
+}
+
+HeapBackend parse_heap_backend(const std::string& text, const std::string& what) {
+  std::string t = text;
+  t.erase(0, t.find_first_not_of(" \t"));
+  t.erase(t.find_last_not_of(" \t") + 1);
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "auto" || t == "automatic") return HeapBackend::automatic;
+  if (t == "native") return HeapBackend::native;
+  if (t == "nvshmem") return HeapBackend::nvshmem;
+  WEFT_FAIL(what, "='", text, "' is not a heap backend: use native (CUDA VMM, one node), nvshmem (NVSHMEM, any ",
+            "number of nodes) or auto (nvshmem when the job spans nodes, else native)");
+}
+
+bool nvshmem_built() {
+#if defined(WEFT_HAVE_NVSHMEM) && WEFT_HAVE_NVSHMEM
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+constexpr const char* kHowToBuild =
+    "Build weft with NVSHMEM: bash scripts/setup.sh fetches the pip wheel nvidia-nvshmem-cu13 into .deps/, or "
+    "install it (python3 -m pip install nvidia-nvshmem-cu13) or set NVSHMEM_HOME; then configure with "
+    "-DWEFT_NVSHMEM=ON (WEFT_NVSHMEM=ON bash scripts/build.sh)";
+}  // namespace
+
+HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built_with_nvshmem) {
+  HeapBackend chosen = requested;
+  if (chosen == HeapBackend::automatic)
+    chosen = num_nodes > 1 && built_with_nvshmem ? HeapBackend::nvshmem : HeapBackend::native;
+  if (chosen == HeapBackend::nvshmem)
+    WEFT_REQUIRE(built_with_nvshmem, "the NVSHMEM heap backend was asked for (",
+                 requested == HeapBackend::nvshmem ? "WEFT_HEAP_BACKEND=nvshmem" : "auto", "), but this weft was ",
+                 "built without NVSHMEM. ", kHowToBuild, ".");
+  if (chosen == HeapBackend::native && num_nodes > 1) {
+    WEFT_REQUIRE(requested != HeapBackend::native, "WEFT_HEAP_BACKEND=native serves ranks on one node, but the job ",
+                 "spans ", num_nodes, " nodes: use WEFT_HEAP_BACKEND=nvshmem or auto",
+                 built_with_nvshmem ? "" : str(" with a weft built with NVSHMEM. ", kHowToBuild));
+    WEFT_FAIL("the job spans ", num_nodes, " nodes, which needs the NVSHMEM heap backend, but this weft was built "
+              "without NVSHMEM. ", kHowToBuild, ".");
+  }
+  return chosen;
+}
+
+HeapBackend agree_heap_backend(std::optional<HeapBackend> option, const EnvMap& env, int num_nodes,
+                               bool built_with_nvshmem, Store& store) {
+  HeapBackend requested = HeapBackend::automatic;
+  std::string source = "the default";
+  std::exception_ptr parse_error;  // raised after the exchange, so no peer waits for this rank
+  if (option) {
+    requested = *option;
+    source = "ContextOptions::heap_backend";
+  } else if (auto text = env_str(env, "WEFT_HEAP_BACKEND")) {
+    source = "WEFT_HEAP_BACKEND";
+    try {
+      requested = parse_heap_backend(*text);
+    } catch (const Error&) {
+      parse_error = std::current_exception();
+    }
+  }
+  auto all = store.all_gather(parse_error ? "?" : to_string(requested), "heap backend");
+  if (parse_error) std::rethrow_exception(parse_error);
+  std::string differ;
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differ += str(", rank ", r, " asked for ", all[r] == "?" ? "a malformed value" : all[r]);
+  WEFT_REQUIRE(differ.empty(), "ranks disagree on the heap backend: rank 0 asked for ",
+               all[0] == "?" ? "a malformed value" : all[0], differ, " (set WEFT_HEAP_BACKEND the same on every rank)");
+  HeapBackend chosen = choose_heap_backend(requested, num_nodes, built_with_nvshmem);
+  WEFT_LOG(info, "heap backend ", to_string(chosen), " (", to_string(requested), " from ", source, "; ", num_nodes,
+           " node", num_nodes == 1 ? "" : "s", ", NVSHMEM ", built_with_nvshmem ? "built in" : "not built in", ")");
+  return chosen;
+}
+
+}  // namespace weft
+
+#if !(defined(WEFT_HAVE_NVSHMEM) && WEFT_HAVE_NVSHMEM)
+#include "nvshmem_heap.hpp"
+
+namespace weft {
+// A build without NVSHMEM: choose_heap_backend never picks it, so reaching this is a caller's mistake.
+std::unique_ptr<SymmetricHeap> make_nvshmem_heap(Store&, const Team&, std::uint64_t) {
+  WEFT_FAIL("this weft was built without NVSHMEM, so it has no NVSHMEM heap. ", kHowToBuild, ".");
+}
+std::string nvshmem_host_library() {
+  WEFT_FAIL("this weft was built without NVSHMEM, so it opens no NVSHMEM library. ", kHowToBuild, ".");
+}
+}  // namespace weft
+#endif
