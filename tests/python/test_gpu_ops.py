@@ -404,7 +404,11 @@ def test_bad_input_names_op_argument_and_expectation(inputs):
                     reason="shapes that differ across ranks need two ranks")
 def test_shapes_that_differ_across_ranks_are_named():
     w, r = world()
-    x = torch.ones(1000 + 8 * r, device="cuda")  # every rank a different size: a plan no two ranks agree on
+    # Every rank a different size, none of them a size another test planned: plans
+    # are checked across ranks when they are built, so a rank that already held a
+    # plan for its size would run it unchecked and meet the others only at the
+    # device wait's timeout (named there, with WEFT_CHECK_CALLS=1 as the remedy).
+    x = torch.ones(5003 + 8 * r, device="cuda")
     with pytest.raises(RuntimeError, match=r"(?s)weft.all_reduce: .*(differ|disagree)"):
         ops.all_reduce(x, "sum", weft.group_name())
     sync()
