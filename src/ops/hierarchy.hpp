@@ -1,0 +1,347 @@
+// hierarchy.hpp (private) - the index maps of the two-level (multi-node) schedules, as plain functions.
+//
+// Past one node every operator runs a two-level schedule: NVLink inside a
+// node, and a rail across nodes (the GPUs with the same local rank on every
+// node, each with its own NIC). docs/SCALE.md and tools/model/scale_model.py
+// describe these schedules and time them; this header is what they are, index
+// by index: which shard or block a GPU sends at which step, to whom, which
+// partial sums it waits for, in which order its GEMM walks the data. The
+// kernels (device) and the CPU tests (host, grids of 1 to 8 nodes of 1 to 8
+// GPUs) call the same functions, so a schedule that loses or duplicates a
+// block fails on a machine without a GPU.
+//
+// Ranks are numbered node-major (NodeGrid): GPU (n, l) is rank n x L + l, and
+// its rail is the GPUs (m, l) of every node m. Every node holds the same L
+// GPUs, with contiguous ranks (grid_from_nodes says why not when they do not).
+//
+//   ag_*        AllGather (+GEMM): a ring on each rail, NVLink pushes of what lands
+//   rs_*        (GEMM+)ReduceScatter: NVLink partials to the rail GPU, one NIC put
+//               per remote node, the owner's final sum
+//   ar_*, hd_*  AllReduce: ReduceScatter in the node, AllReduce of S / L on each
+//               rail (direct or halving-doubling), AllGather in the node
+//   ep_*        EP dispatch, two hops: one NIC crossing per remote node, then NVLink
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "schedule.hpp"
+#include "weft/device/types.cuh"
+
+namespace weft::hierarchy {
+
+using schedule::wrap;
+
+// ---- the grid ----
+
+/// `nodes` nodes of `local` GPUs, ranks node-major: rank = node x local + local rank.
+struct NodeGrid {
+  int nodes = 1;
+  int local = 1;
+
+  WEFT_HD int world() const { return nodes * local; }
+  WEFT_HD int rank(int node, int local_rank) const { return node * local + local_rank; }
+  WEFT_HD int node_of(int rank) const { return rank / local; }
+  WEFT_HD int local_of(int rank) const { return rank % local; }
+  WEFT_HD bool valid() const { return nodes >= 1 && local >= 1; }
+};
+
+/// The grid of a team whose rank r runs on node `node_of[r]` (node ids in
+/// order of first appearance, as Team::node_of has them), into `grid`.
+/// Returns "" when the ranks form a grid, else why not: the two-level
+/// schedules need every node to hold the same number of ranks, contiguous.
+inline std::string grid_from_nodes(const std::vector<int>& node_of, NodeGrid& grid) {
+  const int world = static_cast<int>(node_of.size());
+  if (world == 0) return "no ranks";
+  int nodes = 0;
+  for (int r = 0; r < world; ++r) {
+    const int id = node_of[r];
+    if (id < 0 || id > nodes)
+      return "rank " + std::to_string(r) + " is on node " + std::to_string(id) +
+             ": node ids must be 0, 1, ... in order of first appearance";
+    if (id == nodes) ++nodes;
+    if (r > 0 && id < node_of[r - 1])
+      return "the ranks of node " + std::to_string(id) + " are not contiguous (rank " + std::to_string(r) +
+             " follows a rank of node " + std::to_string(node_of[r - 1]) + ")";
+  }
+  std::vector<int> count(static_cast<std::size_t>(nodes), 0);
+  for (int id : node_of) ++count[id];
+  for (int n = 1; n < nodes; ++n)
+    if (count[n] != count[0])
+      return "node " + std::to_string(n) + " holds " + std::to_string(count[n]) + " ranks and node 0 holds " +
+             std::to_string(count[0]) + ": the two-level schedules need nodes of equal size";
+  grid = NodeGrid{nodes, count[0]};
+  return "";
+}
+
+/// How a GPU gets a piece of data.
+enum class Via : int {
+  self = 0,    ///< it is its own
+  rail = 1,    ///< over its NIC, from (or to) the GPU of its local rank on another node
+  nvlink = 2,  ///< from (or to) a GPU of its own node
+};
+
+// ---- AllGather and AllGather+GEMM (scale_model.py: ag_arrivals, ag_weft) ----
+//
+// Shard s is rank s's. Rail ring: at step h (1..nodes-1) GPU (n, l) sends to
+// (n+1, l) the shard it received at step h-1 (its own at h = 1), and receives
+// from (n-1, l) the shard of (n-h, l). So after step h a GPU holds the shards
+// of its rail h hops back; every GPU puts nodes-1 shards on its NIC.
+//
+// NVLink: at hop h (0: its own shard, then each rail step as it lands) GPU
+// (n, l) pushes the shard of (n-h, l) to its local peers, at turn i
+// (1..L-1) to (n, l-i). So (n, l) receives at turn i from (n, l+i), and at
+// every turn the pushes of a node are a permutation: no GPU takes two at once.
+//
+// Arrival order (the tie rule): by hop, and within a hop the rail's shard
+// first (its own at hop 0), then the peers' in turn order (l+1, l+2, ...):
+//   i-th shard at (n, l) = shard of (n - i / L, l + i % L).
+// It is the order in which the shards land when a hop's L-1 NVLink pushes take
+// no longer than one rail step (the model's times); when NVLink lags, the next
+// rail shard lands before the last pushes of the hop before, and the order
+// still names every shard after everything its delivery depends on.
+
+/// The GPU that (n, l) sends to on its rail (every step): (n+1, l).
+WEFT_HD int ag_rail_to(NodeGrid g, int gpu) { return g.rank(wrap(g.node_of(gpu) + 1, g.nodes), g.local_of(gpu)); }
+/// The GPU that (n, l) receives from on its rail (every step): (n-1, l).
+WEFT_HD int ag_rail_from(NodeGrid g, int gpu) { return g.rank(wrap(g.node_of(gpu) - 1, g.nodes), g.local_of(gpu)); }
+/// The shard (n, l) sends on its rail at step h (1..nodes-1): that of (n-h+1, l).
+WEFT_HD int ag_rail_send_shard(NodeGrid g, int gpu, int step) {
+  return g.rank(wrap(g.node_of(gpu) - step + 1, g.nodes), g.local_of(gpu));
+}
+/// The shard (n, l) receives on its rail at step h (1..nodes-1): that of (n-h, l).
+WEFT_HD int ag_rail_recv_shard(NodeGrid g, int gpu, int step) {
+  return g.rank(wrap(g.node_of(gpu) - step, g.nodes), g.local_of(gpu));
+}
+/// The shard (n, l) pushes to its local peers at hop h (0..nodes-1): that of (n-h, l).
+WEFT_HD int ag_push_shard(NodeGrid g, int gpu, int hop) {
+  return g.rank(wrap(g.node_of(gpu) - hop, g.nodes), g.local_of(gpu));
+}
+/// The local peer (n, l) pushes to at turn i (1..L-1) of every hop: (n, l-i).
+WEFT_HD int ag_push_to(NodeGrid g, int gpu, int turn) {
+  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) - turn, g.local));
+}
+
+/// The i-th shard (0..W-1) present at `gpu`, in arrival order (own first).
+WEFT_HD int ag_arrival(NodeGrid g, int gpu, int i) {
+  return g.rank(wrap(g.node_of(gpu) - i / g.local, g.nodes), wrap(g.local_of(gpu) + i % g.local, g.local));
+}
+/// Where shard s falls in `gpu`'s arrival order (the inverse of ag_arrival).
+WEFT_HD int ag_arrival_index(NodeGrid g, int gpu, int shard) {
+  const int hop = wrap(g.node_of(gpu) - g.node_of(shard), g.nodes);
+  return hop * g.local + wrap(g.local_of(shard) - g.local_of(gpu), g.local);
+}
+
+/// AllGather+GEMM: the shard whose rows `gpu`'s GEMM computes i-th (the arrival order).
+WEFT_HD int ag_tile_order(NodeGrid g, int gpu, int i) { return ag_arrival(g, gpu, i); }
+
+/// Who brings a shard, and after which event:
+///   self:   its own, at the start;
+///   rail:   `from` = (n-1, l), at rail step `hop`;
+///   nvlink: `from` = a local peer, at turn `turn` of its hop `hop` (hop 0: the peer's own shard, at the
+///           start; else once the peer's rail step `hop` has landed).
+struct AgDelivery {
+  Via via;
+  int from;  ///< the GPU that sends it (itself for self)
+  int hop;   ///< 0 for self; the rail step that brings it (rail) or brought it to `from` (nvlink)
+  int turn;  ///< for nvlink, the sender's turn (1..L-1); 0 otherwise
+};
+
+/// How shard `shard` reaches `gpu`.
+WEFT_HD AgDelivery ag_delivery(NodeGrid g, int gpu, int shard) {
+  const int hop = wrap(g.node_of(gpu) - g.node_of(shard), g.nodes);
+  const int turn = wrap(g.local_of(shard) - g.local_of(gpu), g.local);
+  if (turn == 0) {
+    if (hop == 0) return AgDelivery{Via::self, gpu, 0, 0};
+    return AgDelivery{Via::rail, ag_rail_from(g, gpu), hop, 0};
+  }
+  return AgDelivery{Via::nvlink, g.rank(g.node_of(gpu), g.local_of(shard)), hop, turn};
+}
+
+// ---- ReduceScatter and GEMM+ReduceScatter (scale_model.py: rs_weft) ----
+//
+// The output is W blocks, block b owned by rank b; every GPU holds (or its
+// GEMM computes) a partial of every block. GPU (n, l) walks its W blocks in
+// L-block groups by destination node: group k (0..nodes-1) is node
+// (n+1+k) mod nodes, so the remote nodes come first (their sums have the NIC
+// to cross) and its own node last; "farthest" is the shift k, chosen so that
+// at every group each node sends to one node and receives from one, and no
+// NIC takes two partials at once. Inside group k, at turn i (0..L-1) it
+// computes the block of local rank (l+1+i) mod L of that node: the L-1 blocks
+// its local peers' rails own first (pushed over NVLink to that peer, which
+// sums them; each turn's pushes are a permutation of the node), the block of
+// its own rail last.
+//   step t = k x L + i:   block (n+1+k, l+1+i)
+// Rail block (j, l), j != n: the GPU sums its own partial and the L-1 its
+// peers pushed (all sent at earlier steps), and puts this node partial over
+// its NIC to the owner (j, l). Own block (the last step): the node partial as
+// above, then the nodes-1 node partials its rail peers put, summed from HBM.
+
+/// The block `gpu` computes at step t (0..W-1).
+WEFT_HD int rs_block(NodeGrid g, int gpu, int step) {
+  const int k = step / g.local, i = step % g.local;
+  return g.rank(wrap(g.node_of(gpu) + 1 + k, g.nodes), wrap(g.local_of(gpu) + 1 + i, g.local));
+}
+/// The step at which `gpu` computes block b (the inverse of rs_block).
+WEFT_HD int rs_step(NodeGrid g, int gpu, int block) {
+  const int k = wrap(g.node_of(block) - g.node_of(gpu) - 1, g.nodes);
+  return k * g.local + wrap(g.local_of(block) - g.local_of(gpu) - 1, g.local);
+}
+
+/// Where `gpu`'s partial of a block goes:
+///   nvlink: pushed to `to`, the local peer on the block's rail, who sums it;
+///   rail:   summed here with the node's other partials, the node partial put to `to`, the owner;
+///   self:   its own block (`to` = itself), summed here last.
+struct RsRoute {
+  Via via;
+  int to;
+};
+WEFT_HD RsRoute rs_route(NodeGrid g, int gpu, int block) {
+  if (g.local_of(block) != g.local_of(gpu)) return RsRoute{Via::nvlink, g.rank(g.node_of(gpu), g.local_of(block))};
+  if (block != gpu) return RsRoute{Via::rail, block};
+  return RsRoute{Via::self, gpu};
+}
+
+/// Partials a GPU waits for before each rail put (its peers', over NVLink): L-1.
+WEFT_HD int rs_rail_waits(NodeGrid g) { return g.local - 1; }
+/// Partials a GPU waits for before its final sum: L-1 over NVLink, nodes-1 node partials over its rail.
+WEFT_HD int rs_final_waits(NodeGrid g) { return g.local - 1 + g.nodes - 1; }
+
+/// For a block on `gpu`'s rail, the i-th (1..L-1) peer partial to arrive: from
+/// (n, l-i), pushed at turn i-1 of its group for that block's node.
+WEFT_HD int rs_peer_partial_from(NodeGrid g, int gpu, int i) {
+  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) - i, g.local));
+}
+/// The i-th (1..nodes-1) node partial of `gpu`'s own block to arrive: from
+/// (n-i, l), put at the end of its group i-1.
+WEFT_HD int rs_node_partial_from(NodeGrid g, int gpu, int i) {
+  return g.rank(wrap(g.node_of(gpu) - i, g.nodes), g.local_of(gpu));
+}
+
+// ---- AllReduce (scale_model.py: ar_weft) ----
+//
+// Three phases over the S elements each GPU holds:
+//  1. ReduceScatter in the node: slice q (schedule::slice_size over L) is
+//     owned by local rank q; at turn i (1..L-1) GPU (n, l) pushes its slice
+//     l+i to (n, l+i), so it receives slice l's partials from l-i.
+//  2. AllReduce of slice l along rail l (the nodes' sums of it), one of two ways:
+//     - direct: at turn i (1..nodes-1) put the whole slice to (n+i, l); each
+//       GPU sums the nodes' slices in ascending node order, so every GPU of the
+//       rail computes the same bits. NIC: (nodes-1) S / L per GPU, one latency.
+//     - halving then doubling (nodes a power of two): the slice is cut into
+//       `nodes` sub-chunks (schedule::split). Halving round r
+//       (0..log2 nodes - 1) pairs node n with n xor (nodes >> (r+1)): each
+//       keeps the half of its range on its side of that bit and sends the
+//       other half, so after the last round node n holds sub-chunk n, summed. Doubling undoes it, round
+//       d pairing n with n xor (1 << d), each sending all it holds.
+//       NIC: 2 (nodes-1) / nodes x S / L per GPU, 2 log2(nodes) latencies.
+//       For other node counts the plan falls back to direct (ar_rail_way).
+//  3. AllGather in the node: at turn i, GPU (n, l) pushes slice l to (n, l+i).
+
+/// Elements [lo, hi) of slice q when `count` elements are shared by `local` GPUs (slice q: local rank q).
+WEFT_HD void ar_slice(std::uint64_t count, int local, std::uint64_t grain, int q, std::uint64_t& lo,
+                      std::uint64_t& hi) {
+  const std::uint64_t per = schedule::slice_size(count, local, grain);
+  lo = per * q < count ? per * q : count;
+  hi = lo + per < count ? lo + per : count;
+}
+/// In-node ReduceScatter and AllGather: the local peer (n, l) pushes to at turn i (1..L-1): (n, l+i).
+WEFT_HD int ar_node_to(NodeGrid g, int gpu, int turn) {
+  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) + turn, g.local));
+}
+/// ... and the one it receives from at turn i: (n, l-i).
+WEFT_HD int ar_node_from(NodeGrid g, int gpu, int turn) {
+  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) - turn, g.local));
+}
+/// In-node ReduceScatter: the slice (n, l) pushes at turn i (its receiver's own): l+i.
+WEFT_HD int ar_rs_slice(NodeGrid g, int gpu, int turn) { return wrap(g.local_of(gpu) + turn, g.local); }
+
+enum class RailWay : int { direct = 0, halving_doubling = 1 };
+
+/// True when `nodes` is a power of two, at least 2.
+WEFT_HD bool hd_applies(int nodes) { return nodes >= 2 && (nodes & (nodes - 1)) == 0; }
+/// The way the rail runs when `want` is asked: halving-doubling only where it applies, else direct.
+WEFT_HD RailWay ar_rail_way(int nodes, RailWay want) {
+  return want == RailWay::halving_doubling && hd_applies(nodes) ? RailWay::halving_doubling : RailWay::direct;
+}
+
+/// Direct: the rail peer (n, l) puts its slice to at turn i (1..nodes-1): (n+i, l).
+WEFT_HD int ar_direct_to(NodeGrid g, int gpu, int turn) {
+  return g.rank(wrap(g.node_of(gpu) + turn, g.nodes), g.local_of(gpu));
+}
+/// ... and the one whose slice it receives at turn i: (n-i, l).
+WEFT_HD int ar_direct_from(NodeGrid g, int gpu, int turn) {
+  return g.rank(wrap(g.node_of(gpu) - turn, g.nodes), g.local_of(gpu));
+}
+
+/// Halving-doubling rounds each way: log2(nodes) (nodes a power of two).
+WEFT_HD int hd_rounds(int nodes) {
+  int r = 0;
+  while ((1 << r) < nodes) ++r;
+  return r;
+}
+/// The sub-chunks [lo, hi) node n holds before halving round r (0..rounds; r =
+/// rounds: after the last, [n, n+1)): the aligned run of nodes >> r sub-chunks that contains n.
+WEFT_HD void hd_held(int node, int round, int nodes, int& lo, int& hi) {
+  const int size = nodes >> round;
+  lo = node / size * size;
+  hi = lo + size;
+}
+/// Halving round r's partner of node n: n xor (nodes >> (r+1)). Node n sends it
+/// hd_held(partner, r+1) and receives (to sum) hd_held(n, r+1).
+WEFT_HD int hd_halving_partner(int node, int round, int nodes) { return node ^ (nodes >> (round + 1)); }
+/// Doubling round d's partner of node n: n xor (1 << d). Node n sends it
+/// hd_held(n, rounds-d) and receives hd_held(partner, rounds-d).
+WEFT_HD int hd_doubling_partner(int node, int round) { return node ^ (1 << round); }
+
+// ---- EP dispatch, two hops (scale_model.py: ep_two_hop) ----
+//
+// A token on (n_s, l_s) goes to the distinct ranks R holding its top-k experts
+// (moe/ep_layout.hpp: token_destinations, ascending). For each node those
+// ranks are on, one hop: to a remote node d it crosses the NIC once, to
+// (d, l_s), the GPU of its own local rank there, which forwards it over NVLink
+// to each rank of R on d (one of which may be itself: it keeps the token
+// where it landed); to its own node it goes over NVLink directly (the "rail
+// target" is the source itself, and a source in R keeps its token). Hops come
+// in ascending node order, as R does. Combine is the same route backwards,
+// summed on the rail GPU: per node, then across nodes.
+
+/// One hop of a token: the rank it lands on in `node`, and the
+/// ranks[begin..end) forwarded from there.
+struct EpHop {
+  int node;         ///< the destination node
+  int rail_target;  ///< (node, l_s) for a remote node (one NIC crossing), the source for its own
+  int begin;        ///< the ranks of R on this node: ranks[begin..end) of the token's
+  int end;
+};
+
+/// The hops of a token of `source` to the ascending, distinct `ranks[0..n)`,
+/// written to hops[0..) (room for n); returns how many (the distinct nodes).
+WEFT_HD int ep_two_hop(NodeGrid g, int source, const int* ranks, int n, EpHop* hops) {
+  int count = 0;
+  for (int i = 0; i < n; ++i) {
+    const int node = g.node_of(ranks[i]);
+    if (count > 0 && hops[count - 1].node == node) {
+      hops[count - 1].end = i + 1;
+      continue;
+    }
+    const int target = node == g.node_of(source) ? source : g.rank(node, g.local_of(source));
+    hops[count++] = EpHop{node, target, i, i + 1};
+  }
+  return count;
+}
+
+/// NIC crossings of a token of `source` to the ascending, distinct
+/// `ranks[0..n)`: its distinct remote nodes.
+WEFT_HD int ep_nic_crossings(NodeGrid g, int source, const int* ranks, int n) {
+  int crossings = 0, last = -1;
+  for (int i = 0; i < n; ++i) {
+    const int node = g.node_of(ranks[i]);
+    if (node != last && node != g.node_of(source)) ++crossings;
+    last = node;
+  }
+  return crossings;
+}
+
+}  // namespace weft::hierarchy

@@ -1,0 +1,569 @@
+// The two-level (multi-node) schedules' index maps (src/ops/hierarchy.hpp), simulated with
+// integers on the CPU for grids of 1 to 8 nodes of 1 to 8 GPUs: AllGather delivers every
+// shard once over the right links, in an order its GEMM can walk; ReduceScatter and
+// AllReduce sum every contribution exactly once, at the NIC bytes the cost model
+// (tools/model/scale_model.py) assumes; the EP two-hop route delivers every (token, rank)
+// pair once, crossing the NIC at most once per remote node.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ops/hierarchy.hpp"
+#include "ops/moe/ep_layout.hpp"
+
+namespace {
+
+using namespace weft::hierarchy;
+
+const std::vector<NodeGrid> kGrids = {{1, 1}, {1, 2}, {1, 8}, {2, 1}, {2, 2}, {2, 4},
+                                      {4, 2}, {8, 1}, {3, 2}, {2, 3}, {4, 4}};
+
+std::string name(NodeGrid g) { return std::to_string(g.nodes) + " x " + std::to_string(g.local); }
+
+bool same_node(NodeGrid g, int a, int b) { return g.node_of(a) == g.node_of(b); }
+/// A rail link: the same local rank, another node.
+bool rail_link(NodeGrid g, int a, int b) { return g.local_of(a) == g.local_of(b) && !same_node(g, a, b); }
+
+// ---- the grid ----
+
+TEST(Hierarchy, GridNumbersRanksNodeMajor) {
+  for (NodeGrid g : kGrids) {
+    ASSERT_TRUE(g.valid()) << name(g);
+    EXPECT_EQ(g.world(), g.nodes * g.local) << name(g);
+    for (int r = 0; r < g.world(); ++r) {
+      EXPECT_EQ(g.rank(g.node_of(r), g.local_of(r)), r) << name(g) << " rank " << r;
+      EXPECT_EQ(g.node_of(r), r / g.local) << name(g) << " rank " << r;
+      EXPECT_LT(g.local_of(r), g.local) << name(g) << " rank " << r;
+    }
+  }
+  EXPECT_FALSE((NodeGrid{0, 8}.valid()));
+  EXPECT_FALSE((NodeGrid{2, 0}.valid()));
+}
+
+TEST(Hierarchy, GridFromNodeIdsTakesEqualContiguousNodes) {
+  for (NodeGrid want : kGrids) {
+    std::vector<int> node_of;
+    for (int r = 0; r < want.world(); ++r) node_of.push_back(r / want.local);
+    NodeGrid got{0, 0};
+    EXPECT_EQ(grid_from_nodes(node_of, got), "") << name(want);
+    EXPECT_EQ(got.nodes, want.nodes) << name(want);
+    EXPECT_EQ(got.local, want.local) << name(want);
+  }
+}
+
+TEST(Hierarchy, GridFromNodeIdsSaysWhyOtherLayoutsAreNoGrid) {
+  const std::vector<std::pair<std::vector<int>, std::string>> bad = {
+      {{}, "no ranks"},
+      {{0, 1, 0, 1}, "not contiguous"},
+      {{0, 0, 1, 1, 0, 0}, "not contiguous"},
+      {{0, 0, 0, 1}, "equal size"},
+      {{0, 1, 1}, "equal size"},
+      {{1, 1, 0, 0}, "order of first appearance"},
+      {{0, 2, 1}, "order of first appearance"},
+      {{0, -1}, "order of first appearance"},
+  };
+  for (const auto& [node_of, why] : bad) {
+    NodeGrid g{7, 7};
+    const std::string error = grid_from_nodes(node_of, g);
+    std::string ids;
+    for (int n : node_of) ids += std::to_string(n) + " ";
+    EXPECT_NE(error.find(why), std::string::npos) << "node ids [ " << ids << "]: got \"" << error << "\"";
+    EXPECT_EQ(g.nodes, 7) << "the grid is left alone on an error";
+  }
+}
+
+// ---- AllGather ----
+
+// Hop by hop: hop 0 is every GPU's own shard pushed to its local peers; hop h
+// (1..nodes-1) is rail step h, then the pushes of what it brought. Each step's
+// sends read what the sender held before the step.
+TEST(Hierarchy, AllGatherDeliversEveryShardOnceOverTheRightLinks) {
+  for (NodeGrid g : kGrids) {
+    const int W = g.world(), L = g.local;
+    std::vector<std::vector<int>> held(W, std::vector<int>(W, 0));  // [gpu][shard]: times present
+    std::vector<int> nic_sends(W, 0);
+    std::vector<std::map<int, AgDelivery>> seen(W);  // [gpu]: shard -> how it came
+    for (int r = 0; r < W; ++r) {
+      held[r][r] = 1;
+      seen[r][r] = AgDelivery{Via::self, r, 0, 0};
+    }
+    for (int hop = 0; hop < g.nodes; ++hop) {
+      if (hop > 0) {                            // rail step `hop`
+        std::vector<std::pair<int, int>> sent;  // (receiver, shard)
+        for (int r = 0; r < W; ++r) {
+          const int shard = ag_rail_send_shard(g, r, hop), to = ag_rail_to(g, r);
+          ASSERT_EQ(held[r][shard], 1) << name(g) << ": GPU " << r << " sends shard " << shard << " at rail step "
+                                       << hop << " before it holds it";
+          ASSERT_TRUE(rail_link(g, r, to)) << name(g) << ": rail step " << hop << " from " << r << " to " << to;
+          EXPECT_EQ(ag_rail_from(g, to), r) << name(g);
+          EXPECT_EQ(ag_rail_recv_shard(g, to, hop), shard) << name(g) << ": GPU " << to << " step " << hop;
+          sent.push_back({to, shard});
+          ++nic_sends[r];
+        }
+        for (auto [to, shard] : sent) {
+          ++held[to][shard];
+          seen[to][shard] = AgDelivery{Via::rail, ag_rail_from(g, to), hop, 0};
+        }
+      }
+      // NVLink pushes of hop `hop`, turn by turn: each GPU takes one push a turn.
+      for (int turn = 1; turn < L; ++turn) {
+        std::vector<int> taken(W, 0);
+        std::vector<std::pair<int, int>> sent;
+        for (int r = 0; r < W; ++r) {
+          const int shard = ag_push_shard(g, r, hop), to = ag_push_to(g, r, turn);
+          ASSERT_EQ(held[r][shard], 1) << name(g) << ": GPU " << r << " pushes shard " << shard << " at hop " << hop
+                                       << " before it holds it";
+          ASSERT_TRUE(same_node(g, r, to) && to != r) << name(g) << ": NVLink push from " << r << " to " << to;
+          EXPECT_EQ(++taken[to], 1) << name(g) << ": GPU " << to << " takes two pushes at hop " << hop << " turn "
+                                    << turn;
+          sent.push_back({to, shard});
+          seen[to][shard] = AgDelivery{Via::nvlink, r, hop, turn};
+        }
+        for (auto [to, shard] : sent) ++held[to][shard];
+      }
+      // After hop h a GPU holds exactly the first (h+1) L shards of its arrival order.
+      for (int r = 0; r < W; ++r)
+        for (int i = 0; i < W; ++i)
+          EXPECT_EQ(held[r][ag_arrival(g, r, i)], i < (hop + 1) * L ? 1 : 0)
+              << name(g) << ": GPU " << r << " after hop " << hop << ", arrival " << i;
+    }
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(nic_sends[r], g.nodes - 1) << name(g) << ": shards GPU " << r << " puts on its NIC";
+      for (int s = 0; s < W; ++s) {
+        ASSERT_EQ(held[r][s], 1) << name(g) << ": GPU " << r << " holds shard " << s << " " << held[r][s] << " times";
+        const AgDelivery want = seen[r][s], got = ag_delivery(g, r, s);
+        EXPECT_EQ(got.via, want.via) << name(g) << ": shard " << s << " at GPU " << r;
+        EXPECT_EQ(got.from, want.from) << name(g) << ": shard " << s << " at GPU " << r;
+        EXPECT_EQ(got.hop, want.hop) << name(g) << ": shard " << s << " at GPU " << r;
+        EXPECT_EQ(got.turn, want.turn) << name(g) << ": shard " << s << " at GPU " << r;
+      }
+    }
+  }
+}
+
+TEST(Hierarchy, AllGatherTileOrderIsAPermutationOwnShardFirst) {
+  for (NodeGrid g : kGrids) {
+    const int W = g.world();
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(ag_tile_order(g, r, 0), r) << name(g) << ": GPU " << r << " computes its own rows first";
+      std::set<int> shards;
+      int last_hop = 0;
+      for (int i = 0; i < W; ++i) {
+        const int s = ag_tile_order(g, r, i);
+        ASSERT_GE(s, 0) << name(g);
+        ASSERT_LT(s, W) << name(g);
+        shards.insert(s);
+        EXPECT_EQ(ag_arrival_index(g, r, s), i) << name(g) << ": GPU " << r << " shard " << s;
+        // Never a shard whose delivery comes after a later one's: hops do not decrease.
+        const int hop = ag_delivery(g, r, s).hop;
+        EXPECT_GE(hop, last_hop) << name(g) << ": GPU " << r << " tile " << i;
+        last_hop = hop;
+      }
+      EXPECT_EQ(shards.size(), static_cast<std::size_t>(W)) << name(g) << ": GPU " << r;
+    }
+  }
+}
+
+// The model's times (scale_model.py, ag_arrivals): rail step h lands at h x T;
+// a hop's NVLink pushes are ready when it lands and are taken one after the
+// other. With NVLink keeping up (L-1 pushes within one rail step) the arrival
+// order is the order in which the shards land.
+TEST(Hierarchy, AllGatherArrivalOrderIsTheModelsWhenNvlinkKeepsUp) {
+  for (NodeGrid g : kGrids) {
+    const int W = g.world(), L = g.local;
+    const int T = 10 * L, push = 3;  // (L-1) x 3 + 1 < T
+    for (int r = 0; r < W; ++r) {
+      int busy = 0, last = -1;
+      for (int i = 0; i < W; ++i) {
+        const AgDelivery d = ag_delivery(g, r, ag_arrival(g, r, i));
+        int at = 0;
+        if (d.via == Via::rail) at = d.hop * T;
+        if (d.via == Via::nvlink) at = busy = std::max(busy, d.hop * T) + push;
+        EXPECT_GT(at, last) << name(g) << ": GPU " << r << " arrival " << i << " lands no later than arrival " << i - 1;
+        last = at;
+      }
+    }
+  }
+}
+
+// ---- ReduceScatter ----
+
+// Rank r's partial of block b: (b+1) in the high half, bit r in the low: a
+// sum names its block (high half = (b+1) x contributors) and every contributor.
+using Partial = std::uint64_t;
+Partial contribution(int rank, int block) { return (std::uint64_t(block + 1) << 32) | (std::uint64_t{1} << rank); }
+Partial full_sum(int block, int world) {
+  return (std::uint64_t(block + 1) * world << 32) | ((std::uint64_t{1} << world) - 1);
+}
+/// a + b, after checking that no contributor is in both (no partial added twice).
+::testing::AssertionResult add_once(Partial& a, Partial b) {
+  if ((a & b & 0xffffffffu) != 0) return ::testing::AssertionFailure() << "contributors added twice";
+  a += b;
+  return ::testing::AssertionSuccess();
+}
+
+TEST(Hierarchy, ReduceScatterSumsEveryContributionOnceAtItsOwner) {
+  for (NodeGrid g : kGrids) {
+    const int W = g.world(), L = g.local;
+    ASSERT_LE(W, 16);
+    struct Arrived {
+      int from, block, step;
+      Partial value;
+      bool used = false;
+    };
+    std::vector<std::vector<Arrived>> nvl(W),
+        rail(W);  // what arrived at each GPU
+    std::vector<Partial> own_block(W, 0);
+    std::vector<int> nic_sends(W, 0), waits(W, 0);
+    std::vector<std::set<int>> computed(W);
+    // Takes the partials of `block` from `inbox` that the named senders sent, each once, before `step`.
+    auto take = [&](std::vector<Arrived>& inbox, int block, int from, int step, Partial& sum, const std::string& what) {
+      int found = 0;
+      for (Arrived& a : inbox)
+        if (a.block == block && a.from == from) {
+          ++found;
+          EXPECT_FALSE(a.used) << name(g) << ": " << what;
+          EXPECT_LT(a.step, step) << name(g) << ": " << what << " is summed before it was sent";
+          EXPECT_TRUE(add_once(sum, a.value)) << name(g) << ": " << what;
+          a.used = true;
+        }
+      EXPECT_EQ(found, 1) << name(g) << ": " << what;
+    };
+    for (int t = 0; t < W; ++t) {
+      std::vector<int> nvl_taken(W, 0), nic_taken(W, 0);
+      for (int r = 0; r < W; ++r) {
+        const int b = rs_block(g, r, t);
+        ASSERT_TRUE(computed[r].insert(b).second) << name(g) << ": GPU " << r << " computes block " << b << " twice";
+        EXPECT_EQ(rs_step(g, r, b), t) << name(g) << ": GPU " << r;
+        const RsRoute route = rs_route(g, r, b);
+        Partial mine = contribution(r, b);
+        const std::string at =
+            "GPU " + std::to_string(r) + ", step " + std::to_string(t) + ", block " + std::to_string(b);
+        if (route.via == Via::nvlink) {
+          ASSERT_TRUE(same_node(g, r, route.to) && route.to != r) << name(g) << ": " << at << " to " << route.to;
+          EXPECT_EQ(g.local_of(route.to), g.local_of(b)) << name(g) << ": " << at << " goes to its rail's GPU";
+          EXPECT_EQ(++nvl_taken[route.to], 1) << name(g) << ": " << at << ": GPU " << route.to << " takes two";
+          nvl[route.to].push_back({r, b, t, mine});
+        } else {
+          // Its rail's block (own or remote): sum the peers' partials, in arrival order.
+          EXPECT_EQ(g.local_of(b), g.local_of(r)) << name(g) << ": " << at;
+          EXPECT_EQ(t % L, L - 1) << name(g) << ": " << at << ": the rail's block ends its group";
+          for (int i = 1; i <= rs_rail_waits(g); ++i) {
+            const int from = rs_peer_partial_from(g, r, i);
+            EXPECT_EQ(rs_step(g, from, b), t - L + i) << name(g) << ": " << at << ", peer " << from;
+            take(nvl[r], b, from, t, mine, at + ", peer partial " + std::to_string(i));
+            ++waits[r];
+          }
+          if (route.via == Via::rail) {
+            ASSERT_EQ(route.to, b) << name(g) << ": " << at;
+            ASSERT_TRUE(rail_link(g, r, b)) << name(g) << ": " << at;
+            EXPECT_EQ(++nic_taken[b], 1) << name(g) << ": " << at << ": GPU " << b << " takes two node partials";
+            rail[b].push_back({r, b, t, mine});
+            ++nic_sends[r];
+          } else {
+            ASSERT_EQ(route.via, Via::self) << name(g) << ": " << at;
+            ASSERT_EQ(b, r) << name(g) << ": " << at;
+            EXPECT_EQ(t, W - 1) << name(g) << ": the own block comes last";
+            own_block[r] = mine;
+          }
+        }
+      }
+    }
+    // The final sums: the own node's partial (above), then the other nodes'.
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(computed[r].size(), static_cast<std::size_t>(W)) << name(g) << ": GPU " << r;
+      Partial sum = own_block[r];
+      for (int i = 1; i < g.nodes; ++i) {
+        take(rail[r], r, rs_node_partial_from(g, r, i), W, sum,
+             "GPU " + std::to_string(r) + ", node partial " + std::to_string(i));
+        ++waits[r];
+      }
+      EXPECT_EQ(sum, full_sum(r, W)) << name(g) << ": GPU " << r << "'s block";
+      EXPECT_EQ(nic_sends[r], g.nodes - 1) << name(g) << ": blocks GPU " << r << " puts on its NIC";
+      // Every partial that arrived was waited for, once: (nodes-1) rail puts x rs_rail_waits, then rs_final_waits.
+      EXPECT_EQ(waits[r], (g.nodes - 1) * rs_rail_waits(g) + rs_final_waits(g)) << name(g) << ": GPU " << r;
+      EXPECT_EQ(static_cast<int>(nvl[r].size() + rail[r].size()), waits[r]) << name(g) << ": GPU " << r;
+      for (const auto* inbox : {&nvl[r], &rail[r]})
+        for (const Arrived& a : *inbox)
+          EXPECT_TRUE(a.used) << name(g) << ": GPU " << r << " never sums block " << a.block << " from " << a.from;
+    }
+  }
+}
+
+// ---- AllReduce ----
+
+// Element e of rank r: e in the high half, bit r in the low: the sum is
+// W x e in the high half and every rank's bit in the low.
+std::uint64_t element(int rank, std::uint64_t e) { return (e << 32) | (std::uint64_t{1} << rank); }
+std::uint64_t element_sum(std::uint64_t e, int world) { return (e * world << 32) | ((std::uint64_t{1} << world) - 1); }
+
+struct ArResult {
+  std::vector<std::vector<std::uint64_t>> data;  // [gpu][element]
+  std::vector<std::uint64_t> nic_elements;       // [gpu]
+  bool ok = true;
+};
+
+/// Runs the three phases with integers; `way` as ar_rail_way gives it.
+ArResult all_reduce(NodeGrid g, std::uint64_t count, std::uint64_t grain, RailWay way, const std::string& what) {
+  const int W = g.world(), L = g.local, Nn = g.nodes;
+  ArResult res;
+  res.nic_elements.assign(W, 0);
+  std::vector<std::vector<std::uint64_t>> in(W, std::vector<std::uint64_t>(count));
+  for (int r = 0; r < W; ++r)
+    for (std::uint64_t e = 0; e < count; ++e) in[r][e] = element(r, e);
+  auto slice = [&](int q, std::uint64_t& lo, std::uint64_t& hi) { ar_slice(count, L, grain, q, lo, hi); };
+  auto add = [&](std::uint64_t& a, std::uint64_t b, const std::string& at) {
+    const bool once = add_once(a, b);
+    EXPECT_TRUE(once) << what << ": " << at;
+    res.ok = res.ok && once;
+  };
+  // 1. ReduceScatter in the node: acc[r] = the node's sum of slice l (elements of the slice, in order).
+  std::vector<std::vector<std::uint64_t>> acc(W);
+  for (int r = 0; r < W; ++r) {
+    std::uint64_t lo, hi;
+    slice(g.local_of(r), lo, hi);
+    acc[r].assign(in[r].begin() + lo, in[r].begin() + hi);
+  }
+  for (int turn = 1; turn < L; ++turn)
+    for (int r = 0; r < W; ++r) {
+      const int to = ar_node_to(g, r, turn), q = ar_rs_slice(g, r, turn);
+      EXPECT_TRUE(same_node(g, r, to) && to != r) << what << ": GPU " << r << " turn " << turn;
+      EXPECT_EQ(q, g.local_of(to)) << what << ": a slice goes to its owner";
+      EXPECT_EQ(ar_node_from(g, to, turn), r) << what;
+      std::uint64_t lo, hi;
+      slice(q, lo, hi);
+      for (std::uint64_t e = lo; e < hi; ++e) add(acc[to][e - lo], in[r][e], "in-node ReduceScatter");
+    }
+  // 2. AllReduce of each slice along its rail.
+  std::vector<std::vector<std::uint64_t>> sum(W);
+  if (way == RailWay::direct) {
+    std::vector<std::vector<std::vector<std::uint64_t>>> got(W, std::vector<std::vector<std::uint64_t>>(Nn));
+    std::vector<std::vector<int>> times(W, std::vector<int>(Nn, 0));  // [gpu][node]: slices received
+    for (int r = 0; r < W; ++r) got[r][g.node_of(r)] = acc[r], times[r][g.node_of(r)] = 1;
+    for (int turn = 1; turn < Nn; ++turn)
+      for (int r = 0; r < W; ++r) {
+        const int to = ar_direct_to(g, r, turn);
+        EXPECT_TRUE(rail_link(g, r, to)) << what << ": GPU " << r << " turn " << turn;
+        EXPECT_EQ(ar_direct_from(g, to, turn), r) << what;
+        got[to][g.node_of(r)] = acc[r];
+        ++times[to][g.node_of(r)];
+        res.nic_elements[r] += acc[r].size();
+      }
+    for (int r = 0; r < W; ++r) {  // ascending nodes, the same on every GPU of the rail
+      sum[r].assign(acc[r].size(), 0);
+      for (int m = 0; m < Nn; ++m) {
+        EXPECT_EQ(times[r][m], 1) << what << ": GPU " << r << " gets node " << m << "'s slice";
+        if (times[r][m] != 1) res.ok = false;
+        for (std::size_t e = 0; e < got[r][m].size(); ++e) add(sum[r][e], got[r][m][e], "rail sum");
+      }
+    }
+  } else {
+    const int rounds = hd_rounds(Nn);
+    auto sub = [&](int r, int c, std::uint64_t& lo,
+                   std::uint64_t& hi) {  // sub-chunk c of r's slice, slice-relative
+      weft::schedule::split(0, acc[r].size(), grain, Nn, c, lo, hi);
+    };
+    auto range = [&](int r, int c_lo, int c_hi, std::uint64_t& lo, std::uint64_t& hi) {
+      std::uint64_t a, b;
+      sub(r, c_lo, lo, a);
+      sub(r, c_hi - 1, b, hi);
+    };
+    sum = acc;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::vector<std::uint64_t>> before = sum;
+      for (int r = 0; r < W; ++r) {
+        const int n = g.node_of(r), p = hd_halving_partner(n, round, Nn), from = g.rank(p, g.local_of(r));
+        EXPECT_EQ(hd_halving_partner(p, round, Nn), n) << what << ": halving round " << round;
+        int k_lo, k_hi, s_lo, s_hi, h_lo, h_hi;
+        hd_held(n, round + 1, Nn, k_lo,
+                k_hi);                          // what r keeps, and the partner sends it
+        hd_held(p, round, Nn, h_lo, h_hi);      // what the partner held
+        hd_held(p, round + 1, Nn, s_lo, s_hi);  // what r sends
+        EXPECT_TRUE(k_lo >= h_lo && k_hi <= h_hi) << what << ": the partner sends from what it holds";
+        EXPECT_TRUE(s_hi <= k_lo || s_lo >= k_hi) << what << ": a GPU keeps and sends disjoint halves";
+        std::uint64_t lo, hi, slo, shi;
+        range(r, k_lo, k_hi, lo, hi);
+        range(r, s_lo, s_hi, slo, shi);
+        res.nic_elements[r] += shi - slo;
+        for (std::uint64_t e = lo; e < hi; ++e)
+          add(sum[r][e], before[from][e], "halving round " + std::to_string(round));
+      }
+    }
+    // Sub-chunks not held are stale: clear them, so that doubling must bring each.
+    for (int r = 0; r < W; ++r) {
+      std::uint64_t lo, hi;
+      range(r, g.node_of(r), g.node_of(r) + 1, lo, hi);
+      for (std::uint64_t e = 0; e < sum[r].size(); ++e)
+        if (e < lo || e >= hi) sum[r][e] = 0;
+    }
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::vector<std::uint64_t>> before = sum;
+      for (int r = 0; r < W; ++r) {
+        const int n = g.node_of(r), p = hd_doubling_partner(n, round), from = g.rank(p, g.local_of(r));
+        int c_lo, c_hi, o_lo, o_hi;
+        hd_held(p, rounds - round, Nn, c_lo, c_hi);
+        hd_held(n, rounds - round, Nn, o_lo, o_hi);
+        EXPECT_TRUE(c_hi <= o_lo || c_lo >= o_hi) << what << ": doubling brings what a GPU lacks";
+        std::uint64_t lo, hi;
+        range(r, c_lo, c_hi, lo, hi);
+        res.nic_elements[from] += hi - lo;
+        for (std::uint64_t e = lo; e < hi; ++e)
+          add(sum[r][e], before[from][e], "doubling round " + std::to_string(round));
+      }
+    }
+  }
+  // 3. AllGather in the node.
+  res.data.assign(W, std::vector<std::uint64_t>(count, 0));
+  for (int r = 0; r < W; ++r) {
+    std::uint64_t lo, hi;
+    slice(g.local_of(r), lo, hi);
+    for (std::uint64_t e = lo; e < hi; ++e) res.data[r][e] = sum[r][e - lo];
+  }
+  for (int turn = 1; turn < L; ++turn)
+    for (int r = 0; r < W; ++r) {
+      const int to = ar_node_to(g, r, turn);
+      EXPECT_TRUE(same_node(g, r, to) && to != r) << what;
+      std::uint64_t lo, hi;
+      slice(g.local_of(r), lo, hi);
+      for (std::uint64_t e = lo; e < hi; ++e) add(res.data[to][e], sum[r][e - lo], "in-node AllGather");
+    }
+  return res;
+}
+
+TEST(Hierarchy, AllReduceSumsEveryElementOnBothRailWays) {
+  for (NodeGrid g : kGrids) {
+    const int W = g.world();
+    // An even count (every slice and sub-chunk equal) and two that leave short and empty tails.
+    for (std::uint64_t grain : {std::uint64_t{1}, std::uint64_t{8}})
+      for (std::uint64_t count : {std::uint64_t(W) * g.nodes * grain * 6, std::uint64_t{1001}, std::uint64_t{5}}) {
+        const std::string what = name(g) + ", " + std::to_string(count) + " elements, grain " + std::to_string(grain);
+        const ArResult direct = all_reduce(g, count, grain, RailWay::direct, what + ", direct");
+        const RailWay way = ar_rail_way(g.nodes, RailWay::halving_doubling);
+        EXPECT_EQ(way == RailWay::halving_doubling, g.nodes == 2 || g.nodes == 4 || g.nodes == 8) << what;
+        const ArResult hd = all_reduce(g, count, grain, way, what + ", halving-doubling");
+        ASSERT_TRUE(direct.ok && hd.ok) << what;
+        for (int r = 0; r < W; ++r) {
+          for (std::uint64_t e = 0; e < count; ++e) {
+            ASSERT_EQ(direct.data[r][e], element_sum(e, W)) << what << ": GPU " << r << " element " << e;
+            ASSERT_EQ(hd.data[r][e], direct.data[r][e]) << what << ": the rail ways differ at GPU " << r;
+          }
+          // The model's NIC bytes (scale_model.py, ar_weft), for an even count.
+          if (count == std::uint64_t(W) * g.nodes * grain * 6) {
+            const std::uint64_t slice = count / g.local;
+            EXPECT_EQ(direct.nic_elements[r], (g.nodes - 1) * slice) << what << ": GPU " << r << ", direct";
+            if (way == RailWay::halving_doubling) {
+              EXPECT_EQ(hd.nic_elements[r], 2 * (g.nodes - 1) * slice / g.nodes) << what << ": GPU " << r;
+            }
+          }
+        }
+      }
+  }
+}
+
+TEST(Hierarchy, HalvingDoublingEndsWithSubChunkNOnNodeN) {
+  for (int nodes : {2, 4, 8, 16}) {
+    ASSERT_TRUE(hd_applies(nodes));
+    const int rounds = hd_rounds(nodes);
+    EXPECT_EQ(1 << rounds, nodes);
+    for (int n = 0; n < nodes; ++n) {
+      int lo, hi;
+      hd_held(n, 0, nodes, lo, hi);
+      EXPECT_TRUE(lo == 0 && hi == nodes) << nodes << " nodes";
+      hd_held(n, rounds, nodes, lo, hi);
+      EXPECT_TRUE(lo == n && hi == n + 1) << nodes << " nodes, node " << n;
+    }
+  }
+  for (int nodes : {1, 3, 5, 6, 12}) {
+    EXPECT_FALSE(hd_applies(nodes)) << nodes << " nodes";
+    EXPECT_EQ(ar_rail_way(nodes, RailWay::halving_doubling), RailWay::direct) << nodes << " nodes fall back";
+  }
+}
+
+// ---- EP, two hops ----
+
+TEST(Hierarchy, EpTwoHopDeliversEveryTokenRankPairOnce) {
+  using weft::moe_detail::ExpertPlacement;
+  using weft::moe_detail::RowError;
+  using weft::moe_detail::token_destinations;
+  const int k = 8, tokens = 300;
+  for (NodeGrid g : kGrids)
+    for (int experts : {256, 64}) {
+      const int W = g.world();
+      // E / W experts a rank: where W does not divide E (6 ranks), the largest E that it does.
+      const ExpertPlacement place{experts - experts % W, W};
+      const std::string what = name(g) + ", " + std::to_string(place.experts) + " experts";
+      ASSERT_STREQ(weft::moe_detail::placement_error(place.experts, W), "") << what;
+      std::mt19937_64 rng(1234 + W * 1000 + experts);
+      long nic_total = 0, pairs_total = 0;
+      for (int src = 0; src < W; ++src)
+        for (int t = 0; t < tokens; ++t) {
+          // k distinct experts, each slot -1 ("no expert") with probability 1/8; every 50th token has none.
+          std::vector<std::int64_t> topk;
+          std::set<int> picked;
+          while (static_cast<int>(topk.size()) < k) {
+            if (t % 50 == 0 || rng() % 8 == 0) {
+              topk.push_back(-1);
+              continue;
+            }
+            const int e = static_cast<int>(rng() % place.experts);
+            if (picked.insert(e).second) topk.push_back(e);
+          }
+          int ranks[8];
+          RowError error;
+          const int n = token_destinations(topk.data(), k, place, ranks, error);
+          ASSERT_EQ(error, RowError::none) << what;
+          std::set<int> want, remote_nodes;
+          for (int e : picked) want.insert(place.owner(e));
+          for (int r : want)
+            if (!same_node(g, r, src)) remote_nodes.insert(g.node_of(r));
+          ASSERT_EQ(n, static_cast<int>(want.size())) << what;
+
+          EpHop hops[8];
+          const int h = ep_two_hop(g, src, ranks, n, hops);
+          std::map<int, int> delivered,
+              crossings;  // rank -> times; node -> NIC crossings
+          std::set<int> hop_nodes;
+          for (int i = 0; i < h; ++i) {
+            const EpHop& hop = hops[i];
+            EXPECT_TRUE(hop_nodes.insert(hop.node).second) << what << ": two hops to node " << hop.node;
+            EXPECT_EQ(g.node_of(hop.rail_target), hop.node) << what;
+            if (hop.node == g.node_of(src)) {
+              EXPECT_EQ(hop.rail_target, src) << what << ": its own node over NVLink only";
+            } else {
+              EXPECT_TRUE(rail_link(g, src, hop.rail_target))
+                  << what << ": source " << src << " to " << hop.rail_target;
+              ++crossings[hop.node];
+            }
+            ASSERT_TRUE(hop.begin < hop.end && hop.end <= n) << what;
+            for (int j = hop.begin; j < hop.end; ++j) {
+              const int r = ranks[j];
+              EXPECT_TRUE(same_node(g, hop.rail_target, r))
+                  << what << ": NVLink from " << hop.rail_target << " to " << r;
+              ++delivered[r];
+            }
+          }
+          EXPECT_EQ(static_cast<int>(crossings.size()), static_cast<int>(remote_nodes.size())) << what;
+          for (auto [node, c] : crossings) {
+            EXPECT_EQ(c, 1) << what << ": token " << t << " of " << src << " crosses to node " << node << " " << c
+                            << " times";
+            EXPECT_TRUE(remote_nodes.count(node)) << what << ": a crossing to a node without its experts";
+          }
+          EXPECT_EQ(ep_nic_crossings(g, src, ranks, n), static_cast<int>(remote_nodes.size())) << what;
+          for (int r = 0; r < W; ++r)
+            EXPECT_EQ(delivered[r], want.count(r) ? 1 : 0) << what << ": token " << t << " of " << src << " at " << r;
+          nic_total += static_cast<long>(crossings.size());
+          pairs_total += n;
+        }
+      // The draw reaches remote nodes wherever there are some, and no token crosses more than there are.
+      EXPECT_EQ(nic_total > 0, g.nodes > 1) << what;
+      EXPECT_LE(nic_total, pairs_total) << what;
+    }
+}
+
+}  // namespace
