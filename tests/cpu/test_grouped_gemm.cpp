@@ -5,6 +5,7 @@
 // arguments.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <regex>
 #include <set>
@@ -178,7 +179,7 @@ TEST(GroupedGemmChecks, CountFaultsSayWhatWasWrongAndWhatWasExpected) {
 }
 
 TEST(GroupedRouting, CountsSumToTheRowsInEachRouting) {
-  for (Routing r : {Routing::uniform, Routing::zipf, Routing::one_hot})
+  for (Routing r : {Routing::uniform, Routing::zipf, Routing::one_hot, Routing::zipf_reversed})
     for (int experts : {1, 7, 8, 32, 128})
       for (std::int64_t rows : {0, 1, 1001, 16384, 65536}) {
         const auto counts = routing_counts(r, rows, experts);
@@ -204,12 +205,17 @@ TEST(GroupedRouting, UniformIsBalancedZipfFallsByRankAndOneHotFillsOneExpert) {
   // (1, 0.4353, 0.2676): exact shares 5.87, 2.56, 1.57 -> floors 5, 2, 1; the two rows left go to
   // the largest fractions, expert 0's (.87) and expert 2's (.57).
   EXPECT_EQ(routing_counts(Routing::zipf, 10, 3), (std::vector<std::int32_t>{6, 2, 2}));
+  // zipf-reversed: the same counts, the heaviest expert last.
+  auto reversed = routing_counts(Routing::zipf_reversed, 65536, 128);
+  std::reverse(reversed.begin(), reversed.end());
+  EXPECT_EQ(reversed, zipf);
+  EXPECT_EQ(parse_routing("zipf-reversed"), Routing::zipf_reversed);
   EXPECT_EQ(parse_routing("one-hot"), Routing::one_hot);
   try {
     parse_routing("random");
     ADD_FAILURE() << "an unknown routing was accepted";
   } catch (const weft::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("expected uniform, zipf or one-hot"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("expected uniform, zipf, one-hot or zipf-reversed"), std::string::npos);
   }
 }
 
@@ -248,7 +254,7 @@ TEST(GroupedBenchArgs, BadArgumentsNameWhatWasExpected) {
     }
     return std::string();
   };
-  EXPECT_NE(error_of({"grouped_gemm", "--routing", "skewed"}).find("expected uniform, zipf or one-hot"), std::string::npos);
+  EXPECT_NE(error_of({"grouped_gemm", "--routing", "skewed"}).find("expected uniform, zipf, one-hot or zipf-reversed"), std::string::npos);
   EXPECT_NE(error_of({"grouped_gemm", "--layout", "mn"}).find("--layout expects nk or kn, got 'mn'"), std::string::npos);
   EXPECT_NE(error_of({"grouped_gemm", "--dtype", "fp32"}).find("grouped_gemm takes --dtype bf16 or fp16"),
             std::string::npos);

@@ -156,8 +156,9 @@ const OptionInfo kOptions[] = {
     {"--experts", true, kGroupedGemm, "--experts E",
      "experts, 1 to 65536 (default 8 with --m; without it, each default shape's own)"},
     {"--routing", true, kGroupedGemm, "--routing R",
-     "rows per expert: uniform (balanced), zipf (expert i's share ~ (i + 1)^-1.2) or one-hot\n"
-     "(every row to expert 0) (default uniform)"},
+     "rows per expert: uniform (balanced), zipf (expert i's share ~ (i + 1)^-1.2), one-hot\n"
+     "(every row to expert 0) or zipf-reversed (zipf's counts with the heaviest expert last, to\n"
+     "time the tile order) (default uniform)"},
     {"--layout", true, kGroupedGemm, "--layout L", "nk (W stored [E, N, K]) or kn (W stored [E, K, N]) (default nk)"},
     {"--order", true, kGemm | kOverlap | kGroupedGemm, "--order O",
      "the contenders' order in each round of samples: fixed (each always follows the same one)\n"

@@ -64,7 +64,7 @@ struct BenchArgs {
   bool dist = false;                     ///< --dist: also time DistFlashDecode over a shard per rank
   // grouped_gemm only (also b_layout, from --layout)
   std::vector<GroupedCase> grouped_cases;  ///< --m/--n/--k/--experts (default: issue 33's three MoE shapes)
-  std::string routing = "uniform";         ///< --routing: uniform, zipf or one-hot (routing.hpp)
+  std::string routing = "uniform";         ///< --routing: uniform, zipf, one-hot or zipf-reversed (routing.hpp)
 };
 
 /// The largest per-rank message --bytes takes (1024T): far above any GPU's

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch._grouped_mm on weft-bench grouped_gemm's shapes and counts, one GPU.
 
-    python3 tools/bench/grouped_mm_torch.py [--m ROWS --n N --k K --experts E] [--routing uniform|zipf|one-hot]
+    python3 tools/bench/grouped_mm_torch.py [--m ROWS --n N --k K --experts E] [--routing uniform|zipf|one-hot|zipf-reversed]
                                             [--layout nk|kn] [--dtype bf16|fp16] [--samples N] [--warmup N] [--json]
 
 Prints the columns weft-bench grouped_gemm prints, so the two go in one table:
@@ -30,6 +30,8 @@ def routing_counts(routing, rows, experts):
         return [rows // experts + (1 if e < rows % experts else 0) for e in range(experts)]
     if routing == "one-hot":
         return [rows] + [0] * (experts - 1)
+    if routing == "zipf-reversed":
+        return routing_counts("zipf", rows, experts)[::-1]
     w = [math.pow(float(e + 1), -ZIPF_EXPONENT) for e in range(experts)]
     total = 0.0
     for x in w:
@@ -72,7 +74,7 @@ def main():
     p.add_argument("--n", type=int)
     p.add_argument("--k", type=int)
     p.add_argument("--experts", type=int, default=0, help="default: 8 with --m, else each default shape's own")
-    p.add_argument("--routing", default="uniform", choices=["uniform", "zipf", "one-hot"])
+    p.add_argument("--routing", default="uniform", choices=["uniform", "zipf", "one-hot", "zipf-reversed"])
     p.add_argument("--layout", default="nk", choices=["nk", "kn"])
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--samples", type=int, default=15)

@@ -13,19 +13,25 @@ const char* routing_name(Routing r) {
     case Routing::uniform: return "uniform";
     case Routing::zipf: return "zipf";
     case Routing::one_hot: return "one-hot";
+    case Routing::zipf_reversed: return "zipf-reversed";
   }
   return "unknown";
 }
 
 Routing parse_routing(const std::string& name) {
-  for (Routing r : {Routing::uniform, Routing::zipf, Routing::one_hot})
+  for (Routing r : {Routing::uniform, Routing::zipf, Routing::one_hot, Routing::zipf_reversed})
     if (name == routing_name(r)) return r;
-  WEFT_FAIL("unknown --routing '", name, "': expected uniform, zipf or one-hot");
+  WEFT_FAIL("unknown --routing '", name, "': expected uniform, zipf, one-hot or zipf-reversed");
 }
 
 std::vector<std::int32_t> routing_counts(Routing r, std::int64_t rows, int experts) {
   WEFT_REQUIRE(experts >= 1, "routing_counts: experts = ", experts, " must be at least 1");
   WEFT_REQUIRE(rows >= 0 && rows <= INT32_MAX, "routing_counts: rows = ", rows, " must be 0 to ", INT32_MAX);
+  if (r == Routing::zipf_reversed) {
+    std::vector<std::int32_t> counts = routing_counts(Routing::zipf, rows, experts);
+    std::reverse(counts.begin(), counts.end());
+    return counts;
+  }
   std::vector<std::int32_t> counts(experts, 0);
   switch (r) {
     case Routing::uniform:
@@ -33,6 +39,8 @@ std::vector<std::int32_t> routing_counts(Routing r, std::int64_t rows, int exper
       break;
     case Routing::one_hot:
       counts[0] = static_cast<std::int32_t>(rows);
+      break;
+    case Routing::zipf_reversed:  // handled above
       break;
     case Routing::zipf: {
       std::vector<double> w(experts), frac(experts);

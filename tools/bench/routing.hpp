@@ -15,12 +15,16 @@ enum class Routing {
   uniform,  ///< balanced: rows / E each, the first rows % E experts one more
   zipf,     ///< expert i's share proportional to (i + 1)^-s (s = kZipfExponent): expert 0 the heaviest
   one_hot,  ///< every row to expert 0, the others empty
+  /// zipf's counts in reverse expert order: the heaviest expert last. The
+  /// grouped kernel walks tiles expert by expert, so zipf against
+  /// zipf_reversed shows what the order of a skewed routing's tiles costs.
+  zipf_reversed,
 };
 
 /// The Zipf exponent of Routing::zipf (issue 33's acceptance: s = 1.2).
 inline constexpr double kZipfExponent = 1.2;
 
-/// "uniform", "zipf", "one-hot".
+/// "uniform", "zipf", "one-hot", "zipf-reversed".
 const char* routing_name(Routing r);
 /// Parses the names above; throws weft::Error naming them.
 Routing parse_routing(const std::string& name);
