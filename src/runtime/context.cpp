@@ -17,7 +17,7 @@ void launch_barrier_kernel(const dev::World& world, cudaStream_t stream);  // st
 
 namespace {
 
-// weft's kernels load and store peers' memory through World::symm_at, so today
+// weft's kernels load and store peers' memory through World::symm_at, so
 // every peer must be mapped. Under NVSHMEM a peer nvshmem_ptr does not reach
 // (another node) would need NVSHMEM's device put/signal path: not built yet,
 // so it is refused here, on every rank alike, rather than faulting in a kernel.
