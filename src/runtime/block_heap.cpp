@@ -7,13 +7,25 @@
 
 namespace weft {
 
-BlockHeap::BlockHeap(Store& store, const Team& team, std::uint64_t capacity)
+BlockHeap::BlockHeap(Store& store, const Team& team, std::uint64_t capacity, std::uint64_t alignment)
     : store_(store),
       rank_(team.rank),
       world_(team.world_size),
-      capacity_(capacity),
+      capacity_((capacity + alignment - 1) / alignment * alignment),
       bases_(team.world_size, nullptr),
-      allocator_(capacity, 256) {}
+      allocator_(capacity_, 256) {}
+
+bool BlockHeap::meet_peers_at_teardown() {
+  cudaDeviceSynchronize();
+  if (std::uncaught_exceptions() != 0) return false;
+  try {
+    store_.barrier("heap teardown");
+  } catch (const std::exception& e) {
+    WEFT_LOG(warn, to_string(backend()), " heap teardown without the peers: ", e.what());
+    return false;
+  }
+  return true;
+}
 
 BlockHeap::~BlockHeap() {
   if (d_bases_) cudaFree(d_bases_);

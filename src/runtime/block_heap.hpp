@@ -29,12 +29,17 @@ class BlockHeap : public SymmetricHeap {
   const HeapAllocator& allocator() const override { return allocator_; }
 
  protected:
-  /// `capacity` is final (already rounded as the backend needs); bases_ start as nullptr.
-  BlockHeap(Store& store, const Team& team, std::uint64_t capacity);
+  /// `capacity` rounded up to a multiple of `alignment` (what the backend maps in); bases_ start as nullptr.
+  BlockHeap(Store& store, const Team& team, std::uint64_t capacity, std::uint64_t alignment);
   /// Checks that every rank reserves the same capacity (collective; throws naming WEFT_HEAP_SIZE).
   void check_same_capacity();
   /// Copies bases_ (this rank's at rank_, nullptr for peers not mapped here) into the device array.
   void publish_bases();
+  /// A backend's destructor, before it releases its block: finishes local
+  /// work, then meets the peers, which may still be reading or writing it.
+  /// Skipped while an exception unwinds (the peers may never arrive). False
+  /// if the peers were not met (the failure is logged).
+  bool meet_peers_at_teardown();
 
   Store& store_;
   int rank_, world_;

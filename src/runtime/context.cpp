@@ -15,28 +15,6 @@ namespace weft {
 
 void launch_barrier_kernel(const dev::World& world, cudaStream_t stream);  // stream_barrier.cu
 
-namespace {
-
-// weft's kernels load and store peers' memory through World::symm_at, so
-// every peer must be mapped. Under NVSHMEM a peer nvshmem_ptr does not reach
-// (another node) would need NVSHMEM's device put/signal path: not built yet,
-// so it is refused here, on every rank alike, rather than faulting in a kernel.
-void check_peers_reachable(const SymmetricHeap& heap, const Team& team, Store& store) {
-  std::string mine;
-  for (int pe = 0; pe < team.world_size; ++pe)
-    if (!heap.peer_reachable(pe)) mine += str(mine.empty() ? "" : ", ", pe);
-  auto all = store.all_gather(mine, "heap reachability");
-  std::string missing;
-  for (int r = 0; r < team.world_size; ++r)
-    if (!all[r].empty()) missing += str("\n  rank ", r, " cannot address rank(s) ", all[r]);
-  WEFT_REQUIRE(missing.empty(), "the ", to_string(heap.backend()), " heap maps some peers only through NVSHMEM's ",
-               "transports, not by address:", missing, "\nweft's kernels reach peers by load and store ",
-               "(World::symm_at); the device put/signal path for peers without a direct address is not built yet. ",
-               "Run ranks whose GPUs reach each other by NVLink or peer access.");
-}
-
-}  // namespace
-
 std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
   EnvMap env = process_env();
   LaunchEnv launch = detect_launch_env(env);
@@ -77,7 +55,6 @@ std::shared_ptr<Context> Context::create(const LaunchEnv& launch, std::unique_pt
       agree_heap_backend(options.heap_backend, env, ctx->team_.num_nodes, nvshmem_built(), *ctx->store_);
   ctx->heap_ = backend == HeapBackend::nvshmem ? make_nvshmem_heap(*ctx->store_, ctx->team_, heap_bytes)
                                                : make_native_heap(*ctx->store_, ctx->team_, heap_bytes);
-  check_peers_reachable(*ctx->heap_, ctx->team_, *ctx->store_);
 
   if (options.create_nccl && ctx->team_.shares_gpus()) {
     WEFT_LOG(info, "no NCCL communicator: ranks share a GPU (", ctx->team_.ranks_per_gpu,

@@ -43,7 +43,7 @@ bool nvshmem_built() {
 
 namespace {
 constexpr const char* kHowToBuild =
-    "Build weft with NVSHMEM: bash scripts/setup.sh fetches the pip wheel nvidia-nvshmem-cu13 into .deps/, or "
+    "Build weft with NVSHMEM: bash scripts/setup.sh fetches the pip wheel nvidia-nvshmem-cu13 into .deps-nvshmem/, or "
     "install it (python3 -m pip install nvidia-nvshmem-cu13) or set NVSHMEM_HOME; then configure with "
     "-DWEFT_NVSHMEM=ON (WEFT_NVSHMEM=ON bash scripts/build.sh)";
 }  // namespace
@@ -52,10 +52,10 @@ HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built
   HeapBackend chosen = requested;
   if (chosen == HeapBackend::automatic)
     chosen = num_nodes > 1 && built_with_nvshmem ? HeapBackend::nvshmem : HeapBackend::native;
+  // (automatic picks NVSHMEM only where it is built in: only an explicit request can fail here)
   if (chosen == HeapBackend::nvshmem)
-    WEFT_REQUIRE(built_with_nvshmem, "the NVSHMEM heap backend was asked for (",
-                 requested == HeapBackend::nvshmem ? "WEFT_HEAP_BACKEND=nvshmem" : "auto", "), but this weft was ",
-                 "built without NVSHMEM. ", kHowToBuild, ".");
+    WEFT_REQUIRE(built_with_nvshmem, "the NVSHMEM heap backend was asked for (WEFT_HEAP_BACKEND=nvshmem), but this ",
+                 "weft was built without NVSHMEM. ", kHowToBuild, ".");
   if (chosen == HeapBackend::native && num_nodes > 1) {
     WEFT_REQUIRE(requested != HeapBackend::native, "WEFT_HEAP_BACKEND=native serves ranks on one node, but the job ",
                  "spans ", num_nodes, " nodes: use WEFT_HEAP_BACKEND=nvshmem or auto",

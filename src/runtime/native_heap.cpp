@@ -46,9 +46,7 @@ std::uint64_t granularity(int device) {
 }
 
 NativeHeap::NativeHeap(Store& store, const Team& team, std::uint64_t capacity)
-    : BlockHeap(store, team,
-                (capacity + granularity(team.device) - 1) / granularity(team.device) * granularity(team.device)),
-      device_(team.device) {
+    : BlockHeap(store, team, capacity, granularity(team.device)), device_(team.device) {
   // The checks that make the native backend valid, each with its remedy.
   WEFT_REQUIRE(team.single_node(), "the native symmetric heap needs every rank on one node, but the job spans ",
                team.num_nodes, " nodes: use the NVSHMEM backend (WEFT_HEAP_BACKEND=nvshmem or auto)");
@@ -108,18 +106,10 @@ void NativeHeap::map(CUmemGenericAllocationHandle handle, CUdeviceptr* va) {
 }
 
 NativeHeap::~NativeHeap() {
-  // Peers may still be reading or writing this heap: finish local work, then
-  // meet them before anyone unmaps (skipped while an exception unwinds, when
-  // the peers may never arrive). Imported handles keep a peer's memory alive
-  // until every process released it, so the order below is always safe.
-  cudaDeviceSynchronize();
-  if (std::uncaught_exceptions() == 0) {
-    try {
-      store_.barrier("heap teardown");
-    } catch (const std::exception& e) {
-      WEFT_LOG(warn, "heap teardown without the peers: ", e.what());
-    }
-  }
+  // Meet the peers before anyone unmaps. Unmapping goes ahead even where they
+  // were not met: imported handles keep a peer's memory alive until every
+  // process released it, so the order below is always safe.
+  meet_peers_at_teardown();
   for (int r = 0; r < world_; ++r) {
     if (!bases_[r]) continue;
     auto va = reinterpret_cast<CUdeviceptr>(bases_[r]);

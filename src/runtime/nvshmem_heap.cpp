@@ -132,7 +132,7 @@ class NvshmemHeap final : public BlockHeap {
 };
 
 NvshmemHeap::NvshmemHeap(Store& store, const Team& team, std::uint64_t capacity)
-    : BlockHeap(store, team, (capacity + kAlignment - 1) / kAlignment * kAlignment), api_(nvshmem_api()) {
+    : BlockHeap(store, team, capacity, kAlignment), api_(nvshmem_api()) {
   check_same_capacity();
   init(team);
 
@@ -156,14 +156,26 @@ NvshmemHeap::NvshmemHeap(Store& store, const Team& team, std::uint64_t capacity)
   WEFT_REQUIRE(bases_[rank_] == block_, "nvshmem_ptr of rank ", rank_, "'s own block is not the block (",
                static_cast<void*>(bases_[rank_]), " against ", static_cast<void*>(block_), ")");
   publish_bases();
+  // weft's kernels load and store peers' memory through World::symm_at, so
+  // every peer must be mapped. A peer nvshmem_ptr does not reach (another
+  // node) would need NVSHMEM's device put/signal path, not built yet: it is
+  // refused here, on every rank alike, rather than faulting in a kernel. (The
+  // native heap maps every peer or throws.)
   auto rows = store_.all_gather(row, "nvshmem heap reachability");
-  int unreachable = 0;
-  for (auto& r : rows)
-    for (char c : r) unreachable += c == '0';
+  std::string missing;
+  for (int r = 0; r < world_; ++r) {
+    std::string pes;
+    for (int pe = 0; pe < world_; ++pe)
+      if (rows[r][pe] == '0') pes += str(pes.empty() ? "" : ", ", pe);
+    if (!pes.empty()) missing += str("\n  rank ", r, " cannot address rank(s) ", pes);
+  }
+  WEFT_REQUIRE(missing.empty(), "the nvshmem heap maps some peers only through NVSHMEM's transports, not by ",
+               "address:", missing, "\nweft's kernels reach peers by load and store (World::symm_at); the device ",
+               "put/signal path for peers without a direct address is not built yet. Run ranks whose GPUs reach ",
+               "each other by NVLink or peer access.");
   store_.barrier("nvshmem heap mapped");
-  WEFT_LOG(info, "NVSHMEM symmetric heap: ", format_bytes(capacity_), " per rank, ", world_, " ranks, ",
-           unreachable == 0 ? std::string("every pair mapped by nvshmem_ptr")
-                            : str(unreachable, " ordered pairs without a direct path"));
+  WEFT_LOG(info, "NVSHMEM symmetric heap: ", format_bytes(capacity_), " per rank, ", world_,
+           " ranks, every pair mapped by nvshmem_ptr");
 }
 
 void NvshmemHeap::init(const Team& team) {
@@ -230,17 +242,9 @@ void NvshmemHeap::init(const Team& team) {
 }
 
 NvshmemHeap::~NvshmemHeap() {
-  // As the native heap: finish local work, meet the peers, then release. The
-  // NVSHMEM calls below are collective; while an exception unwinds the peers
-  // may never arrive, so the block and NVSHMEM are then left to process exit.
-  cudaDeviceSynchronize();
-  if (std::uncaught_exceptions() != 0) return;
-  try {
-    store_.barrier("heap teardown");
-  } catch (const std::exception& e) {
-    WEFT_LOG(warn, "NVSHMEM heap teardown without the peers: ", e.what());
-    return;
-  }
+  // The NVSHMEM calls below are collective: where the peers were not met, the
+  // block and NVSHMEM are left to process exit.
+  if (!meet_peers_at_teardown()) return;
   if (block_) api_.free(block_);
   if (initialised_here_) api_.hostlib_finalize();
 }

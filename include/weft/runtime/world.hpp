@@ -68,7 +68,7 @@ struct World {
 
   /// True when rank pe's heap is mapped here, so symm_at(p, pe) may be
   /// dereferenced: every peer under the native heap; under NVSHMEM, the peers
-  /// nvshmem_ptr reaches (NVLink, the same GPU). The Context refuses a job with
+  /// nvshmem_ptr reaches (NVLink, the same GPU). The NVSHMEM heap refuses a job with
   /// any other peer for now; the seam for NVSHMEM's device put/signal path to
   /// such peers is here. Reads peer_base[pe]; does not block.
   WEFT_DEVICE bool reachable(int pe) const { return peer_base[pe] != nullptr; }
