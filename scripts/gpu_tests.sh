@@ -69,6 +69,26 @@ if [ "$GPUS" -eq 0 ]; then
   exit 0
 fi
 
+# One run of the whole suite: log $1, heap backend $2 ("" for the default), weftrun's arguments $3.
+# Adds its test cases to the totals and leaves rc, p (passed), f (failed), s (skipped),
+# left (MPS processes left over) and secs for the caller's verdict.
+run_suite() {
+  local log=$1 backend=$2 args=$3 t0=$SECONDS
+  # shellcheck disable=SC2086  # args is a word list
+  env ${backend:+WEFT_HEAP_BACKEND=$backend} "$WEFTRUN" $args --tag-output --timeout 1200 -- "$TESTS" \
+    --gtest_filter='-WaitTimeout.*' >"$log" 2>&1
+  rc=$?
+  p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
+  s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
+  f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+  passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
+  [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))  # no summary: the binary died
+  left=$(no_mps_left)
+  secs=$((SECONDS - t0))
+}
+# The suite's failed and skipped cases, as every rank printed them.
+suite_cases() { grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$1" | sort -u | head -n 20; }
+
 # ---- the suite at every world size ---------------------------------------------------
 worlds=""
 for n in 1 2 4 8; do
@@ -77,21 +97,11 @@ for n in 1 2 4 8; do
     continue
   fi
   worlds="$worlds $n"
-  log="$LOGS/suite_w$n.log"
-  t0=$SECONDS
-  # shellcheck disable=SC2086  # args is a word list
-  "$WEFTRUN" $args --tag-output --timeout 1200 -- "$TESTS" --gtest_filter='-WaitTimeout.*' >"$log" 2>&1
-  rc=$?
-  p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
-  s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
-  f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
-  passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
-  left=$(no_mps_left)
+  run_suite "$LOGS/suite_w$n.log" "" "$args"
   ok=1
   [ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$left" ] && ok=0
-  [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))  # no summary: the binary died
-  verdict "suite, world $n ($args)" $ok "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, $((SECONDS - t0)) s${left:+; $left}"
-  grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sort -u | head -n 20
+  verdict "suite, world $n ($args)" $ok "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, $secs s${left:+; $left}"
+  suite_cases "$LOGS/suite_w$n.log"
 done
 
 # ---- the suite on the NVSHMEM heap, where weft was built with it ---------------------------
@@ -104,23 +114,13 @@ if grep -q '^WEFT_NVSHMEM_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/nul
     args=$(ranks "$n") || continue
     nv_worlds="$nv_worlds $n"
     log="$LOGS/nvshmem_w$n.log"
-    t0=$SECONDS
-    # shellcheck disable=SC2086
-    WEFT_HEAP_BACKEND=nvshmem "$WEFTRUN" $args --tag-output --timeout 1200 -- "$TESTS" --gtest_filter='-WaitTimeout.*' \
-      >"$log" 2>&1
-    rc=$?
-    p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
-    s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
-    f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
-    passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
-    [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))
+    run_suite "$log" nvshmem "$args"
     backend=$(grep -oE 'heap backend: [a-z]+' "$log" | head -n 1)
-    left=$(no_mps_left)
     ok=1
     [ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$left" ] && [ "$backend" = "heap backend: nvshmem" ] && ok=0
     verdict "suite on NVSHMEM, world $n ($args)" $ok \
-      "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, ${backend:-no backend line}, $((SECONDS - t0)) s${left:+; $left}"
-    grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sort -u | head -n 20
+      "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, ${backend:-no backend line}, $secs s${left:+; $left}"
+    suite_cases "$log"
     # Bitwise: every digest line of this run against the native suite's at the same world size.
     native=$(grep -oE '\[ digest \] .*' "$LOGS/suite_w$n.log" 2>/dev/null | sort)
     nvshmem=$(grep -oE '\[ digest \] .*' "$log" | sort)
