@@ -3,6 +3,7 @@
 // are the heap's; and a digest of each collective's result on fixed inputs,
 // which scripts/gpu_tests.sh compares between a run on the native heap and one
 // on NVSHMEM's (WEFT_HEAP_BACKEND=nvshmem) at the same world size: bitwise equal.
+// The AllGather results are checked here too, bitwise against every rank's input.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -67,6 +68,7 @@ TEST(HeapBackend, EveryPeerIsMappedAndTheDeviceSeesTheHeapsBases) {
     EXPECT_EQ(device_bases[pe], ctx().heap().peer_ptr(ctx().heap().base(), pe)) << "rank " << pe;
   }
   EXPECT_EQ(device_bases[ctx().rank()], ctx().heap().base());
+  // The device side's view of the same (World::reachable, where NVSHMEM's put path will branch).
   int* unreachable = nullptr;
   WEFT_CUDA(cudaMalloc(&unreachable, sizeof(int)));
   count_unreachable<<<1, 1, 0, test::stream()>>>(ctx().world(), unreachable);
@@ -116,8 +118,13 @@ TEST(HeapBackend, CollectiveDigestsOnFixedInputs) {
                              AllGatherVariant::low_latency, AllGatherVariant::ring}) {
     AllGather plan(test::ctx_ptr(), {bytes, v, 0});
     bench::fill_random(in.get(), bytes, fixed_seed(ctx().rank(), 3), s);
+    bench::poison(out.get(), bytes * w, 0xA5, s);
     plan.run(in.get(), out.get(), s);
     ctx().synchronize(s);
+    std::uint64_t wrong = 0;
+    for (int p = 0; p < w; ++p)
+      wrong += bench::count_mismatches_random(out.as<char>() + p * bytes, bytes, fixed_seed(p, 3), s);
+    EXPECT_EQ(wrong, 0u) << "all_gather " << to_string(v) << ": bytes differing from the ranks' inputs";
     print_digest(str("all_gather.", to_string(v)), digest(out.get(), bytes * w));
     ctx().host_barrier("backend digest");
   }
