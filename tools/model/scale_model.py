@@ -359,7 +359,7 @@ def predict(p):
                    "flat_s": ep_direct(4096, W, p, tb, 4, False),
                    "gbps_h800": logical_bw(4096, W, p, ep_two_hop(4096, W, h800(p), tb, 4), conv, 4),
                    "deepep_gbps": DEEPEP_NORMAL[W][i]}
-            if W > int(p["gpus_per_node"]):
+            if W in DEEPEP_LL:  # the low-latency mode at the sizes with DeepEP's published figures
                 row.update({"ll_two_hop_s": ep_two_hop(128, W, p, tb, NO_LIMIT),
                             "ll_direct_s": ep_direct(128, W, p, tb, NO_LIMIT, True), "deepep_ll_us": DEEPEP_LL[W][i],
                             "ll_two_hop_h800_s": ep_two_hop(128, W, h800(p), tb, NO_LIMIT),
@@ -451,7 +451,7 @@ def render(p):
 
     rows = [(r["gpus"], r["op"], us(r["two_hop_s"]), "%.0f" % r["gbps"], us(r["flat_s"]), "%.0f" % r["gbps_h800"],
              r["deepep_gbps"], us(r["ll_two_hop_s"]), us(r["ll_direct_s"]), r["deepep_ll_us"])
-            for r in res["ep"] if r["gpus"] > 8]
+            for r in res["ep"] if r["gpus"] in DEEPEP_LL]
     out += ["### Expert parallelism: 4096 tokens per rank (top-4 nodes) and 128 (low latency, no node limit)",
             table(["GPUs", "op", "4096: two-hop us", "GB/s (DeepEP's count)", "flat us", "H800 NVLink GB/s",
                    "DeepEP, H800 GB/s", "128: two-hop us", "direct us", "DeepEP, H800 us"], rows), ""]
