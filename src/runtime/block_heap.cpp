@@ -2,8 +2,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <exception>
+
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
 
 namespace weft {
 
