@@ -24,8 +24,9 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   const int world = ctx_->world_size();
   const AgGemmOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
-  options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode,
-                                            ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout)));
+  const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
+  operand_alignment_ = ops_detail::operand_alignment(whole);
+  options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(whole));
   const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", shape, o.chunks_per_shard, world, o.k * 2);
   shard_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
@@ -35,7 +36,7 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), to_string(o.dtype), "ag_gemm.gathered");
   arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
   overlap_->count_tile_waits(static_cast<int>(world * chunks_));  // WEFT_TILE_WAITS: per flag of arrived_
-  GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
+  GemmOptions g = whole;
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   g.agree = ops_detail::slowest_rank(ctx_);
   g.max_sms = ops_detail::sms_beside_copies(*ctx_);  // ranks sharing a GPU: room for copies that run as kernels
@@ -79,8 +80,7 @@ std::string AgGemm::gemm_config() const {
 }
 
 void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t stream) {
-  const GemmOptions gemm = gemm_options(options_.m, options_.n, options_.k, options_.dtype, options_.b_layout);
-  ops_detail::require_operands("AgGemm::run", {a_shard, b, c}, ops_detail::operand_alignment(gemm));
+  ops_detail::require_operands("AgGemm::run", {a_shard, b, c}, operand_alignment_);
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("AgGemm run: ", options_.m, " x ", options_.n, " x ", options_.k));
   if (a_shard != local_shard())

@@ -16,7 +16,9 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
   const GemmArOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);
   // The fused path is GemmRs's ring: M / W rows per rank, and rows the engine tiles.
-  std::string why_not_fused = ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout));
+  const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
+  operand_alignment_ = ops_detail::operand_alignment(whole);
+  std::string why_not_fused = ops_detail::untileable_reason(whole);
   if (why_not_fused.empty() && o.m % world != 0)
     why_not_fused = str("M = ", o.m, " is not a multiple of the world size ", world, " (the ring's blocks)");
   options_.mode = ops_detail::runnable_mode("GemmAr", o.m, o.n, o.k, o.mode, why_not_fused);
@@ -38,7 +40,7 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
                                "gemm_ar.arrived");
   }
   if (o.mode != OverlapMode::fused) {
-    GemmOptions g = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
+    GemmOptions g = whole;
     g.allow_cublas = true;  // unhooked: cuBLAS where it is faster
     g.agree = ops_detail::slowest_rank(ctx_);
     plain_gemm_ = std::make_unique<Gemm>(g);
@@ -60,8 +62,7 @@ std::string GemmAr::gemm_config() const {
 }
 
 void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
-  const GemmOptions gemm = gemm_options(options_.m, options_.n, options_.k, options_.dtype, options_.b_layout);
-  ops_detail::require_operands("GemmAr::run", {a, b, out}, ops_detail::operand_alignment(gemm));
+  ops_detail::require_operands("GemmAr::run", {a, b, out}, operand_alignment_);
   WEFT_REQUIRE(ctx_->heap().contains(out, static_cast<std::uint64_t>(options_.m * options_.n * 2)),
                "GemmAr::run: out (", out, ", ", options_.m, " x ", options_.n,
                " ", to_string(options_.dtype), ") must be in the symmetric heap: peers write their blocks into it");

@@ -68,8 +68,9 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
   const int world = ctx_->world_size();
   const GemmRsOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);
-  options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode,
-                                            ops_detail::untileable_reason(gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout)));
+  const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
+  operand_alignment_ = ops_detail::operand_alignment(whole);
+  options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(whole));
   const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", shape, o.chunks_per_block, world, o.n * 2,
                                                            schedule::kMinStoredChunkBytes);
   block_rows_ = rows.rows_per_rank;
@@ -227,8 +228,7 @@ std::string GemmRs::fused_gemm_config(FusedWay way) const {
 }
 
 void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
-  const GemmOptions gemm = gemm_options(options_.m, options_.n, options_.k, options_.dtype, options_.b_layout);
-  ops_detail::require_operands("GemmRs::run", {a, b, out}, ops_detail::operand_alignment(gemm));
+  ops_detail::require_operands("GemmRs::run", {a, b, out}, operand_alignment_);
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmRs run: ", options_.m, " x ", options_.n, " x ", options_.k));
   overlap_->run(

@@ -135,6 +135,7 @@ class AgGemm {
 
   std::shared_ptr<Context> ctx_;
   AgGemmOptions options_;
+  unsigned operand_alignment_ = 16;  // operands' bytes: 16 for TMA, one element where cuBLAS alone runs
   std::int64_t shard_rows_, chunk_rows_, chunks_;
   std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
   SymmetricBuffer gathered_;  // [M, K]

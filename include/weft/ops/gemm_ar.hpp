@@ -73,6 +73,7 @@ class GemmAr {
 
   std::shared_ptr<Context> ctx_;
   GemmArOptions options_;
+  unsigned operand_alignment_ = 16;  // operands' bytes: 16 for TMA, one element where cuBLAS alone runs
   std::int64_t block_rows_ = 0, chunk_rows_ = 0, chunks_ = 0;
   std::unique_ptr<GemmRs> reduce_;  // fused: the ring into our rows of out
   std::unique_ptr<ops_detail::Overlap> overlap_;  // the path; fused: the side stream and pushes

@@ -175,6 +175,7 @@ class GemmRs {
 
   std::shared_ptr<Context> ctx_;
   GemmRsOptions options_;
+  unsigned operand_alignment_ = 16;  // operands' bytes: 16 for TMA, one element where cuBLAS alone runs
   std::int64_t block_rows_, chunk_rows_, chunks_;
   std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
   // Fused buffers are indexed by block (rows block b of the [M, N] sum):
