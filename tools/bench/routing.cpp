@@ -27,11 +27,6 @@ Routing parse_routing(const std::string& name) {
 std::vector<std::int32_t> routing_counts(Routing r, std::int64_t rows, int experts) {
   WEFT_REQUIRE(experts >= 1, "routing_counts: experts = ", experts, " must be at least 1");
   WEFT_REQUIRE(rows >= 0 && rows <= INT32_MAX, "routing_counts: rows = ", rows, " must be 0 to ", INT32_MAX);
-  if (r == Routing::zipf_reversed) {
-    std::vector<std::int32_t> counts = routing_counts(Routing::zipf, rows, experts);
-    std::reverse(counts.begin(), counts.end());
-    return counts;
-  }
   std::vector<std::int32_t> counts(experts, 0);
   switch (r) {
     case Routing::uniform:
@@ -40,9 +35,8 @@ std::vector<std::int32_t> routing_counts(Routing r, std::int64_t rows, int exper
     case Routing::one_hot:
       counts[0] = static_cast<std::int32_t>(rows);
       break;
-    case Routing::zipf_reversed:  // handled above
-      break;
-    case Routing::zipf: {
+    case Routing::zipf:
+    case Routing::zipf_reversed: {
       std::vector<double> w(experts), frac(experts);
       double total = 0;
       for (int e = 0; e < experts; ++e) {
@@ -62,6 +56,7 @@ std::vector<std::int32_t> routing_counts(Routing r, std::int64_t rows, int exper
       std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return frac[x] > frac[y]; });
       // Rounding can leave the floors' sum off by the experts' count at most: hand out the rest in turn.
       for (std::int64_t i = 0; given < rows; ++i, ++given) ++counts[order[i % experts]];
+      if (r == Routing::zipf_reversed) std::reverse(counts.begin(), counts.end());
       break;
     }
   }
