@@ -71,15 +71,14 @@ std::string grouped_options_error(const GroupedGemmOptions& o) {
     return str("experts = ", o.experts, ": expected 1 to ", kMaxExperts);
   if (o.n <= 0 || o.k <= 0) return str("N and K must be positive, got N = ", o.n, ", K = ", o.k);
   if (o.n > INT_MAX || o.k > INT_MAX) return str("N = ", o.n, " and K = ", o.k, " must fit in 31 bits");
-  if (o.k % 8 != 0) return str("K = ", o.k, " must be a multiple of 8 (rows of A and W must be 16-byte aligned for TMA)");
-  if (o.n % 8 != 0) return str("N = ", o.n, " must be a multiple of 8 (rows of out", o.w_layout == BLayout::kn ? " and W" : "",
-                               " must be 16-byte aligned for TMA)");
+  if (o.dtype != DType::bf16 && o.dtype != DType::fp16)
+    return str("dtype must be bf16 or fp16, got ", to_string(o.dtype));
+  // The dense engine's tiling rule (TMA's 16-byte rows of A, W and out), for one expert's GEMM.
+  if (std::string why; !Gemm::can_tile(gemm_options(1, o.n, o.k, o.dtype, o.w_layout), &why)) return why;
   if (o.max_rows < 1 || o.max_rows > INT_MAX)
     return str("max_rows = ", o.max_rows, ": expected 1 to ", INT_MAX, " (the row capacity of A and out)");
   if (o.expected_rows < 0 || o.expected_rows > o.max_rows)
     return str("expected_rows = ", o.expected_rows, ": expected 0 (max_rows) to max_rows = ", o.max_rows);
-  if (o.dtype != DType::bf16 && o.dtype != DType::fp16)
-    return str("dtype must be bf16 or fp16, got ", to_string(o.dtype));
   if (o.max_sms < 0) return str("max_sms = ", o.max_sms, " must be >= 0 (0: every SM)");
   return "";
 }
