@@ -45,6 +45,14 @@ struct NodeGrid {
   WEFT_HD int node_of(int rank) const { return rank / local; }
   WEFT_HD int local_of(int rank) const { return rank % local; }
   WEFT_HD bool valid() const { return nodes >= 1 && local >= 1; }
+  /// The GPU on `gpu`'s rail `node_shift` nodes on (mod nodes): (n + shift, l).
+  WEFT_HD int rail_peer(int gpu, int node_shift) const {
+    return rank(wrap(node_of(gpu) + node_shift, nodes), local_of(gpu));
+  }
+  /// The GPU of `gpu`'s node `local_shift` local ranks on (mod local): (n, l + shift).
+  WEFT_HD int node_peer(int gpu, int local_shift) const {
+    return rank(node_of(gpu), wrap(local_of(gpu) + local_shift, local));
+  }
 };
 
 /// The grid of a team whose rank r runs on node `node_of[r]` (node ids in
@@ -103,29 +111,25 @@ enum class Via : int {
 // still names every shard after everything its delivery depends on.
 
 /// The GPU that (n, l) sends to on its rail (every step): (n+1, l).
-WEFT_HD int ag_rail_to(NodeGrid g, int gpu) { return g.rank(wrap(g.node_of(gpu) + 1, g.nodes), g.local_of(gpu)); }
+WEFT_HD int ag_rail_to(NodeGrid g, int gpu) { return g.rail_peer(gpu, 1); }
 /// The GPU that (n, l) receives from on its rail (every step): (n-1, l).
-WEFT_HD int ag_rail_from(NodeGrid g, int gpu) { return g.rank(wrap(g.node_of(gpu) - 1, g.nodes), g.local_of(gpu)); }
-/// The shard (n, l) sends on its rail at step h (1..nodes-1): that of (n-h+1, l).
+WEFT_HD int ag_rail_from(NodeGrid g, int gpu) { return g.rail_peer(gpu, -1); }
+/// The shard (n, l) sends on its rail at step h (1..nodes-1): that of (n-h+1, l), the ring AllGather's on the rail.
 WEFT_HD int ag_rail_send_shard(NodeGrid g, int gpu, int step) {
-  return g.rank(wrap(g.node_of(gpu) - step + 1, g.nodes), g.local_of(gpu));
+  return g.rank(schedule::ring_all_gather_shard(g.node_of(gpu), step, g.nodes), g.local_of(gpu));
 }
 /// The shard (n, l) receives on its rail at step h (1..nodes-1): that of (n-h, l).
-WEFT_HD int ag_rail_recv_shard(NodeGrid g, int gpu, int step) {
-  return g.rank(wrap(g.node_of(gpu) - step, g.nodes), g.local_of(gpu));
-}
-/// The shard (n, l) pushes to its local peers at hop h (0..nodes-1): that of (n-h, l).
-WEFT_HD int ag_push_shard(NodeGrid g, int gpu, int hop) {
-  return g.rank(wrap(g.node_of(gpu) - hop, g.nodes), g.local_of(gpu));
-}
-/// The local peer (n, l) pushes to at turn i (1..L-1) of every hop: (n, l-i).
-WEFT_HD int ag_push_to(NodeGrid g, int gpu, int turn) {
-  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) - turn, g.local));
-}
+WEFT_HD int ag_rail_recv_shard(NodeGrid g, int gpu, int step) { return g.rail_peer(gpu, -step); }
+/// The shard (n, l) pushes to its local peers at hop h (0..nodes-1): that of (n-h, l), its own at hop 0,
+/// then the one rail step h brought.
+WEFT_HD int ag_push_shard(NodeGrid g, int gpu, int hop) { return ag_rail_recv_shard(g, gpu, hop); }
+/// The local peer (n, l) pushes to at turn i (1..L-1) of every hop: (n, l-i). It is
+/// schedule::shard_push_peer on the local rank, which is host-only, so not called here.
+WEFT_HD int ag_push_to(NodeGrid g, int gpu, int turn) { return g.node_peer(gpu, -turn); }
 
 /// The i-th shard (0..W-1) present at `gpu`, in arrival order (own first).
 WEFT_HD int ag_arrival(NodeGrid g, int gpu, int i) {
-  return g.rank(wrap(g.node_of(gpu) - i / g.local, g.nodes), wrap(g.local_of(gpu) + i % g.local, g.local));
+  return g.node_peer(g.rail_peer(gpu, -(i / g.local)), i % g.local);
 }
 /// Where shard s falls in `gpu`'s arrival order (the inverse of ag_arrival).
 WEFT_HD int ag_arrival_index(NodeGrid g, int gpu, int shard) {
@@ -156,7 +160,7 @@ WEFT_HD AgDelivery ag_delivery(NodeGrid g, int gpu, int shard) {
     if (hop == 0) return AgDelivery{Via::self, gpu, 0, 0};
     return AgDelivery{Via::rail, ag_rail_from(g, gpu), hop, 0};
   }
-  return AgDelivery{Via::nvlink, g.rank(g.node_of(gpu), g.local_of(shard)), hop, turn};
+  return AgDelivery{Via::nvlink, g.node_peer(gpu, turn), hop, turn};
 }
 
 // ---- ReduceScatter and GEMM+ReduceScatter (scale_model.py: rs_weft) ----
@@ -180,8 +184,7 @@ WEFT_HD AgDelivery ag_delivery(NodeGrid g, int gpu, int shard) {
 
 /// The block `gpu` computes at step t (0..W-1).
 WEFT_HD int rs_block(NodeGrid g, int gpu, int step) {
-  const int k = step / g.local, i = step % g.local;
-  return g.rank(wrap(g.node_of(gpu) + 1 + k, g.nodes), wrap(g.local_of(gpu) + 1 + i, g.local));
+  return g.node_peer(g.rail_peer(gpu, 1 + step / g.local), 1 + step % g.local);
 }
 /// The step at which `gpu` computes block b (the inverse of rs_block).
 WEFT_HD int rs_step(NodeGrid g, int gpu, int block) {
@@ -210,19 +213,15 @@ WEFT_HD int rs_final_waits(NodeGrid g) { return g.local - 1 + g.nodes - 1; }
 
 /// For a block on `gpu`'s rail, the i-th (1..L-1) peer partial to arrive: from
 /// (n, l-i), pushed at turn i-1 of its group for that block's node.
-WEFT_HD int rs_peer_partial_from(NodeGrid g, int gpu, int i) {
-  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) - i, g.local));
-}
+WEFT_HD int rs_peer_partial_from(NodeGrid g, int gpu, int i) { return g.node_peer(gpu, -i); }
 /// The i-th (1..nodes-1) node partial of `gpu`'s own block to arrive: from
 /// (n-i, l), put at the end of its group i-1.
-WEFT_HD int rs_node_partial_from(NodeGrid g, int gpu, int i) {
-  return g.rank(wrap(g.node_of(gpu) - i, g.nodes), g.local_of(gpu));
-}
+WEFT_HD int rs_node_partial_from(NodeGrid g, int gpu, int i) { return g.rail_peer(gpu, -i); }
 
 // ---- AllReduce (scale_model.py: ar_weft) ----
 //
 // Three phases over the S elements each GPU holds:
-//  1. ReduceScatter in the node: slice q (schedule::slice_size over L) is
+//  1. ReduceScatter in the node: slice q (schedule::split into L) is
 //     owned by local rank q; at turn i (1..L-1) GPU (n, l) pushes its slice
 //     l+i to (n, l+i), so it receives slice l's partials from l-i.
 //  2. AllReduce of slice l along rail l (the nodes' sums of it), one of two ways:
@@ -242,20 +241,14 @@ WEFT_HD int rs_node_partial_from(NodeGrid g, int gpu, int i) {
 /// Elements [lo, hi) of slice q when `count` elements are shared by `local` GPUs (slice q: local rank q).
 WEFT_HD void ar_slice(std::uint64_t count, int local, std::uint64_t grain, int q, std::uint64_t& lo,
                       std::uint64_t& hi) {
-  const std::uint64_t per = schedule::slice_size(count, local, grain);
-  lo = per * q < count ? per * q : count;
-  hi = lo + per < count ? lo + per : count;
+  schedule::split(0, count, grain, local, q, lo, hi);
 }
 /// In-node ReduceScatter and AllGather: the local peer (n, l) pushes to at turn i (1..L-1): (n, l+i).
-WEFT_HD int ar_node_to(NodeGrid g, int gpu, int turn) {
-  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) + turn, g.local));
-}
+WEFT_HD int ar_node_to(NodeGrid g, int gpu, int turn) { return g.node_peer(gpu, turn); }
 /// ... and the one it receives from at turn i: (n, l-i).
-WEFT_HD int ar_node_from(NodeGrid g, int gpu, int turn) {
-  return g.rank(g.node_of(gpu), wrap(g.local_of(gpu) - turn, g.local));
-}
+WEFT_HD int ar_node_from(NodeGrid g, int gpu, int turn) { return g.node_peer(gpu, -turn); }
 /// In-node ReduceScatter: the slice (n, l) pushes at turn i (its receiver's own): l+i.
-WEFT_HD int ar_rs_slice(NodeGrid g, int gpu, int turn) { return wrap(g.local_of(gpu) + turn, g.local); }
+WEFT_HD int ar_rs_slice(NodeGrid g, int gpu, int turn) { return g.local_of(ar_node_to(g, gpu, turn)); }
 
 enum class RailWay : int { direct = 0, halving_doubling = 1 };
 
@@ -267,13 +260,9 @@ WEFT_HD RailWay ar_rail_way(int nodes, RailWay want) {
 }
 
 /// Direct: the rail peer (n, l) puts its slice to at turn i (1..nodes-1): (n+i, l).
-WEFT_HD int ar_direct_to(NodeGrid g, int gpu, int turn) {
-  return g.rank(wrap(g.node_of(gpu) + turn, g.nodes), g.local_of(gpu));
-}
+WEFT_HD int ar_direct_to(NodeGrid g, int gpu, int turn) { return g.rail_peer(gpu, turn); }
 /// ... and the one whose slice it receives at turn i: (n-i, l).
-WEFT_HD int ar_direct_from(NodeGrid g, int gpu, int turn) {
-  return g.rank(wrap(g.node_of(gpu) - turn, g.nodes), g.local_of(gpu));
-}
+WEFT_HD int ar_direct_from(NodeGrid g, int gpu, int turn) { return g.rail_peer(gpu, -turn); }
 
 /// Halving-doubling rounds each way: log2(nodes) (nodes a power of two).
 WEFT_HD int hd_rounds(int nodes) {
