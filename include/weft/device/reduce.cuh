@@ -56,6 +56,13 @@ struct Acc {
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] += Elem<T>::to_float(e[i]);
   }
+  /// Adds `w` times the elements packed in `bits` (a weighted sum, in the caller's order).
+  template <class Bits>
+  WEFT_DEVICE void add_scaled(const Bits& bits, float w) {
+    const T* e = reinterpret_cast<const T*>(&bits);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += w * Elem<T>::to_float(e[i]);
+  }
   /// Rounds the sums to T, packed as `Bits`.
   template <class Bits>
   WEFT_DEVICE Bits pack() const {

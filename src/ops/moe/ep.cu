@@ -45,7 +45,6 @@
 #include <cstring>
 
 #include "../kernel_util.cuh"
-#include "bf16x8.cuh"
 #include "ep_layout.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
@@ -55,9 +54,7 @@ namespace weft {
 namespace {
 
 using namespace ops_detail;
-using moe_detail::add_bf16x8;
 using moe_detail::ExpertPlacement;
-using moe_detail::pack_bf16x8;
 
 constexpr int kChunk = 128;           // tokens per warp in the count kernel
 constexpr int kCountWarps = 4;        // warps per count block
@@ -377,13 +374,16 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
     uint4* dst = a.staging + i * vecs;
     for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
       const std::int64_t v = v0 + lane;
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      dev::Acc<__nv_bfloat16, 16> acc{};  // 8 bf16 as fp32 sums, rounded once
       for (int p = 0; p < n; ++p) {
         const std::int64_t row = __shfl_sync(0xffffffffu, prow, p);
         const float w = __shfl_sync(0xffffffffu, pw, p);
-        if (v < vecs) add_bf16x8(acc, a.y[row * vecs + v], w);
+        if (v < vecs) {
+          const uint4 y = a.y[row * vecs + v];  // one 16-byte load
+          acc.add_scaled(y, w);
+        }
       }
-      if (v < vecs) dst[v] = pack_bf16x8(acc);
+      if (v < vecs) dst[v] = acc.pack<uint4>();
     }
   }
   last_block_signals(a, a.s.done + 1, e);
@@ -394,13 +394,13 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
     const std::int32_t my_row = lane < W ? a.s.token_rows[t * W + lane] : -1;
     for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
       const std::int64_t v = v0 + lane;
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      dev::Acc<__nv_bfloat16, 16> acc{};  // 8 bf16 as fp32 sums, rounded once
       for (int r = 0; r < W; ++r) {
         const std::int32_t row = __shfl_sync(0xffffffffu, my_row, r);
         if (row < 0 || v >= vecs) continue;
-        add_bf16x8(acc, __ldcg(a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs + v), 1.f);
+        acc.add(__ldcg(a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs + v));
       }
-      if (v < vecs) a.out[t * vecs + v] = pack_bf16x8(acc);
+      if (v < vecs) a.out[t * vecs + v] = acc.pack<uint4>();
     }
   }
   dev::epoch_end(a.epoch, e);

@@ -28,7 +28,6 @@
 #include <algorithm>
 
 #include "../kernel_util.cuh"
-#include "bf16x8.cuh"
 #include "ep_layout.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
@@ -38,9 +37,7 @@ namespace weft {
 namespace {
 
 using namespace ops_detail;
-using moe_detail::add_bf16x8;
 using moe_detail::ExpertPlacement;
-using moe_detail::pack_bf16x8;
 
 constexpr int kThreadsLl = 256;
 constexpr int kWarpsLl = kThreadsLl / 32;
@@ -195,13 +192,13 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
     const unsigned valid = __ballot_sync(0xffffffffu, ex >= 0 && ex < E);
     for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
       const std::int64_t v = v0 + lane;
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      dev::Acc<__nv_bfloat16, 16> acc{};  // 8 bf16 as fp32 sums, rounded once
       for (unsigned left = valid; left != 0; left &= left - 1) {
         const int j = __ffs(left) - 1;
         const float wj = __shfl_sync(0xffffffffu, w, j);
-        if (v < vecs) add_bf16x8(acc, __ldcg(a.comb_buf + (t * k + j) * vecs + v), wj);
+        if (v < vecs) acc.add_scaled(__ldcg(a.comb_buf + (t * k + j) * vecs + v), wj);
       }
-      if (v < vecs) a.out[t * vecs + v] = pack_bf16x8(acc);
+      if (v < vecs) a.out[t * vecs + v] = acc.pack<uint4>();
     }
   }
   dev::epoch_end(a.epoch, e);
