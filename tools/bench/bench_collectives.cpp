@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <sstream>
 
 #include "bench.hpp"
 #include "enqueue_hold.hpp"
@@ -206,22 +205,6 @@ double host_us_per_call(Context& ctx, cudaStream_t stream, EnqueueHold& held, co
   return median(us);
 }
 
-// The largest of each rank's values (the job is as slow as its slowest rank).
-std::vector<double> max_over_ranks(Context& ctx, const std::vector<double>& mine) {
-  std::string line;
-  for (double v : mine) line += std::to_string(v) + " ";
-  std::vector<double> out(mine.size(), -1e300);
-  for (const std::string& theirs : ctx.store().all_gather(line, "enqueue timing")) {
-    std::istringstream in(theirs);
-    for (double& x : out) {
-      double v = 0;
-      in >> v;
-      x = std::max(x, v);
-    }
-  }
-  return out;
-}
-
 struct EnqueueRow {
   std::uint64_t bytes = 0;
   std::string variant;
@@ -272,7 +255,7 @@ int bench_enqueue(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         ctx.synchronize(stream);
         WEFT_CUDA(cudaGraphExecDestroy(exec));
         WEFT_CUDA(cudaGraphDestroy(graph));
-        const std::vector<double> worst = max_over_ranks(ctx, mine);
+        const std::vector<double> worst = slowest_over_ranks(ctx, mine, "enqueue timing");
         EnqueueRow row;
         row.bytes = bytes;
         row.variant = c.variant;

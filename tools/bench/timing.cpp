@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -71,16 +72,22 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   // Each contender: the median on this rank, then the slowest rank's.
-  std::string mine;
-  for (const auto& v : us) mine += std::to_string(median(v)) + " ";
-  std::vector<double> slowest(contenders.size(), 0.0);
-  const std::vector<std::string> lines = ctx.store().all_gather(mine, "benchmark timing");
-  // WEFT_BENCH_RANKS=1: every rank's medians, to see which rank is the slow one.
+  std::vector<double> medians;
+  for (const auto& v : us) medians.push_back(median(v));
+  return slowest_over_ranks(ctx, medians, "benchmark timing");
+}
+
+std::vector<double> slowest_over_ranks(Context& ctx, const std::vector<double>& mine, const std::string& what) {
+  std::string line;
+  for (double v : mine) line += std::to_string(v) + " ";
+  std::vector<double> slowest(mine.size(), -std::numeric_limits<double>::infinity());
+  const std::vector<std::string> lines = ctx.store().all_gather(line, what);
+  // WEFT_BENCH_RANKS=1: every rank's values, to see which rank is the slow one.
   if (ctx.rank() == 0 && env_int(process_env(), "WEFT_BENCH_RANKS", 0) != 0)
     for (std::size_t r = 0; r < lines.size(); ++r)
-      std::fprintf(stderr, "[weft-bench] rank %zu medians, us, contenders in order: %s\n", r, lines[r].c_str());
-  for (const std::string& line : lines) {
-    std::istringstream in(line);
+      std::fprintf(stderr, "[weft-bench] rank %zu, %s, in order: %s\n", r, what.c_str(), lines[r].c_str());
+  for (const std::string& theirs : lines) {
+    std::istringstream in(theirs);
     for (double& x : slowest) {
       double v = 0;
       in >> v;

@@ -36,6 +36,10 @@ enum class SampleOrder {
   shuffled,  ///< a fresh permutation each round, the same on every rank (a fixed seed)
 };
 
+/// Each value's largest over the ranks (a job is as slow as its slowest rank):
+/// `mine` as this rank measured it, the same length on every rank. Collective.
+/// WEFT_BENCH_RANKS=1: rank 0 also prints every rank's values, labelled `what`.
+std::vector<double> slowest_over_ranks(Context& ctx, const std::vector<double>& mine, const std::string& what);
 /// time_per_call for several contenders, interleaved: each round takes one
 /// sample of every contender, so a drift of the clocks (power, heat) over the
 /// run falls on all of them alike instead of on whichever ran last. Under the
