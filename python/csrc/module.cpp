@@ -30,15 +30,6 @@ extern std::shared_ptr<Runtime> g_runtime;
 
 namespace {
 
-template <class F>
-auto guarded(const char* what, F&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const weft::Error& e) {
-    throw std::runtime_error(std::string("weft.") + what + ": " + e.what());
-  }
-}
-
 /// Collective: meets the other ranks through `store`, checks that they agree,
 /// and builds the Context (team, GPU, heap) over that store.
 void init(c10::intrusive_ptr<c10d::Store> store, int rank, int world, std::uint64_t heap_bytes,
@@ -115,9 +106,7 @@ at::Tensor empty_bytes(std::uint64_t bytes, const std::string& type) {
     auto rt = runtime_or_null();
     TORCH_CHECK(rt, "weft.empty: weft is not initialised in this process: call weft.init() first");
     c10::cuda::CUDAGuard guard(rt->device());
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(rt->device()).stream(), &status);
-    TORCH_CHECK(status == cudaStreamCaptureStatusNone,
+    TORCH_CHECK(!capturing(at::cuda::getCurrentCUDAStream(rt->device()).stream()),
                 "weft.empty: symmetric tensors cannot be allocated during CUDA graph capture (allocation is "
                 "collective and synchronises the GPU); allocate them before capturing");
     void* p = rt->allocate(bytes, type);
@@ -127,10 +116,9 @@ at::Tensor empty_bytes(std::uint64_t bytes, const std::string& type) {
   });
 }
 
-bool in_heap(const at::Tensor& t) {
+bool tensor_in_heap(const at::Tensor& t) {
   auto rt = runtime_or_null();
-  if (!rt || !t.defined() || !t.is_cuda()) return false;
-  return rt->ctx().heap().contains(t.data_ptr(), std::max<std::uint64_t>(t.nbytes(), 1));
+  return rt && t.defined() && t.is_cuda() && in_heap(*rt, t);
 }
 
 at::Tensor peer_view(const at::Tensor& t, int64_t peer) {
@@ -140,8 +128,8 @@ at::Tensor peer_view(const at::Tensor& t, int64_t peer) {
     const int world = rt->ctx().world_size();
     TORCH_CHECK_VALUE(peer >= 0 && peer < world, "weft.peer_view: argument 'rank' must be in [0, ", world, "), got ",
                       peer);
-    TORCH_CHECK_VALUE(in_heap(t), "weft.peer_view: argument 't' must be a tensor in weft's symmetric heap (allocate it "
-                      "with weft.empty or weft.zeros), but it is not");
+    TORCH_CHECK_VALUE(tensor_in_heap(t), "weft.peer_view: argument 't' must be a tensor in weft's symmetric heap "
+                      "(allocate it with weft.empty or weft.zeros), but it is not");
     void* p = rt->ctx().heap().peer_ptr(t.data_ptr(), static_cast<int>(peer));
     at::Tensor keep = t;  // the view keeps this rank's tensor, and so its block, alive
     return at::from_blob(
@@ -180,7 +168,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("shutdown", &shutdown);
   m.def("empty_bytes", &empty_bytes, py::arg("bytes"), py::arg("type"));
   m.def("collect", [] { if (auto rt = runtime_or_null()) guarded("collect", [&] { rt->collect(); }); });
-  m.def("in_heap", &in_heap);
+  m.def("in_heap", &tensor_in_heap);
   m.def("peer_view", &peer_view);
   m.def("info", &info);
   m.attr("torch_version") = WEFT_TORCH_VERSION;

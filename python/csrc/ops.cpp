@@ -98,22 +98,8 @@ std::string plan_key(const Parts&... parts) {
 
 cudaStream_t current_stream(Runtime& rt) { return at::cuda::getCurrentCUDAStream(rt.device()).stream(); }
 
-bool in_heap(Runtime& rt, const at::Tensor& t) {
-  return rt.ctx().heap().contains(t.data_ptr(), std::max<std::uint64_t>(t.nbytes(), 1));
-}
-
 void copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream) {
   WEFT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-}
-
-/// Runs `body`, turning a weft::Error into a torch error that names the op.
-template <class F>
-auto guarded(const char* op, F&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const weft::Error& e) {
-    TORCH_CHECK(false, "weft.", op, ": ", e.what());
-  }
 }
 
 // ---- collectives ---------------------------------------------------------

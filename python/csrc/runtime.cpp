@@ -73,20 +73,16 @@ void Runtime::collect() {
   }
 }
 
-AnyPlan& Runtime::plan(const std::string& op, const std::string& key, cudaStream_t stream,
-                       const std::function<std::unique_ptr<AnyPlan>()>& make) {
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing(stream, &status);
-  TORCH_CHECK(status == cudaStreamCaptureStatusNone, "weft.", op, ": the first call for ", key,
+AnyPlan& Runtime::build(const char* op, const std::string& key, cudaStream_t stream,
+                        const std::function<std::unique_ptr<AnyPlan>()>& make) {
+  TORCH_CHECK(!capturing(stream), "weft.", op, ": the first call for ", key,
               " is being captured into a CUDA graph, but it builds the operator's plan (collectively: it allocates "
               "in the symmetric heap, checks the call across ranks and tunes or times its paths), which cannot be "
               "captured. Call the op once with these shapes before capturing (a warm-up run).");
-  // Every rank builds the plan of the same call: compared here by its key (the
-  // op and its shapes), so that ranks passing different shapes get an error
-  // naming both, rather than a kernel that waits for data no peer sends.
-  ctx_->verify_same_call(weft::str("weft.", op, ": ", key));
+  // Every rank builds the plan of the same call: each operator's constructor
+  // compares it across ranks (Context::verify_same_call: its sizes, dtype and
+  // variant) before it allocates, so that ranks passing different shapes get
+  // an error naming both, rather than a kernel that waits for data no peer sends.
   auto made = make();
   auto& slot = plans_[key];
   slot = std::move(made);

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -12,7 +14,9 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 
+#include "weft/core/error.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft_torch {
@@ -52,8 +56,13 @@ class Runtime {
   /// The plan `key` names, built by `make` (collective) if this process has
   /// none yet. Refused during CUDA graph capture: a plan allocates, checks
   /// the call across ranks and, for the overlapped operators, times its paths.
-  AnyPlan& plan(const std::string& op, const std::string& key, cudaStream_t stream,
-                const std::function<std::unique_ptr<AnyPlan>()>& make);
+  /// The lookup is inline and allocates nothing: it runs on every op call.
+  template <class Make>
+  AnyPlan& plan(const char* op, const std::string& key, cudaStream_t stream, Make&& make) {
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return *it->second;
+    return build(op, key, stream, std::forward<Make>(make));
+  }
 
   /// Tears everything down (collective): the plans, then the Context and its
   /// heap. Tensors still alive in the heap must not be used afterwards.
@@ -64,6 +73,10 @@ class Runtime {
   std::uint64_t plan_count() const { return plans_.size(); }
 
  private:
+  /// plan()'s first call for `key`: builds the plan with `make`.
+  AnyPlan& build(const char* op, const std::string& key, cudaStream_t stream,
+                 const std::function<std::unique_ptr<AnyPlan>()>& make);
+
   std::shared_ptr<weft::Context> ctx_;
   std::string group_name_;
   std::mutex mu_;
@@ -76,5 +89,27 @@ class Runtime {
 Runtime& runtime(const char* op);
 /// The runtime if initialised, else nullptr.
 std::shared_ptr<Runtime> runtime_or_null();
+
+/// Whether `stream` is being captured into a CUDA graph.
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &status);
+  return status != cudaStreamCaptureStatusNone;
+}
+
+/// Whether `t`'s bytes lie in the runtime's symmetric heap.
+inline bool in_heap(Runtime& rt, const at::Tensor& t) {
+  return rt.ctx().heap().contains(t.data_ptr(), std::max<std::uint64_t>(t.nbytes(), 1));
+}
+
+/// Runs `body`, turning a weft::Error into a torch error that names the op.
+template <class F>
+auto guarded(const char* op, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const weft::Error& e) {
+    TORCH_CHECK(false, "weft.", op, ": ", e.what());
+  }
+}
 
 }  // namespace weft_torch
