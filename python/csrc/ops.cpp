@@ -104,9 +104,8 @@ void copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream) 
 
 // ---- collectives ---------------------------------------------------------
 
-void all_reduce_into(const char* op, const at::Tensor& input, const at::Tensor& output, c10::string_view reduce_op,
-                     c10::string_view group_name) {
-  Runtime& rt = runtime(op);
+void all_reduce_into(Runtime& rt, const char* op, const at::Tensor& input, const at::Tensor& output,
+                     c10::string_view reduce_op, c10::string_view group_name) {
   check_sum(op, reduce_op);
   check_group(op, group_name, rt);
   check_device(op, "input", input, rt);
@@ -138,23 +137,21 @@ void all_reduce_into(const char* op, const at::Tensor& input, const at::Tensor& 
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
   return guarded("all_reduce", [&] {
     Runtime& rt = runtime("all_reduce");
-    check_device("all_reduce", "input", input, rt);
     auto out = at::empty_like(input, at::MemoryFormat::Contiguous);
-    all_reduce_into("all_reduce", input, out, reduce_op, group_name);
+    all_reduce_into(rt, "all_reduce", input, out, reduce_op, group_name);
     return out;
   });
 }
 
 at::Tensor& all_reduce_(at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
   return guarded("all_reduce_", [&]() -> at::Tensor& {
-    all_reduce_into("all_reduce_", input, input, reduce_op, group_name);
+    all_reduce_into(runtime("all_reduce_"), "all_reduce_", input, input, reduce_op, group_name);
     return input;
   });
 }
 
-void all_gather_into(const char* op, const at::Tensor& input, const at::Tensor& out, int64_t group_size,
+void all_gather_into(Runtime& rt, const char* op, const at::Tensor& input, const at::Tensor& out, int64_t group_size,
                      c10::string_view group_name) {
-  Runtime& rt = runtime(op);
   check_group(op, group_name, rt);
   check_group_size(op, group_size, rt);
   check_device(op, "input", input, rt);
@@ -188,13 +185,12 @@ void all_gather_into(const char* op, const at::Tensor& input, const at::Tensor& 
 at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t group_size, c10::string_view group_name) {
   return guarded("all_gather_into_tensor", [&] {
     Runtime& rt = runtime("all_gather_into_tensor");
-    check_device("all_gather_into_tensor", "input", input, rt);
     TORCH_CHECK_VALUE(input.dim() >= 1, "weft.all_gather_into_tensor: argument 'input' must have at least one "
                       "dimension (it is gathered along dimension 0)");
     auto sizes = input.sizes().vec();
     sizes[0] *= group_size;
     auto out = at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
-    all_gather_into("all_gather_into_tensor", input, out, group_size, group_name);
+    all_gather_into(rt, "all_gather_into_tensor", input, out, group_size, group_name);
     return out;
   });
 }
@@ -212,7 +208,7 @@ at::Tensor& all_gather_into_tensor_out(const at::Tensor& input, int64_t group_si
                           out.sizes().slice(1) == input.sizes().slice(1),
                       "weft.", op, ": argument 'out' must have shape [group_size x ", input.dim() ? input.size(0) : 0,
                       ", ...] for input ", shape_of(input), ", got ", shape_of(out));
-    all_gather_into(op, input, out, group_size, group_name);
+    all_gather_into(rt, op, input, out, group_size, group_name);
     return out;
   });
 }
@@ -266,7 +262,6 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, c10::string_view reduc
 struct BOperand {
   at::Tensor t;  // keeps a copy alive
   const void* ptr;
-  weft::BLayout layout;
 };
 
 void check_b(const char* op, const char* arg, const at::Tensor& b, int64_t k, Runtime& rt) {
@@ -280,12 +275,10 @@ void check_b(const char* op, const char* arg, const at::Tensor& b, int64_t k, Ru
 
 BOperand b_operand(const char* op, const char* arg, const at::Tensor& b, int64_t k, Runtime& rt) {
   check_b(op, arg, b, k, rt);
-  if (b.stride(0) == 1 && b.stride(1) == k) return {b, b.data_ptr(), weft::BLayout::nk};
+  if (b.stride(0) == 1 && b.stride(1) == k) return {b, b.data_ptr()};
   auto nk = b.t().contiguous();  // [N, K] row-major
-  return {nk, nk.data_ptr(), weft::BLayout::nk};
+  return {nk, nk.data_ptr()};
 }
-
-const char* layout_name(weft::BLayout l) { return l == weft::BLayout::nk ? "nk" : "kn"; }
 
 /// A [..., K] bf16 on weft's GPU, with dimension `dim` moved first and made
 /// contiguous, as the [rows, K] matrix the plans take.
@@ -332,12 +325,12 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
       for (const auto& b : Bs) outs.push_back(at::matmul(gathered, b));
     } else {
       const int64_t n0 = Bs[0].size(1);
-      const std::string key = plan_key("ag_gemm m=", rows * world, " n=", n0, " k=", k, " b=", layout_name(b0.layout));
+      const std::string key = plan_key("ag_gemm m=", rows * world, " n=", n0, " k=", k);
       auto& plan = static_cast<Plan<weft::AgGemm>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::AgGemm>>();
         p->op = std::make_unique<weft::AgGemm>(
             rt.ctx_ptr(),
-            weft::AgGemmOptions{.m = rows * world, .n = n0, .k = k, .b_layout = b0.layout});
+            weft::AgGemmOptions{.m = rows * world, .n = n0, .k = k, .b_layout = weft::BLayout::nk});
         return p;
       }));
       auto c0 = at::empty({rows * world, n0}, a.options());
@@ -383,11 +376,11 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
     if (m > 0) {
       c10::cuda::CUDAGuard guard(rt.device());
       cudaStream_t stream = current_stream(rt);
-      const std::string key = plan_key("gemm_rs m=", m, " n=", n, " k=", k, " b=", layout_name(b.layout));
+      const std::string key = plan_key("gemm_rs m=", m, " n=", n, " k=", k);
       auto& plan = static_cast<Plan<weft::GemmRs>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::GemmRs>>();
-        p->op = std::make_unique<weft::GemmRs>(rt.ctx_ptr(),
-                                               weft::GemmRsOptions{.m = m, .n = n, .k = k, .b_layout = b.layout});
+        p->op = std::make_unique<weft::GemmRs>(
+            rt.ctx_ptr(), weft::GemmRsOptions{.m = m, .n = n, .k = k, .b_layout = weft::BLayout::nk});
         return p;
       }));
       plan.op->run(a.data_ptr(), b.ptr, out.data_ptr(), stream);
@@ -416,11 +409,11 @@ at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::stri
     if (m == 0) return at::empty(out_sizes, a.options());
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    const std::string key = plan_key("gemm_ar m=", m, " n=", n, " k=", k, " b=", layout_name(b.layout));
+    const std::string key = plan_key("gemm_ar m=", m, " n=", n, " k=", k);
     auto& plan = static_cast<Plan<weft::GemmAr>&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<Plan<weft::GemmAr>>();
-      p->op = std::make_unique<weft::GemmAr>(rt.ctx_ptr(),
-                                             weft::GemmArOptions{.m = m, .n = n, .k = k, .b_layout = b.layout});
+      p->op = std::make_unique<weft::GemmAr>(
+          rt.ctx_ptr(), weft::GemmArOptions{.m = m, .n = n, .k = k, .b_layout = weft::BLayout::nk});
       // Peers write their blocks of the sum into `out`: it lives in the heap.
       p->staging = weft::SymmetricBuffer(rt.ctx().heap(), static_cast<std::uint64_t>(m * n) * 2, "bf16",
                                          "weft.matmul_all_reduce output");
