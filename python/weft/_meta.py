@@ -7,6 +7,8 @@ traced program fails at trace time with the same message as an eager one.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import _C
@@ -34,13 +36,15 @@ def _group_size(op: str, group_name: str) -> int:
         ) from None
 
 
-def _check_tensor(op: str, arg: str, t: torch.Tensor, dtypes=_FLOATS, contiguous: bool = True) -> None:
+def _check_tensor(op: str, arg: str, t: torch.Tensor, dtypes: Optional[tuple] = _FLOATS,
+                  contiguous: bool = True) -> None:
+    """dtypes None: any dtype."""
     if t.device.type not in ("cuda", "meta"):  # meta: shape propagation only
         raise ValueError(
             f"weft.{op}: argument '{arg}' is a {t.device.type.upper()} tensor, but weft's ops run on CUDA tensors "
             "of this rank's GPU (allocate them with weft.empty / weft.zeros, or move them with .cuda())"
         )
-    if t.dtype not in dtypes:
+    if dtypes is not None and t.dtype not in dtypes:
         names = ", ".join(str(d) for d in dtypes)
         raise TypeError(f"weft.{op}: argument '{arg}' must be {'one of ' if len(dtypes) > 1 else ''}{names}, got {t.dtype}")
     if contiguous and not t.is_contiguous():
@@ -62,9 +66,7 @@ def _check_group_size(op: str, group_size: int, group_name: str) -> None:
 
 
 def _dim(op: str, A: torch.Tensor, dim: int, arg: str) -> int:
-    nd = A.dim()
-    if nd < 2:
-        raise ValueError(f"weft.{op}: argument 'A' must have at least 2 dimensions, got shape {list(A.shape)}")
+    nd = A.dim()  # >= 2: _check_a comes first
     if not (-nd <= dim < nd - 1) or dim == -1:
         raise ValueError(
             f"weft.{op}: argument '{arg}' must name a dimension of A other than the last (K), got {dim} for shape "
@@ -119,7 +121,7 @@ def _all_reduce_(input, reduce_op, group_name):
 
 def _gather_shape(op: str, input, group_size: int, group_name: str) -> list:
     _check_group_size(op, group_size, group_name)
-    _check_tensor(op, "input", input, dtypes=(input.dtype,))
+    _check_tensor(op, "input", input, dtypes=None)  # gathered as bytes: any dtype
     if input.dim() < 1:
         raise ValueError(
             f"weft.{op}: argument 'input' must have at least one dimension (it is gathered along dimension 0)"

@@ -48,6 +48,15 @@ class _Sharded(torch.nn.Module):
         self.bias = (torch.nn.Parameter(torch.zeros(bias_len, dtype=dtype, device=device), requires_grad=False)
                      if bias_len is not None else None)
 
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, *, sequence_parallel: bool = False,
+                    dtype: torch.dtype = torch.bfloat16):
+        """This rank's shard of `linear` (its weight and bias, as load_full_weight takes them)."""
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                sequence_parallel=sequence_parallel, dtype=dtype)
+        m.load_full_weight(linear.weight, linear.bias)
+        return m
+
 
 class ColumnParallelLinear(_Sharded):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *, sequence_parallel: bool = False,
@@ -68,14 +77,6 @@ class ColumnParallelLinear(_Sharded):
         self.weight.copy_(weight[rows])
         if self.bias is not None and bias is not None:
             self.bias.copy_(bias[rows])
-
-    @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, *, sequence_parallel: bool = False,
-                    dtype: torch.dtype = torch.bfloat16) -> "ColumnParallelLinear":
-        m = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                sequence_parallel=sequence_parallel, dtype=dtype)
-        m.load_full_weight(linear.weight, linear.bias)
-        return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # x: this rank's [s/W, ..., in]
@@ -105,14 +106,6 @@ class RowParallelLinear(_Sharded):
         self.weight.copy_(weight[:, cols])
         if self.bias is not None and bias is not None:
             self.bias.copy_(bias)
-
-    @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, *, sequence_parallel: bool = False,
-                    dtype: torch.dtype = torch.bfloat16) -> "RowParallelLinear":
-        m = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                sequence_parallel=sequence_parallel, dtype=dtype)
-        m.load_full_weight(linear.weight, linear.bias)
-        return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [s, ..., in/W]
         g = self.group_name

@@ -54,7 +54,6 @@ def test_extension_uses_the_processes_cpp_runtime():
 
 
 def test_import_and_version():
-    assert weft._C.torch_version == torch.__version__.split("+")[0]
     assert not weft.is_initialized()
     assert weft.info() == {"initialized": False}
 

@@ -350,7 +350,8 @@ def test_nn_layers_match_the_unsharded_block(inputs, sequence_parallel):
                       _linear(inputs, "down", hidden, ffn))
     x = inputs.rand("x", 0, (s, hidden), torch.bfloat16)  # the same on every rank
     with torch.no_grad():
-        ref = (F_silu(x.float() @ gate.weight.float().t()) * (x.float() @ up.weight.float().t())) @ down.weight.float().t()
+        swiglu = torch.nn.functional.silu(x.float() @ gate.weight.float().t()) * (x.float() @ up.weight.float().t())
+        ref = swiglu @ down.weight.float().t()
         mlp = weft.nn.TensorParallelMLP.from_linears(gate, up, down, sequence_parallel=sequence_parallel)
         rows = slice(r * s // w, (r + 1) * s // w)
         y = mlp(x[rows] if sequence_parallel else x)
@@ -367,10 +368,6 @@ def test_nn_layers_match_the_unsharded_block(inputs, sequence_parallel):
         y2 = row(h)
         assert rel_err(y2, y_ref[rows] if sequence_parallel else y_ref) <= 3e-2
     sync()
-
-
-def F_silu(t):
-    return torch.nn.functional.silu(t)
 
 
 # ---- bad input ------------------------------------------------------------------------------------
