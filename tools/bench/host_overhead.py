@@ -108,41 +108,44 @@ class Hold:
             return None
         return (t1 - t0) / 1e3 / CALLS
 
-    def host_us(self, enqueue: Callable[[], None], samples: int, warmup: int) -> float:
+    def gpu_sample(self, enqueue: Callable[[], None], start, end) -> Optional[float]:
+        """GPU microseconds per call: CUDA events around CALLS calls enqueued behind the hold (back to back);
+        None if the hold ran out first."""
+        torch = self.torch
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(self.ms * self.cycles_per_ms))
+        start.record()
+        for _ in range(CALLS):
+            enqueue()
+        end.record()
+        held = not start.query()  # still asleep: the calls will run back to back
+        end.synchronize()
+        if not held:
+            self.ms *= 2
+            return None
+        return 1000.0 * start.elapsed_time(end) / CALLS
+
+    @staticmethod
+    def median(sample: Callable[[], Optional[float]], samples: int, warmup: int) -> float:
+        """The median of `samples` samples after `warmup`, retrying those the hold did not cover."""
         us = []
-        tries = 0
+        tries = 4 * (warmup + samples)
         while len(us) < warmup + samples:
-            tries += 1
-            if tries > 4 * (warmup + samples):
+            if tries == 0:
                 raise RuntimeError("the GPU hold kept running out before the calls were enqueued")
-            s = self.sample(enqueue)
+            tries -= 1
+            s = sample()
             if s is not None:
                 us.append(s)
         return statistics.median(us[warmup:])
 
+    def host_us(self, enqueue: Callable[[], None], samples: int, warmup: int) -> float:
+        return self.median(lambda: self.sample(enqueue), samples, warmup)
+
     def gpu_us(self, enqueue: Callable[[], None], samples: int, warmup: int) -> float:
-        """GPU microseconds per call: CUDA events around CALLS calls enqueued behind the hold (back to back)."""
         torch = self.torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        us = []
-        tries = 0
-        while len(us) < warmup + samples:
-            tries += 1
-            if tries > 4 * (warmup + samples):
-                raise RuntimeError("the GPU hold kept running out before the calls were enqueued")
-            torch.cuda.synchronize()
-            torch.cuda._sleep(int(self.ms * self.cycles_per_ms))
-            start.record()
-            for _ in range(CALLS):
-                enqueue()
-            end.record()
-            held = not start.query()  # still asleep: the calls will run back to back
-            end.synchronize()
-            if not held:
-                self.ms *= 2
-                continue
-            us.append(1000.0 * start.elapsed_time(end) / CALLS)
-        return statistics.median(us[warmup:])
+        return self.median(lambda: self.gpu_sample(enqueue, start, end), samples, warmup)
 
 
 def python_figures(nbytes: int, samples: int, warmup: int) -> dict:
@@ -175,18 +178,16 @@ def python_figures(nbytes: int, samples: int, warmup: int) -> dict:
         # An ATen op of the same size, for scale: the dispatcher and a kernel launch, nothing of weft's.
         "aten_add__host_us": hold.host_us(functools.partial(x.add_, 1), samples, warmup),
     }
-    graphs = {}
     for name, call in (("all_reduce", out_of_place), ("all_reduce_", in_place)):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             call()
         graph.replay()
         torch.cuda.synchronize()
-        graphs[name] = graph
         out[f"{name}_graph_replay_host_us"] = hold.host_us(graph.replay, samples, warmup)
         out[f"{name}_graph_replay_device_us"] = hold.gpu_us(graph.replay, samples, warmup)
     out["plans"] = weft.info()["plans"]
-    del graphs
+    del graph  # the last one; each earlier one went when the next replaced it
     weft.shutdown()
     return out
 
@@ -226,9 +227,8 @@ def main(argv=None) -> int:
           f"{f(py['all_reduce_device_us'])}")
     print(f"{'torch.ops.weft.all_reduce_ (in place)':44} {f(py['all_reduce__host_us'])} "
           f"{f(py['all_reduce__device_us'])}")
-    if "all_reduce__default_host_us" in py:
-        print(f"{'torch.ops.weft.all_reduce_.default':44} {f(py['all_reduce__default_host_us'])}")
-        print(f"{'x.add_(1), an ATen op (for scale)':44} {f(py['aten_add__host_us'])}")
+    print(f"{'torch.ops.weft.all_reduce_.default':44} {f(py.get('all_reduce__default_host_us'))}")
+    print(f"{'x.add_(1), an ATen op (for scale)':44} {f(py.get('aten_add__host_us'))}")
     print(f"{'CUDA graph of one call: C++ cudaGraphLaunch':44} {f(c.get('graph_launch_host_us'))} "
           f"{f(c.get('graph_replay_device_us'))}")
     print(f"{'CUDA graph of one all_reduce: replay()':44} {f(py['all_reduce_graph_replay_host_us'])} "
