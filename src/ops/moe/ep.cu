@@ -24,8 +24,9 @@
 //             per staged token copies it to each of its recv_x rows.
 //   combine   (the rank's SM share, waits on every rank)
 //             reduce: a warp per staged token sums w x y over its pairs in
-//             slot order (fp32) and stores the partial, bf16, over the staged
-//             token; gather: once every rank's partials are ready, a warp per
+//             slot order (fp32; row_sums.cuh keeps the next pair's loads in
+//             flight) and stores the partial, bf16, over the staged token;
+//             gather: once every rank's partials are ready, a warp per
 //             own token sums its partials from the ranks it went to, in rank
 //             order (fp32), and rounds once.
 //
@@ -46,6 +47,7 @@
 
 #include "../kernel_util.cuh"
 #include "ep_layout.hpp"
+#include "row_sums.cuh"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
 #include "weft/ops/ep.hpp"
@@ -371,19 +373,14 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
     const int n = __ldcg(m + 1);
     const std::int32_t prow = lane < n ? __ldcg(m + 2 + lane) : -1;
     const float pw = lane < n ? __int_as_float(__ldcg(m + 2 + k + lane)) : 0.f;
+    const unsigned pairs = n >= 32 ? ~0u : (1u << n) - 1u;
+    auto row_at = [&](int p) { return a.y + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, prow, p)) * vecs; };
+    auto weight = [&](int p) { return __shfl_sync(0xffffffffu, pw, p); };
     uint4* dst = a.staging + i * vecs;
-    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
-      const std::int64_t v = v0 + lane;
-      dev::Acc<__nv_bfloat16, 16> acc{};  // 8 bf16 as fp32 sums, rounded once
-      for (int p = 0; p < n; ++p) {
-        const std::int64_t row = __shfl_sync(0xffffffffu, prow, p);
-        const float w = __shfl_sync(0xffffffffu, pw, p);
-        if (v < vecs) {
-          const uint4 y = a.y[row * vecs + v];  // one 16-byte load
-          acc.add_scaled(y, w);
-        }
-      }
-      if (v < vecs) dst[v] = acc.pack<uint4>();
+    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * moe_detail::kRowSumVecs) {  // every lane runs every step
+      moe_detail::RowSumAcc acc{};  // fp32 sums, rounded once
+      moe_detail::add_rows<true>(acc, pairs, row_at, weight, v0 + lane, vecs);
+      moe_detail::store_rows(dst, acc, v0 + lane, vecs);
     }
   }
   last_block_signals(a, a.s.done + 1, e);
@@ -392,15 +389,15 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
   // Gather: out[t] = sum over the ranks t went to, ascending, of their partials.
   for (std::int64_t t = warp0; t < a.tokens; t += warps) {
     const std::int32_t my_row = lane < W ? a.s.token_rows[t * W + lane] : -1;
-    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
-      const std::int64_t v = v0 + lane;
-      dev::Acc<__nv_bfloat16, 16> acc{};  // 8 bf16 as fp32 sums, rounded once
-      for (int r = 0; r < W; ++r) {
-        const std::int32_t row = __shfl_sync(0xffffffffu, my_row, r);
-        if (row < 0 || v >= vecs) continue;
-        acc.add(__ldcg(a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs + v));
-      }
-      if (v < vecs) a.out[t * vecs + v] = acc.pack<uint4>();
+    const unsigned sent = __ballot_sync(0xffffffffu, my_row >= 0);
+    auto row_at = [&](int r) {
+      return a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, my_row, r)) * vecs;
+    };
+    auto unweighted = [](int) { return 1.f; };
+    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * moe_detail::kRowSumVecs) {  // every lane runs every step
+      moe_detail::RowSumAcc acc{};  // fp32 sums, rounded once
+      moe_detail::add_rows<false>(acc, sent, row_at, unweighted, v0 + lane, vecs);
+      moe_detail::store_rows(a.out + t * vecs, acc, v0 + lane, vecs);
     }
   }
   dev::epoch_end(a.epoch, e);

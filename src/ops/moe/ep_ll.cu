@@ -29,6 +29,7 @@
 
 #include "../kernel_util.cuh"
 #include "ep_layout.hpp"
+#include "row_sums.cuh"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
 #include "weft/ops/ep.hpp"
@@ -190,15 +191,12 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
     const std::int64_t ex = lane < k ? a.topk[t * k + lane] : -1;
     const float w = lane < k ? a.weights[t * k + lane] : 0.f;
     const unsigned valid = __ballot_sync(0xffffffffu, ex >= 0 && ex < E);
-    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every iteration
-      const std::int64_t v = v0 + lane;
-      dev::Acc<__nv_bfloat16, 16> acc{};  // 8 bf16 as fp32 sums, rounded once
-      for (unsigned left = valid; left != 0; left &= left - 1) {
-        const int j = __ffs(left) - 1;
-        const float wj = __shfl_sync(0xffffffffu, w, j);
-        if (v < vecs) acc.add_scaled(__ldcg(a.comb_buf + (t * k + j) * vecs + v), wj);
-      }
-      if (v < vecs) a.out[t * vecs + v] = acc.pack<uint4>();
+    auto row_at = [&](int j) { return a.comb_buf + (t * k + j) * vecs; };
+    auto weight = [&](int j) { return __shfl_sync(0xffffffffu, w, j); };
+    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * moe_detail::kRowSumVecs) {  // every lane runs every step
+      moe_detail::RowSumAcc acc{};  // fp32 sums, rounded once
+      moe_detail::add_rows<true>(acc, valid, row_at, weight, v0 + lane, vecs);
+      moe_detail::store_rows(a.out + t * vecs, acc, v0 + lane, vecs);
     }
   }
   dev::epoch_end(a.epoch, e);
