@@ -63,7 +63,8 @@ constexpr int kCountWarps = 4;        // warps per count block
 constexpr int kEpThreads = 256;       // threads per dispatch / combine block
 constexpr int kEpWarps = kEpThreads / 32;
 constexpr int kExchangeThreads = 1024;
-constexpr int kMaxExperts = 1024;
+constexpr int kMaxExperts = 1024;  // at most kExchangeThreads: the exchange scans one expert a thread
+static_assert(kMaxExperts <= kExchangeThreads, "the exchange scans one expert a thread");
 constexpr int kMaxTopK = 32;
 constexpr int kMaxWorld = 32;
 constexpr int kRowTail = 8;  // after [E pairs][W tokens]: T, E, H, k, bad token, slot, code, value
@@ -128,9 +129,12 @@ __global__ void __launch_bounds__(kCountWarps * 32) count_kernel(CountArgs a) {
   const std::int64_t t1 = t0 + kChunk < a.tokens ? t0 + kChunk : a.tokens;
   for (int i = lane; i < cols; i += 32) cnt[i] = 0;
   __syncwarp();
+  const bool in = lane < k;
+  std::int64_t ex_next = in ? a.topk[t0 * k + lane] : -1;
   for (std::int64_t t = t0; t < t1; ++t) {
-    const bool in = lane < k;
-    const std::int64_t ex = in ? a.topk[t * k + lane] : -1;
+    // The next token's row is loaded before this one is counted, so its latency overlaps the counting.
+    const std::int64_t ex = ex_next;
+    if (in && t + 1 < t1) ex_next = a.topk[(t + 1) * k + lane];
     const bool bad = in && (ex < -1 || ex >= E);
     const bool valid = in && ex >= 0 && !bad;
     // Lanes with the same valid expert; invalid lanes get a value of their own.
@@ -176,13 +180,18 @@ __global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs
   std::int64_t* matrix = a.counts + static_cast<std::int64_t>(e & 1) * W * a.row;
   std::int64_t* mine = matrix + static_cast<std::int64_t>(me) * a.row;
   const std::int64_t chunks = (a.tokens + kChunk - 1) / kChunk;
+  constexpr int kBatch = 8;  // chunk counts loaded at once: the column's scan waits on a load per batch
   for (int c = tid; c < cols; c += blockDim.x) {
     std::int32_t sum = 0;
-    for (std::int64_t ch = 0; ch < chunks; ++ch) {
-      std::int32_t* at = a.s.chunk_counts + ch * cols + c;
-      const std::int32_t v = *at;
-      *at = sum;
-      sum += v;
+    for (std::int64_t ch0 = 0; ch0 < chunks; ch0 += kBatch) {
+      std::int32_t v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) v[u] = ch0 + u < chunks ? a.s.chunk_counts[(ch0 + u) * cols + c] : 0;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (ch0 + u < chunks) a.s.chunk_counts[(ch0 + u) * cols + c] = sum;
+        sum += v[u];
+      }
     }
     mine[c] = sum;
   }
@@ -219,14 +228,30 @@ __global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs
   }
   __syncthreads();
   // Send tables. P[s][x] = matrix[s][x]: source s's pairs of expert x; T[s][r] = matrix[s][E + r].
+  // pair_base[x] = the pairs of x's owner's earlier experts, from every source, plus the pairs of
+  // x from sources before this rank: an exclusive scan of the experts' totals within each
+  // owner's experts (a block scan, one expert a thread: E <= kMaxExperts <= blockDim).
+  __shared__ std::int64_t scan[2][kMaxExperts];
   const ExpertPlacement pl{E, W};
-  for (int x = tid; x < E; x += blockDim.x) {
-    const int r = pl.owner(x), le = pl.local(x);
-    std::int64_t base = 0;
-    for (int l = 0; l < le; ++l)
-      for (int s = 0; s < W; ++s) base += __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + pl.global(r, l));
-    for (int s = 0; s < me; ++s) base += __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + x);
-    a.s.pair_base[x] = static_cast<std::int32_t>(base);
+  std::int64_t total = 0, before_me = 0;
+  if (tid < E)
+    for (int s = 0; s < W; ++s) {
+      const std::int64_t v = __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + tid);
+      total += v;
+      if (s < me) before_me += v;
+    }
+  int in = 0;  // Hillis-Steele inclusive scan over the experts, double-buffered
+  if (tid < E) scan[0][tid] = total;
+  __syncthreads();
+  for (int step = 1; step < E; step *= 2) {
+    if (tid < E) scan[in ^ 1][tid] = scan[in][tid] + (tid >= step ? scan[in][tid - step] : 0);
+    in ^= 1;
+    __syncthreads();
+  }
+  if (tid < E) {
+    const int first = pl.global(pl.owner(tid), 0);  // the owner's first expert
+    const std::int64_t earlier = scan[in][tid] - total - (first > 0 ? scan[in][first - 1] : 0);
+    a.s.pair_base[tid] = static_cast<std::int32_t>(earlier + before_me);
   }
   for (int r = tid; r < W; r += blockDim.x) {
     std::int64_t base = 0;
