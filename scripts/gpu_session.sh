@@ -4,11 +4,13 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode grouped
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode ep grouped
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
 #    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
 #    arguments and the tiles it also times forced, ';'-separated;
-#    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds)
+#    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds;
+#    PYTHON_WORLDS the python stage's multi-rank world sizes, default "2 4", and PYTHON_WAIT_S its
+#    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
 #                                                the suite at world 1, 2, 4, 8, provoked hangs, examples, launcher)
 #
@@ -153,13 +155,14 @@ PY
     grep -E '\[0x|->|weft.init ok|^rc=|error|Error' "$OUT/python_crash.log" | head -n 60
   fi
   # Bounds above the time a rank may spend compiling (torch.compile) while its peers already wait on the GPU.
-  for n in 2 4; do
+  for n in ${PYTHON_WORLDS:-2 4}; do
     share=()
     [ "$GPUS" -ge "$n" ] || share=(--share-gpu)  # ranks sharing a GPU under MPS; their process group is gloo
     # shellcheck disable=SC2016  # WEFT_RANK is expanded by each rank's shell
-    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=300 WEFT_WAIT_TIMEOUT=300 run_logged "python: world $n ${share[*]}" \
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=${PYTHON_WAIT_S:-300} \
+      WEFT_WAIT_TIMEOUT=${PYTHON_WAIT_S:-300} run_logged "python: world $n ${share[*]}" \
       "python_world$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 1500 -- bash -c \
-      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
+      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
     grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
   done
 fi
@@ -461,6 +464,20 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
     else
       note "torch SDPA decode" "not run: python3 has no torch here"
     fi
+  done
+fi
+
+if has ep; then  # MoE expert parallelism: weft-bench ep at world 1, then its GPU tests at world 1, 2, 4, 8 (sharing)
+  # DeepEP's normal-mode shape: 4096 tokens, hidden 7168, top-8 of 256 (weft-bench's defaults).
+  run_logged "weft-bench ep, world 1" ep_bench_w1.txt "$BUILD/weftrun" -n 1 --timeout 300 -- "$BUILD/weft-bench" ep \
+    --check --samples 30
+  grep -vE '^\[weft-bench\]' "$OUT/ep_bench_w1.txt"
+  for n in 1 2 4 8; do
+    share=()
+    [ "$GPUS" -ge "$n" ] || share=(--share-gpu)
+    run_logged "EP tests, world $n ${share[*]}" "ep_tests_w$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --tag-output \
+      --timeout 600 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter='ExpertParallel*'
+    grep -E "^\[rank 0\] \[ +(OK|FAILED|PASSED) +\]|Failure" "$OUT/ep_tests_w$n.log" | head -n 20
   done
 fi
 

@@ -1,5 +1,6 @@
 // module.cpp - weft._C: initialisation over torch.distributed's rendezvous, and symmetric tensors.
-// The ops themselves are dispatcher ops (ops.cpp); this module holds what is not an op.
+// The ops themselves are dispatcher ops (ops.cpp); this module holds what is not an op,
+// and the expert-parallel classes (ep.cpp).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -27,6 +28,7 @@ namespace py = pybind11;
 namespace weft_torch {
 
 extern std::shared_ptr<Runtime> g_runtime;
+void bind_ep(py::module_& m);  // ep.cpp: the expert-parallel classes
 
 namespace {
 
@@ -171,5 +173,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("in_heap", &tensor_in_heap);
   m.def("peer_view", &peer_view);
   m.def("info", &info);
+  bind_ep(m);
   m.attr("torch_version") = WEFT_TORCH_VERSION;
 }

@@ -36,12 +36,6 @@ namespace {
 
 // ---- argument checks: each names the op, the argument and what was expected ----
 
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
-
 weft::DType to_weft(at::ScalarType t, const char* op, const char* arg, bool bf16_only) {
   if (t == at::kBFloat16) return weft::DType::bf16;
   TORCH_CHECK_TYPE(!bf16_only, "weft.", op, ": argument '", arg, "' must be torch.bfloat16, got ", t);
@@ -49,19 +43,6 @@ weft::DType to_weft(at::ScalarType t, const char* op, const char* arg, bool bf16
   if (t == at::kFloat) return weft::DType::fp32;
   TORCH_CHECK_TYPE(false, "weft.", op, ": argument '", arg,
                    "' must be torch.bfloat16, torch.float16 or torch.float32, got ", t);
-}
-
-void check_device(const char* op, const char* arg, const at::Tensor& t, Runtime& rt) {
-  TORCH_CHECK_VALUE(t.defined(), "weft.", op, ": argument '", arg, "' is undefined");
-  TORCH_CHECK_VALUE(t.is_cuda() && t.get_device() == rt.device(), "weft.", op, ": argument '", arg,
-                    "' must be on cuda:", rt.device(), " (this rank's GPU, as weft.init chose it), but it is on ",
-                    t.device());
-}
-
-void check_contiguous(const char* op, const char* arg, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.is_contiguous(), "weft.", op, ": argument '", arg,
-                    "' must be contiguous (call .contiguous() first); it has shape ", shape_of(t), " and strides ",
-                    t.strides());
 }
 
 void check_sum(const char* op, c10::string_view reduce_op) {
@@ -79,24 +60,6 @@ void check_group_size(const char* op, int64_t group_size, Runtime& rt) {
   TORCH_CHECK_VALUE(group_size == rt.ctx().world_size(), "weft.", op, ": argument 'group_size' is ", group_size,
                     ", but weft's group has ", rt.ctx().world_size(), " ranks");
 }
-
-/// A plan's key, built on every call: appends and std::to_string, without the
-/// ostringstream of weft::str, whose construction alone is a sizeable share
-/// of a small collective's host time.
-inline void key_part(std::string& key, std::string_view s) { key += s; }
-template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-void key_part(std::string& key, I v) {
-  key += std::to_string(v);
-}
-template <class... Parts>
-std::string plan_key(const Parts&... parts) {
-  std::string key;
-  key.reserve(64);
-  (key_part(key, parts), ...);
-  return key;
-}
-
-cudaStream_t current_stream(Runtime& rt) { return at::cuda::getCurrentCUDAStream(rt.device()).stream(); }
 
 void copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t stream) {
   WEFT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));

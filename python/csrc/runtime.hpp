@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
@@ -13,7 +14,10 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "weft/core/error.hpp"
@@ -101,6 +105,46 @@ inline bool capturing(cudaStream_t stream) {
 inline bool in_heap(Runtime& rt, const at::Tensor& t) {
   return rt.ctx().heap().contains(t.data_ptr(), std::max<std::uint64_t>(t.nbytes(), 1));
 }
+
+// ---- shared by the ops (ops.cpp) and the expert-parallel classes (ep.cpp) ----
+
+inline std::string shape_of(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+/// Argument checks: each names the op, the argument and what was expected.
+inline void check_device(const char* op, const char* arg, const at::Tensor& t, Runtime& rt) {
+  TORCH_CHECK_VALUE(t.defined(), "weft.", op, ": argument '", arg, "' is undefined");
+  TORCH_CHECK_VALUE(t.is_cuda() && t.get_device() == rt.device(), "weft.", op, ": argument '", arg,
+                    "' must be on cuda:", rt.device(), " (this rank's GPU, as weft.init chose it), but it is on ",
+                    t.device());
+}
+
+inline void check_contiguous(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.is_contiguous(), "weft.", op, ": argument '", arg,
+                    "' must be contiguous (call .contiguous() first); it has shape ", shape_of(t), " and strides ",
+                    t.strides());
+}
+
+/// A plan's key, built on every call: appends and std::to_string, without the
+/// ostringstream of weft::str, whose construction alone is a sizeable share
+/// of a small collective's host time.
+inline void key_part(std::string& key, std::string_view s) { key += s; }
+template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+void key_part(std::string& key, I v) {
+  key += std::to_string(v);
+}
+template <class... Parts>
+std::string plan_key(const Parts&... parts) {
+  std::string key;
+  key.reserve(64);
+  (key_part(key, parts), ...);
+  return key;
+}
+
+inline cudaStream_t current_stream(Runtime& rt) { return at::cuda::getCurrentCUDAStream(rt.device()).stream(); }
 
 /// Runs `body`, turning a weft::Error into a torch error that names the op.
 template <class F>

@@ -15,6 +15,10 @@ first call builds the operator's plan, collectively). Tensors outside the
 symmetric heap are accepted: where an operator needs its operands in the heap,
 they are staged through a heap buffer the plan owns (a device copy each way);
 tensors from ``weft.empty`` / ``weft.zeros`` skip that copy.
+
+``weft.ExpertParallel`` and ``weft.ExpertParallelLowLatency`` dispatch MoE
+tokens to the ranks of their experts and combine the experts' outputs
+(``weft.nn.ExpertParallelMoE`` is a Mixtral-style block on them).
 """
 
 import torch  # loads the torch libraries the extension links against
@@ -35,6 +39,7 @@ if _C.torch_version != torch.__version__.split("+")[0]:
     )
 
 from . import _meta  # noqa: E402,F401  (fake implementations of torch.ops.weft.*)
+from ._ep import ExpertParallel, ExpertParallelLowLatency  # noqa: E402
 from ._runtime import (  # noqa: E402
     empty,
     group_name,
@@ -50,6 +55,8 @@ from ._runtime import (  # noqa: E402
 )
 
 __all__ = [
+    "ExpertParallel",
+    "ExpertParallelLowLatency",
     "empty",
     "group_name",
     "in_heap",

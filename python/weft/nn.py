@@ -17,16 +17,22 @@ Sharding as Megatron-LM and vLLM do it, over weft's group of W ranks:
 
 Weights are bf16 (the fused kernels' type). `from_linear` shards an existing
 nn.Linear; `load_full_weight` takes a full checkpoint tensor.
+
+And expert parallelism: ExpertParallelMoE, Mixtral's sparse MoE block with
+the E experts spread over the W ranks (E / W each), tokens dispatched to
+their experts' ranks and the outputs combined back (weft.ExpertParallel).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
+import itertools
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from . import _runtime
+from . import _ep, _runtime
 
 
 def _split(n: int, w: int, what: str) -> int:
@@ -143,3 +149,133 @@ class TensorParallelMLP(torch.nn.Module):
         else:
             g, u = F.linear(x, self.gate.weight), F.linear(x, self.up.weight)
         return self.down(F.silu(g) * u)
+
+
+# ---- expert parallelism ----------------------------------------------------------------------------
+
+
+def mixtral_route(logits: torch.Tensor, top_k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Mixtral's routing of router logits [T, E]: softmax in float32, the top_k
+    experts, their weights renormalised to sum to 1. Returns (topk_idx [T, k]
+    int64, topk_weights [T, k] float32), as ExpertParallel.dispatch takes
+    them (Mixtral then rounds the weights to the activations' dtype; combine
+    takes them in float32)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, idx = torch.topk(probs, top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return idx.contiguous(), weights.contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _grouped_mm_runs_on(device: torch.device) -> bool:
+    return (hasattr(torch, "_grouped_mm") and device.type == "cuda"
+            and torch.cuda.get_device_capability(device) >= (9, 0))
+
+
+def expert_swiglu(x: torch.Tensor, expert_rows: Sequence[int], w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor,
+                  *, grouped: Optional[bool] = None) -> torch.Tensor:
+    """The local experts' SwiGLU FFN over their contiguous rows of x [R, H]:
+    rows [o_e, o_e + expert_rows[e]) go through expert e, y = w2[e] (silu(w1[e] x)
+    * w3[e] x), with w1, w3 [experts, F, H] and w2 [experts, H, F]. Returns [R, H].
+
+    grouped=None picks torch._grouped_mm (int32 cumulative row offsets) where
+    it runs, bf16 on a GPU of compute capability 9.0 or newer with F a multiple
+    of 8 (16-byte rows): three kernels for all experts, whatever their number
+    and however the rows fall, and no host loop. Elsewhere a loop over the
+    experts, three GEMMs each (an expert with no rows costs nothing)."""
+    if len(expert_rows) != w1.shape[0]:
+        raise ValueError(f"weft.nn.expert_swiglu: argument 'expert_rows' must have one count per expert "
+                         f"({w1.shape[0]}), got {len(expert_rows)}")
+    if sum(expert_rows) != x.shape[0]:
+        raise ValueError(f"weft.nn.expert_swiglu: argument 'expert_rows' must sum to x's rows ({x.shape[0]}), got "
+                         f"{sum(expert_rows)}")
+    if grouped is None:
+        grouped = x.dtype == torch.bfloat16 and w1.shape[1] % 8 == 0 and _grouped_mm_runs_on(x.device)
+    if x.shape[0] == 0:
+        return x.new_empty(0, w2.shape[1])
+    if grouped:
+        offs = torch.tensor(list(itertools.accumulate(expert_rows)), dtype=torch.int32, device=x.device)
+        h = F.silu(torch._grouped_mm(x, w1.transpose(1, 2), offs=offs)) * torch._grouped_mm(x, w3.transpose(1, 2),
+                                                                                            offs=offs)
+        return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+    out = x.new_empty(x.shape[0], w2.shape[1])
+    start = 0
+    for e, n in enumerate(expert_rows):
+        if n:
+            xe = x[start:start + n]
+            out[start:start + n] = F.linear(F.silu(F.linear(xe, w1[e])) * F.linear(xe, w3[e]), w2[e])
+        start += n
+    return out
+
+
+class ExpertParallelMoE(torch.nn.Module):
+    """Mixtral's sparse MoE block under expert parallelism (forward only).
+
+    router: gate = nn.Linear(hidden, E, no bias), the same on every rank;
+    mixtral_route picks each token's top_k experts and weights. The tokens
+    go to their experts' ranks (weft.ExpertParallel.dispatch), this rank's
+    E / W experts run their SwiGLU FFN over their contiguous rows
+    (expert_swiglu), and the outputs come back weighted and summed
+    (combine). Rank r holds experts [r E / W, (r + 1) E / W): w1, w3
+    [E / W, ffn, hidden] (gate and up projections), w2 [E / W, hidden, ffn].
+    Each rank passes its own tokens, [..., hidden] bf16, at most max_tokens
+    of them; forward is collective (every rank calls it, with any number of
+    tokens, zero included).
+    """
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, max_tokens: int, *, max_sms: int = 0,
+                 device=None):
+        super().__init__()
+        self.world = _runtime.world_size()
+        self.rank = _runtime.rank()
+        self.hidden, self.ffn, self.num_experts, self.top_k = hidden, ffn, num_experts, top_k
+        self.local_experts = _split(num_experts, self.world, "ExpertParallelMoE: num_experts")
+        self.first_expert = self.rank * self.local_experts
+        device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+        dtype = torch.bfloat16  # the type dispatch and combine move
+        self.gate = torch.nn.Linear(hidden, num_experts, bias=False, dtype=dtype, device=device)
+        self.gate.weight.requires_grad_(False)
+        shape_up, shape_down = (self.local_experts, ffn, hidden), (self.local_experts, hidden, ffn)
+        self.w1 = torch.nn.Parameter(torch.empty(shape_up, dtype=dtype, device=device), requires_grad=False)
+        self.w3 = torch.nn.Parameter(torch.empty(shape_up, dtype=dtype, device=device), requires_grad=False)
+        self.w2 = torch.nn.Parameter(torch.empty(shape_down, dtype=dtype, device=device), requires_grad=False)
+        self.ep = _ep.ExpertParallel(num_experts, hidden, top_k, max_tokens, max_sms=max_sms)
+
+    @classmethod
+    def from_dense(cls, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, top_k: int,
+                   max_tokens: int, *, max_sms: int = 0) -> "ExpertParallelMoE":
+        """From every expert's weights (gate_weight [E, hidden]; w1, w3 [E, ffn,
+        hidden]; w2 [E, hidden, ffn]; any device): keeps the router and this
+        rank's E / W experts."""
+        num_experts, ffn, hidden = w1.shape
+        m = cls(hidden, ffn, num_experts, top_k, max_tokens, max_sms=max_sms)
+        m.load_full_weights(gate_weight, w1, w3, w2)
+        return m
+
+    @torch.no_grad()
+    def load_full_weights(self, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                          w2: torch.Tensor) -> None:
+        """Takes the router and this rank's experts from every expert's weights."""
+        e, f, h = self.num_experts, self.ffn, self.hidden
+        for name, t, want in (("gate_weight", gate_weight, (e, h)), ("w1", w1, (e, f, h)), ("w3", w3, (e, f, h)),
+                              ("w2", w2, (e, h, f))):
+            if tuple(t.shape) != want:
+                raise ValueError(f"weft.nn.ExpertParallelMoE.load_full_weights: argument '{name}' must have shape "
+                                 f"{list(want)}, got {list(t.shape)}")
+        mine = slice(self.first_expert, self.first_expert + self.local_experts)
+        self.gate.weight.copy_(gate_weight)
+        self.w1.copy_(w1[mine])
+        self.w3.copy_(w3[mine])
+        self.w2.copy_(w2[mine])
+
+    def route(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(topk_idx, topk_weights) of x [T, hidden]: the router, then mixtral_route."""
+        return mixtral_route(self.gate(x), self.top_k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, self.hidden).contiguous()
+        topk_idx, topk_weights = self.route(tokens)
+        recv_x, _, expert_rows, handle = self.ep.dispatch(tokens, topk_idx, topk_weights)
+        y = expert_swiglu(recv_x, expert_rows, self.w1, self.w3, self.w2)
+        return self.ep.combine(y, handle).view(shape)
