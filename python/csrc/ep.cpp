@@ -2,7 +2,7 @@
 // dispatch and combine (weft/ops/ep.hpp) for torch tensors, behind
 // weft.ExpertParallel / weft.ExpertParallelLowLatency (weft/_ep.py).
 //
-// Classes of this module rather than torch.ops: a plan is a stateful object
+// Classes of this module rather than torch.ops [0059]: a plan is a stateful object
 // (calls go layout -> dispatch -> combine, with a handle in between), the
 // throughput mode reads its counts on the host and sizes its outputs from
 // them (shapes that a fake kernel cannot know, and a host synchronisation
