@@ -495,6 +495,9 @@ TEST(BenchArgs, EpTakesItsShapeAndNamesABadOne) {
   EXPECT_EQ(d.ep_hidden, 7168);
   EXPECT_EQ(d.ep_topk, 8);
   EXPECT_EQ(d.ep_experts, 256);
+  EXPECT_EQ(d.ep_ll_tokens, 128);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "ep", "--ll-tokens", "0"}).ep_ll_tokens, 0);
+  EXPECT_NE(error_of({"ep", "--ll-tokens", "4097"}).find("--ll-tokens expects a whole number from 0"), std::string::npos);
   const BenchArgs a =
       parse_bench_args({"weft-bench", "ep", "--tokens", "128", "--hidden", "2048", "--topk", "2", "--experts", "64",
                         "--max-sms", "16", "--check"});

@@ -11,10 +11,16 @@
 //   - routings: uniform, skewed (half of all tokens to expert 0), -1 entries,
 //     a rank with no tokens, T = 1, T a multiple of nothing, k = 1, 2, 8,
 //     E = 8, 64, 256, hidden 2048, 4096, 7168;
+//   - fp8 dispatch bitwise: e4m3 rows and a float scale per 128 channels
+//     moved as given (throughput mode) or cast from bf16 (low-latency mode);
+//   - 10,000 calls with fresh routings, each equal to its case's checked
+//     result (both modes; the low-latency mode's graph replayed 2,500 times);
 //   - bad input: expert ids out of range or twice (named on every rank,
 //     with rank, token and slot), ranks disagreeing on E, hidden not a
 //     multiple of 8, calls out of order.
 // Outputs are poisoned before every call.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -284,7 +290,13 @@ int experts_for(int e, int world) { return e % world == 0 ? e : e * world; }
 
 }  // namespace
 
-TEST(ExpertParallel, DispatchBitwiseAndCombineWithinBf16OnEveryRouting) {
+namespace {
+// Runs `round` (one call on a plan: "" if right, else what was wrong) on every
+// shape of issue 32's list (E = 8, 64, 256; k = 1, 2, 8; hidden 2048, 4096,
+// 7168), each under every routing, with ragged token counts (a rank with none,
+// one with one token, sizes that are multiples of nothing), a seed each.
+template <class Round>
+void on_every_routing(std::uint64_t seed, Round round) {
   const int world = ctx().world_size();
   struct Shape {
     int experts, k, hidden;
@@ -292,7 +304,6 @@ TEST(ExpertParallel, DispatchBitwiseAndCombineWithinBf16OnEveryRouting) {
   };
   const Shape shapes[] = {{64, 8, 2048, 37, 61},  {8, 2, 4096, 137, 29},   {256, 1, 7168, 53, 31},
                           {256, 8, 7168, 11, 7},  {64, 2, 2048, 301, 97}};
-  std::uint64_t seed = 1;
   for (const Shape& sh : shapes) {
     const int E = experts_for(sh.experts, world);
     ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = sh.hidden, .top_k = sh.k,
@@ -301,7 +312,7 @@ TEST(ExpertParallel, DispatchBitwiseAndCombineWithinBf16OnEveryRouting) {
       Case c{E, sh.k, sh.hidden, how, ragged_tokens(world, sh.base, sh.step), seed++};
       std::string error;
       try {
-        error = run_round(plan, c, true).error;
+        error = round(plan, c);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -309,6 +320,112 @@ TEST(ExpertParallel, DispatchBitwiseAndCombineWithinBf16OnEveryRouting) {
       EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
     }
   }
+}
+}  // namespace
+
+TEST(ExpertParallel, DispatchBitwiseAndCombineWithinBf16OnEveryRouting) {
+  on_every_routing(1, [](ExpertParallel& plan, const Case& c) { return run_round(plan, c, true).error; });
+}
+
+namespace {
+// Byte c of source s's fp8 token t: 0 = s, 1 = t % 256, 2 = t / 256, the rest
+// seeded bits (movement is checked bit for bit, so any byte will do).
+std::uint8_t fp8_payload(std::uint64_t seed, int s, std::int64_t t, int c) {
+  if (c == 0) return static_cast<std::uint8_t>(s);
+  if (c == 1) return static_cast<std::uint8_t>(t % 256);
+  if (c == 2) return static_cast<std::uint8_t>(t / 256);
+  return static_cast<std::uint8_t>(mix(seed ^ mix((static_cast<std::uint64_t>(s) << 40) ^
+                                                  (static_cast<std::uint64_t>(t) << 16) ^ static_cast<std::uint64_t>(c))));
+}
+// Scale b of source s's token t: a seeded float whose bits name (s, t, b).
+float fp8_scale(std::uint64_t seed, int s, std::int64_t t, int b) {
+  return static_cast<float>(s * 1000003 + t * 131 + b) + static_cast<float>(mix(seed + b) % 1000) / 1024.f;
+}
+
+// One layout -> dispatch_fp8 round: recv_x's bytes, recv_scales and recv_weights bitwise ("" if right).
+std::string run_fp8_round(ExpertParallel& plan, const Case& c) {
+  const int world = ctx().world_size(), me = ctx().rank(), H = c.hidden, k = c.k, S = c.hidden / 128;
+  cudaStream_t st = test::stream();
+  std::vector<Source> srcs;
+  for (int s = 0; s < world; ++s) srcs.push_back(make_source(c, s));
+  const Source& mine = srcs[me];
+  std::vector<std::uint8_t> x(static_cast<std::size_t>(mine.tokens) * H);
+  std::vector<float> xs(static_cast<std::size_t>(mine.tokens) * S);
+  for (std::int64_t t = 0; t < mine.tokens; ++t) {
+    for (int ch = 0; ch < H; ++ch) x[t * H + ch] = fp8_payload(c.seed, me, t, ch);
+    for (int b = 0; b < S; ++b) xs[t * S + b] = fp8_scale(c.seed, me, t, b);
+  }
+  std::int64_t* d_topk = device_copy(mine.topk);
+  float* d_w = device_copy(mine.weights);
+  std::uint8_t* d_x = device_copy(x);
+  float* d_xs = device_copy(xs);
+  const EpHandle h = plan.layout(d_topk, mine.tokens, st);
+  const std::vector<RecvRow> rows = expected_rows(c, srcs, me, world);
+  const std::size_t n = rows.size();
+  std::string error = h.recv_rows == static_cast<std::int64_t>(n) ? "" : str("recv_rows ", h.recv_rows, ", expected ", n);
+  std::uint8_t* d_recv = nullptr;
+  float *d_rs = nullptr, *d_rw = nullptr;
+  WEFT_CUDA(cudaMalloc(&d_recv, std::max<std::size_t>(n, 1) * H));
+  WEFT_CUDA(cudaMalloc(&d_rs, std::max<std::size_t>(n, 1) * S * 4));
+  WEFT_CUDA(cudaMalloc(&d_rw, std::max<std::size_t>(n, 1) * 4));
+  WEFT_CUDA(cudaMemsetAsync(d_recv, 0xA5, std::max<std::size_t>(n, 1) * H, st));  // poison
+  WEFT_CUDA(cudaMemsetAsync(d_rs, 0xA5, std::max<std::size_t>(n, 1) * S * 4, st));
+  WEFT_CUDA(cudaMemsetAsync(d_rw, 0xA5, std::max<std::size_t>(n, 1) * 4, st));
+  plan.dispatch_fp8(h, d_x, d_xs, d_w, d_recv, d_rs, d_rw, st);
+  const auto recv = host_copy(d_recv, n * H, st);
+  const auto rs = host_copy(d_rs, n * S, st);
+  const auto rw = host_copy(d_rw, n, st);
+  for (std::size_t i = 0; i < n && error.empty(); ++i) {
+    const RecvRow& r = rows[i];
+    for (int ch = 0; ch < H && error.empty(); ++ch)
+      if (recv[i * H + ch] != fp8_payload(c.seed, r.src, r.token, ch))
+        error = str("recv_x row ", i, " byte ", ch, ": ", int{recv[i * H + ch]}, ", expected source ", r.src, " token ",
+                    r.token, "'s ", int{fp8_payload(c.seed, r.src, r.token, ch)}, " (row holds source ", int{recv[i * H]},
+                    " token ", recv[i * H + 1] + 256 * recv[i * H + 2], ")");
+    for (int b = 0; b < S && error.empty(); ++b) {
+      const float want = fp8_scale(c.seed, r.src, r.token, b);
+      if (std::memcmp(&rs[i * S + b], &want, 4) != 0)
+        error = str("recv_scales row ", i, " scale ", b, ": ", rs[i * S + b], ", expected ", want);
+    }
+    const float w = srcs[r.src].weights[r.token * k + r.slot];
+    if (error.empty() && std::memcmp(&rw[i], &w, 4) != 0) error = str("recv_weights row ", i, ": ", rw[i], ", expected ", w);
+  }
+  cudaFree(d_topk);
+  cudaFree(d_w);
+  cudaFree(d_x);
+  cudaFree(d_xs);
+  cudaFree(d_recv);
+  cudaFree(d_rs);
+  cudaFree(d_rw);
+  return error;
+}
+}  // namespace
+
+// fp8 e4m3 dispatch with a float scale per 128 channels: the rows, scales and
+// weights arrive bit for bit, on the same routings as bf16; a bf16 round on
+// the same plan afterwards is still right; a hidden size that is not a
+// multiple of 128 is refused, naming it.
+TEST(ExpertParallel, Fp8DispatchMovesRowsAndScalesBitwise) {
+  const int world = ctx().world_size();
+  on_every_routing(300, [](ExpertParallel& plan, const Case& c) {
+    std::string error = run_fp8_round(plan, c);
+    Case bf16 = c;
+    bf16.seed += 100000;  // then a bf16 round with other inputs, on the same plan
+    if (error.empty()) error = run_round(plan, bf16, true).error;
+    return error;
+  });
+  ExpertParallel odd(test::ctx_ptr(), {.experts = experts_for(8, world), .hidden = 200, .top_k = 2, .max_tokens = 4});
+  std::vector<std::int64_t> topk = {0, 1, 1, 0};
+  std::int64_t* d_topk = device_copy(topk);
+  std::string refused;
+  try {
+    const EpHandle h = odd.layout(d_topk, 2, test::stream());
+    odd.dispatch_fp8(h, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, test::stream());
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  cudaFree(d_topk);
+  EXPECT_NE(refused.find("hidden = 200 must be a multiple of 128"), std::string::npos) << refused;
 }
 
 TEST(ExpertParallel, OneTokenPerRankAndEveryRankRoutingTokens) {
@@ -365,6 +482,112 @@ TEST(ExpertParallel, BackToBackCallsWithFreshRoutingsNeedNoReset) {
   EXPECT_EQ(error, "");
   EXPECT_TRUE(test::all_ranks(error.empty()));
   EXPECT_GT(plan.recv_capacity(), 16);
+}
+
+namespace {
+// One routing case of the soak below, its inputs on the device and its expected results.
+struct SoakCase {
+  Case c;
+  std::int64_t tokens = 0, rows = 0;
+  std::int64_t* topk = nullptr;
+  float* w = nullptr;
+  std::uint16_t *x = nullptr, *y = nullptr;
+  std::vector<std::uint16_t> recv;  // recv_x's expected bits, [rows][H]
+  std::vector<std::uint16_t> out;   // combine's bits from the checked first call, [T][H]
+};
+
+SoakCase soak_case(const Case& c) {
+  const int world = ctx().world_size(), me = ctx().rank(), H = c.hidden, per = c.experts / world;
+  SoakCase sc;
+  sc.c = c;
+  std::vector<Source> srcs;
+  for (int s = 0; s < world; ++s) srcs.push_back(make_source(c, s));
+  const Source& mine = srcs[me];
+  sc.tokens = mine.tokens;
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(mine.tokens) * H);
+  for (std::int64_t t = 0; t < mine.tokens; ++t)
+    for (int ch = 0; ch < H; ++ch) x[t * H + ch] = payload(c.seed, me, t, ch);
+  const std::vector<RecvRow> rows = expected_rows(c, srcs, me, world);
+  sc.rows = static_cast<std::int64_t>(rows.size());
+  sc.recv.resize(rows.size() * H);
+  std::vector<std::uint16_t> y(rows.size() * H);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (int ch = 0; ch < H; ++ch) {
+      sc.recv[i * H + ch] = payload(c.seed, rows[i].src, rows[i].token, ch);
+      y[i * H + ch] = expert_out(c, rows[i].src, rows[i].token, ch, me * per + rows[i].local_expert);
+    }
+  sc.topk = device_copy(mine.topk);
+  sc.w = device_copy(mine.weights);
+  sc.x = device_copy(x);
+  sc.y = device_copy(y);
+  return sc;
+}
+}  // namespace
+
+// Issue 32's soak: 10,000 layout -> dispatch -> combine calls on one plan, the
+// routing changing every call (eight cases in turn: uniform, skewed, -1
+// entries; a rank with no tokens, one token, sizes that are multiples of
+// nothing), with no reset between them. Every call's recv_x must equal its
+// case's expected bits, and its combine the bits of the case's first call,
+// which run_round checked against float64. The mode reads the layout's counts
+// on the host, so it has no graph replay (DeepEP's normal mode neither): the
+// low-latency soak below replays graphs.
+TEST(ExpertParallel, TenThousandCallsWithFreshRoutingsEqualTheirCheckedResults) {
+  const int world = ctx().world_size(), H = 256, k = 4, calls = 10000;
+  const int E = experts_for(32, world);
+  ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = H, .top_k = k, .max_tokens = 64});
+  cudaStream_t st = test::stream();
+  std::vector<SoakCase> cases;
+  std::string error;
+  for (int i = 0; i < 8; ++i) {
+    Case c{E, k, H, static_cast<Routing>(i % 3),
+           i < 4 ? ragged_tokens(world, 5 + 7 * i, 3) : std::vector<std::int64_t>(world, 64 - i), 7000u + i};  // <= 64
+    cases.push_back(soak_case(c));
+    try {
+      Result first = run_round(plan, c, true);  // dispatch bitwise, combine against float64
+      if (error.empty() && !first.error.empty()) error = str("case ", i, " (", describe(c), "): ", first.error);
+      cases.back().out = std::move(first.out);
+    } catch (const std::exception& e) {
+      if (error.empty()) error = str("case ", i, ": ", e.what());
+    }
+  }
+  const std::int64_t max_rows = std::max_element(cases.begin(), cases.end(), [](auto& a, auto& b) {
+                                  return a.rows < b.rows;
+                                })->rows;
+  std::uint16_t *d_recv = nullptr, *d_out = nullptr;
+  WEFT_CUDA(cudaMalloc(&d_recv, std::max<std::int64_t>(max_rows, 1) * H * 2));
+  WEFT_CUDA(cudaMalloc(&d_out, 64 * H * 2));
+  int done = 0;
+  for (int i = 0; i < calls; ++i) {  // every rank makes every call, whatever it found: the calls are collective
+    SoakCase& sc = cases[i % cases.size()];
+    try {
+      WEFT_CUDA(cudaMemsetAsync(d_recv, 0xA5, std::max<std::int64_t>(sc.rows, 1) * H * 2, st));  // poison
+      WEFT_CUDA(cudaMemsetAsync(d_out, 0x5A, 64 * H * 2, st));
+      const EpHandle h = plan.layout(sc.topk, sc.tokens, st);
+      plan.dispatch(h, sc.x, sc.w, d_recv, nullptr, st);
+      plan.combine(h, sc.y, d_out, st);
+      const auto recv = host_copy(d_recv, static_cast<std::size_t>(sc.rows) * H, st);
+      const auto out = host_copy(d_out, static_cast<std::size_t>(sc.tokens) * H, st);
+      if (error.empty() && recv != sc.recv) error = str("call ", i, " (", describe(sc.c), "): recv_x differs bitwise");
+      if (error.empty() && out != sc.out)
+        error = str("call ", i, " (", describe(sc.c), "): combine differs bitwise from the checked first call");
+      ++done;
+    } catch (const std::exception& e) {
+      if (error.empty()) error = str("call ", i, ": ", e.what());
+      break;
+    }
+  }
+  cudaFree(d_recv);
+  cudaFree(d_out);
+  for (SoakCase& sc : cases) {
+    cudaFree(sc.topk);
+    cudaFree(sc.w);
+    cudaFree(sc.x);
+    cudaFree(sc.y);
+  }
+  EXPECT_EQ(done, calls);
+  EXPECT_EQ(error, "") << "rank " << ctx().rank();
+  EXPECT_TRUE(test::all_ranks(error.empty()));
 }
 
 namespace {
@@ -489,14 +712,39 @@ LlStep ll_step(const Case& c, int max_tokens) {
   return st;
 }
 
-// Checks what dispatch left in the plan's buffers against the step's expectation ("" if right).
+// What fp8 dispatch makes of source w's token t, block b (128 channels): the
+// scale and the e4m3 bytes, by the formula of ExpertParallelLowLatencyOptions::fp8_dispatch.
+float fp8_block(const Case& c, int w, std::int64_t t, int b, std::uint8_t* bytes) {
+  float v[128], amax = 0.f;
+  for (int i = 0; i < 128; ++i) {
+    v[i] = bf16_to_float(payload(c.seed, w, t, b * 128 + i));
+    amax = std::fmax(amax, std::fabs(v[i]));
+  }
+  amax = std::fmax(amax, 1e-4f);
+  const float inv = 448.f / amax;
+  for (int i = 0; i < 128; ++i) bytes[i] = __nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
+  return amax / 448.f;
+}
+
+// Checks what dispatch left in the plan's buffers against the step's expectation ("" if right):
+// bf16 rows bitwise, or with fp8_dispatch the e4m3 bytes and scales bitwise against fp8_block.
 std::string check_ll_dispatch(ExpertParallelLowLatency& ll, const Case& c, const LlStep& st, int max_tokens) {
-  const int world = ctx().world_size(), H = c.hidden, per = c.experts / world;
+  const int world = ctx().world_size(), H = c.hidden, per = c.experts / world, S = H / 128;
+  const bool fp8 = ll.options().fp8_dispatch;
+  const std::size_t rows_all = static_cast<std::size_t>(per) * world * max_tokens;
   cudaStream_t s = test::stream();
   const auto counts = host_copy(ll.recv_count(), static_cast<std::size_t>(per) * world, s);
-  const auto src = host_copy(ll.recv_source(), static_cast<std::size_t>(per) * world * max_tokens, s);
-  const auto recv = host_copy(static_cast<const std::uint16_t*>(ll.recv_x()),
-                              static_cast<std::size_t>(per) * world * max_tokens * H, s);
+  const auto src = host_copy(ll.recv_source(), rows_all, s);
+  std::vector<std::uint16_t> recv;
+  std::vector<std::uint8_t> recv8;
+  std::vector<float> scales;
+  if (fp8) {
+    recv8 = host_copy(static_cast<const std::uint8_t*>(ll.recv_x()), rows_all * H, s);
+    scales = host_copy(ll.recv_scales(), rows_all * S, s);
+  } else {
+    recv = host_copy(static_cast<const std::uint16_t*>(ll.recv_x()), rows_all * H, s);
+  }
+  std::uint8_t want[128];
   for (int le = 0; le < per; ++le)
     for (int w = 0; w < world; ++w) {
       const auto& rows = st.expected[le * world + w];
@@ -504,13 +752,26 @@ std::string check_ll_dispatch(ExpertParallelLowLatency& ll, const Case& c, const
         return str("local expert ", le, " from rank ", w, ": ", counts[le * world + w], " rows, expected ", rows.size());
       for (std::size_t p = 0; p < rows.size(); ++p) {
         const std::size_t row = (static_cast<std::size_t>(le) * world + w) * max_tokens + p;
-        if (src[row] != rows[p].first * 32 + rows[p].second)
-          return str("row ", row, ": source entry ", src[row], ", expected token ", rows[p].first, " slot ",
-                     rows[p].second);
-        for (int ch = 0; ch < H; ++ch)
-          if (recv[row * H + ch] != payload(c.seed, w, rows[p].first, ch))
-            return str("row ", row, " channel ", ch, ": bits ", recv[row * H + ch], ", expected rank ", w, " token ",
-                       rows[p].first, "'s ", payload(c.seed, w, rows[p].first, ch));
+        const std::int64_t t = rows[p].first;
+        if (src[row] != t * 32 + rows[p].second)
+          return str("row ", row, ": source entry ", src[row], ", expected token ", t, " slot ", rows[p].second);
+        if (!fp8) {
+          for (int ch = 0; ch < H; ++ch)
+            if (recv[row * H + ch] != payload(c.seed, w, t, ch))
+              return str("row ", row, " channel ", ch, ": bits ", recv[row * H + ch], ", expected rank ", w, " token ",
+                         t, "'s ", payload(c.seed, w, t, ch));
+          continue;
+        }
+        for (int b = 0; b < S; ++b) {
+          const float scale = fp8_block(c, w, t, b, want);
+          if (std::memcmp(&scales[row * S + b], &scale, 4) != 0)
+            return str("row ", row, " scale ", b, ": ", scales[row * S + b], ", expected ", scale, " (rank ", w,
+                       " token ", t, ")");
+          for (int i = 0; i < 128; ++i)
+            if (recv8[row * H + b * 128 + i] != want[i])
+              return str("row ", row, " channel ", b * 128 + i, ": e4m3 byte ", int{recv8[row * H + b * 128 + i]},
+                         ", expected ", int{want[i]}, " (rank ", w, " token ", t, ")");
+        }
       }
     }
   return "";
@@ -581,18 +842,21 @@ std::vector<std::int64_t> ll_tokens(int world, int max_tokens, std::uint64_t sal
 
 }  // namespace
 
-TEST(ExpertParallelLowLatency, DispatchBitwiseAndCombineWithinBf16) {
+namespace {
+// One checked low-latency step (dispatch bitwise, or its fp8 cast bit for bit;
+// combine against float64) on every shape (E = 8, 64, 256; k = 1, 2, 8; hidden
+// 2048, 4096, 7168) under every routing, with ragged token counts.
+void ll_on_every_routing(bool fp8, std::uint64_t seed) {
   const int world = ctx().world_size();
   struct Shape {
     int experts, k, hidden, max_tokens;
   };
   const Shape shapes[] = {{64, 8, 2048, 64}, {256, 8, 7168, 16}, {8, 2, 4096, 33}, {256, 1, 7168, 24}};
-  std::uint64_t seed = 500;
   cudaStream_t s = test::stream();
   for (const Shape& sh : shapes) {
     const int E = experts_for(sh.experts, world);
     ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = sh.hidden, .top_k = sh.k,
-                                                  .max_tokens = sh.max_tokens});
+                                                  .max_tokens = sh.max_tokens, .fp8_dispatch = fp8});
     for (Routing how : {Routing::uniform, Routing::skewed, Routing::with_none}) {
       Case c{E, sh.k, sh.hidden, how, ll_tokens(world, sh.max_tokens, seed), seed};
       ++seed;
@@ -616,6 +880,25 @@ TEST(ExpertParallelLowLatency, DispatchBitwiseAndCombineWithinBf16) {
       EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
     }
   }
+}
+}  // namespace
+
+TEST(ExpertParallelLowLatency, DispatchBitwiseAndCombineWithinBf16) { ll_on_every_routing(false, 500); }
+
+// fp8_dispatch: each token arrives cast to e4m3 with a scale per 128 channels,
+// bit for bit as the formula gives on the host; combine (bf16 outputs) is
+// unchanged; a hidden size that is not a multiple of 128 is refused by name.
+TEST(ExpertParallelLowLatency, Fp8DispatchCastsEachBlockOf128Channels) {
+  const int world = ctx().world_size();
+  ll_on_every_routing(true, 600);
+  std::string refused;
+  try {
+    ExpertParallelLowLatency odd(test::ctx_ptr(), {.experts = experts_for(8, world), .hidden = 200, .top_k = 2,
+                                                   .max_tokens = 4, .fp8_dispatch = true});
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  EXPECT_NE(refused.find("hidden = 200 must be a multiple of 128 for fp8_dispatch"), std::string::npos) << refused;
 }
 
 TEST(ExpertParallelLowLatency, GraphReplaysWithFreshRoutingsEqualEagerCalls) {
@@ -710,4 +993,85 @@ TEST(ExpertParallelLowLatency, BadInputIsNamed) {
   cudaFree(d_x);
   cudaFree(d_y);
   cudaFree(d_out);
+}
+
+// Issue 32's soak for the low-latency mode: 10,000 steps on one plan with no
+// reset, the routing changing every step (eight cases in turn; the first four
+// with ragged token counts, a rank with none and one with one, run eagerly;
+// the last four with max_tokens on every rank, replayed from one CUDA graph
+// every other time they come round: 2,500 replays). Each case's first eager
+// step is checked (dispatch bitwise, combine against float64); every later
+// step and every replay must equal it bit for bit.
+TEST(ExpertParallelLowLatency, TenThousandStepsAndGraphReplaysWithFreshRoutingsEqualCheckedResults) {
+  const int world = ctx().world_size(), M = 16, H = 256, k = 4, steps = 10000;
+  const int E = experts_for(16, world);
+  ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = H, .top_k = k, .max_tokens = M});
+  cudaStream_t s = test::stream();
+  struct Step {
+    Case c;
+    LlStep inputs;
+    std::vector<std::uint16_t> out;  // the checked first step's bits, [T][H]
+  };
+  std::vector<Step> cases;
+  for (int i = 0; i < 8; ++i) {
+    Case c{E, k, H, static_cast<Routing>(i % 3),
+           i < 4 ? ll_tokens(world, M, 4000 + i) : std::vector<std::int64_t>(world, M), 8000u + i};
+    cases.push_back({c, ll_step(c, M), {}});
+  }
+  LlBuffers b(cases[0].c, M, world);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::string error;
+  try {  // one step of M tokens per rank on b's buffers
+    WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ll.dispatch(b.topk, b.x, M, s);
+    ll.combine(b.y, b.topk, b.w, b.out, M, s);
+    WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+    WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  } catch (const std::exception& e) {
+    error = str("capture: ", e.what());
+  }
+  int replays = 0, done = 0;
+  // Every rank takes every step, whatever it found (the steps are collective); an exception ends the loop.
+  for (int i = 0; i < steps; ++i) {
+    Step& step = cases[i % cases.size()];
+    const std::int64_t T = step.c.tokens[ctx().rank()];
+    const bool replay = exec && i % 8 >= 4 && (i / 8) % 2 == 1;  // the same on every rank
+    std::string found;
+    try {
+      b.load(step.c, step.inputs, M);  // inputs, the output poisoned
+      if (replay) {
+        WEFT_CUDA(cudaGraphLaunch(exec, s));
+        ++replays;
+      } else {
+        ll.dispatch(b.topk, b.x, T, s);
+        ll.combine(b.y, b.topk, b.w, b.out, T, s);
+      }
+      const auto out = host_copy(b.out, static_cast<std::size_t>(T) * H, s);
+      if (step.out.empty()) {  // the case's first step: checked in full
+        found = check_ll_dispatch(ll, step.c, step.inputs, M);
+        if (found.empty()) found = check_ll_combine(step.c, step.inputs, out);
+        step.out = out;
+      } else if (out != step.out) {
+        found = str(replay ? "replay" : "eager step", " differs bitwise from the case's checked first step");
+      }
+      ++done;
+    } catch (const std::exception& e) {
+      found = e.what();
+      if (error.empty()) error = str("step ", i, " (", describe(step.c), "): ", found);
+      break;
+    }
+    if (error.empty() && !found.empty()) error = str("step ", i, " (", describe(step.c), "): ", found);
+  }
+  try {
+    ll.check_errors(s);
+  } catch (const std::exception& e) {
+    if (error.empty()) error = e.what();
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_EQ(error, "") << "rank " << ctx().rank();
+  EXPECT_EQ(done, steps);
+  EXPECT_EQ(replays, 2500);
+  EXPECT_TRUE(test::all_ranks(error.empty()));
 }

@@ -136,6 +136,10 @@ const OptionInfo kOptions[] = {
     {"--hidden", true, kEp, "--hidden H", "channels per token, bf16, a multiple of 8, 8 to 65536 (default 7168)"},
     {"--topk", true, kEp, "--topk K", "experts per token, 1 to 32, at most --experts (default 8)"},
     {"--experts", true, kEp, "--experts E", "experts over all ranks, a multiple of the world size, 1 to 1024 (default 256)"},
+    {"--ll-tokens", true, kEp, "--ll-tokens M",
+     "also time the low-latency mode (ExpertParallelLowLatency) at M tokens per rank, 0 to 4096:\n"
+     "dispatch and combine, bf16, and fp8 dispatch where H is a multiple of 128 (default 128,\n"
+     "DeepEP's low-latency shape; 0: skip)"},
     {"--shapes", true, kGemm, "--shapes LIST",
      "M,N,K;M,N,K... (also MxNxK), each dimension 1 to 16777216\n"
      "(default: the per-rank GEMMs of the tensor-parallel benchmark shapes)"},
@@ -586,6 +590,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--topk") args.ep_topk = parse_int(a, v, 1, 32);
     else if (a == "--experts" && op == "grouped_gemm") grouped_experts = parse_int(a, v, 1, 1 << 16);
     else if (a == "--experts") args.ep_experts = parse_int(a, v, 1, 1024);
+    else if (a == "--ll-tokens") args.ep_ll_tokens = static_cast<int>(parse_int(a, v, 0, 4096));
     else if (a == "--routing") args.routing = routing_name(parse_routing(v));
     else if (a == "--layout") args.b_layout = v;
     else if (a == "--k") k_value = one_dim(a, v);

@@ -58,6 +58,7 @@ struct BenchArgs {
   int ep_hidden = 7168;           ///< --hidden: channels per token (bf16)
   int ep_topk = 8;                ///< --topk: experts per token
   int ep_experts = 256;           ///< --experts: experts over all ranks
+  int ep_ll_tokens = 128;         ///< --ll-tokens: tokens per rank of the low-latency mode's timing (0: none)
   // decode only
   std::vector<DecodeCase> decode_cases;  ///< --cases (default: the shapes of docs/PERF.md's decode table)
   int splits = 0;                        ///< --splits: KV splits per (sequence, KV head) (0: the plan's choice)

@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -129,6 +130,32 @@ __global__ void error_vs_fp32_kernel(const T* a, const float* ref, std::uint64_t
 
 void fill_random(void* p, std::uint64_t bytes, std::uint64_t seed, cudaStream_t stream) {
   fill_kernel<<<grid_for(bytes), 256, 0, stream>>>(static_cast<unsigned char*>(p), bytes, seed);
+  WEFT_CUDA(cudaGetLastError());
+}
+
+namespace {
+__global__ void gather_rows_kernel(uint4* dst, const uint4* src, const std::int32_t* index, std::int64_t rows,
+                                   std::int64_t vecs) {
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps) {
+    const uint4* from = src + static_cast<std::int64_t>(index[r]) * vecs;
+    for (std::int64_t v = lane; v < vecs; v += 32) dst[r * vecs + v] = from[v];
+  }
+}
+}  // namespace
+
+void gather_rows(void* dst, const void* src, const std::int32_t* index, std::int64_t rows, std::int64_t row_bytes,
+                 cudaStream_t stream) {
+  if (rows <= 0) return;
+  WEFT_REQUIRE(row_bytes % 16 == 0, "gather_rows: row_bytes = ", row_bytes, " must be a multiple of 16");
+  int sms = 0, device = 0;
+  WEFT_CUDA(cudaGetDevice(&device));
+  WEFT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((rows + 7) / 8, 4 * sms));
+  gather_rows_kernel<<<blocks, 256, 0, stream>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), index,
+                                                 rows, row_bytes / 16);
   WEFT_CUDA(cudaGetLastError());
 }
 

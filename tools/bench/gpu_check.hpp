@@ -27,6 +27,11 @@ std::uint64_t count_mismatches_random(const void* p, std::uint64_t bytes, std::u
 void accumulate_mismatches_random(const void* p, std::uint64_t bytes, std::uint64_t seed,
                                   unsigned long long* mismatches, cudaStream_t stream);
 
+/// dst row i = src row index[i] for i < rows (rows of `row_bytes`, a multiple of 16; index int32
+/// on the device): the permutation around an all-to-all, as index_select does it. Asynchronous.
+void gather_rows(void* dst, const void* src, const std::int32_t* index, std::int64_t rows, std::int64_t row_bytes,
+                 cudaStream_t stream);
+
 /// Fills `count` elements of type `dtype` ("bf16", "fp16", "fp32") at `p` with
 /// values k / 2^m - 1 on a grid fine enough to be random yet exact in the type
 /// (m = 7, 10, 23), so a float64 reference and the GPU see the same inputs.

@@ -42,8 +42,12 @@ int main(int argc, char** argv) {
       opts.heap_bytes = std::uint64_t{256} << 20;
     } else if (args.op == "ep") {
       // The plan's staging at most every rank's tokens (rows and their meta records), the copy bound's sink.
+      // The low-latency plans (bf16 and fp8): receive rows for every expert's M tokens, their
+      // sources and scales, and each plan's combine buffer.
       const std::uint64_t t = args.ep_tokens, h = args.ep_hidden, k = args.ep_topk;
-      opts.heap_bytes = world * t * (2 * h + 4 * (2 + 2 * k)) + t * 2 * h + (std::uint64_t{256} << 20);
+      const std::uint64_t m = args.ep_ll_tokens, e = args.ep_experts;
+      opts.heap_bytes = world * t * (2 * h + 4 * (2 + 2 * k)) + t * 2 * h + e * m * (3 * h + h / 32 + 8) +
+                        2 * m * k * h * 2 + (std::uint64_t{256} << 20);
     } else if (bench::is_overlap_op(args.op)) {
       // The plan's gathered A or staging, the bench's symmetric output and
       // comparison buffers: a few times the largest matrix.

@@ -22,6 +22,8 @@
 //             stages the meta record only);
 //             receive: once every source's last block has signalled, a warp
 //             per staged token copies it to each of its recv_x rows.
+//             fp8 dispatch moves e4m3 rows (H bytes) and their H / 128 float
+//             scales, which follow the row inside its bf16-sized staging row.
 //   combine   (the rank's SM share, waits on every rank)
 //             reduce: a warp per staged token sums w x y over its pairs in
 //             slot order (fp32; row_sums.cuh keeps the next pair's loads in
@@ -67,6 +69,7 @@ constexpr int kMaxExperts = 1024;  // at most kExchangeThreads: the exchange sca
 static_assert(kMaxExperts <= kExchangeThreads, "the exchange scans one expert a thread");
 constexpr int kMaxTopK = 32;
 constexpr int kMaxWorld = 32;
+constexpr int kFp8ScaleBlock = 128;  // fp8 dispatch: channels per float scale (DeepEP's layout)
 constexpr int kRowTail = 8;  // after [E pairs][W tokens]: T, E, H, k, bad token, slot, code, value
 constexpr std::uint64_t kNoError = ~std::uint64_t{0};
 
@@ -265,14 +268,18 @@ __global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs
 
 struct MoveArgs {
   dev::World w;
-  int experts, world, k, hidden;
+  int experts, world, k, hidden;  // hidden sets the staging row: H bf16, 2H bytes
+  int row_vecs;                   // 16-byte vectors of a token's row in x and recv_x: H / 8 (bf16), H / 16 (fp8)
+  int scales;                     // fp8 dispatch: floats per token (H / 128), staged after its row; else 0
   std::int64_t tokens;       // this rank's T
   std::int64_t recv_tokens;  // tokens staged here
   std::int64_t self_lo, self_hi;  // staged rows of this rank's own tokens: meta only, data already in recv_x
   const std::int64_t* topk;  // [T][k]
   const float* weights;      // [T][k]
-  const uint4* x;            // [T][H] bf16
-  uint4* recv_x;             // [recv_rows][H] bf16
+  const uint4* x;            // [T][H] bf16, or fp8 e4m3
+  const float* x_scales;     // fp8: [T][H / 128]
+  uint4* recv_x;             // [recv_rows][H] bf16, or fp8 e4m3
+  float* recv_scales;        // fp8: [recv_rows][H / 128]
   float* recv_weights;       // [recv_rows] or null
   const uint4* y;            // combine: [recv_rows][H] bf16
   uint4* out;                // combine: [T][H] bf16
@@ -310,7 +317,12 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
   const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kEpWarps + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kEpWarps;
   const int W = a.world, E = a.experts, k = a.k, per = E / W, cols = E + W, mstride = 2 + 2 * k, me = a.w.rank;
-  const std::int64_t vecs = a.hidden / 8;  // 16-byte vectors per row
+  const std::int64_t vecs = a.row_vecs;     // 16-byte vectors of a token's row
+  const std::int64_t stride = a.hidden / 8;  // of a staging row (bf16): an fp8 row and its scales fit in one
+  // The fp8 scales of a token: a float per lane, after the row in its staging row.
+  auto copy_scales = [&](float* dst, const float* src) {
+    for (int c = lane; c < a.scales; c += 32) dst[c] = src[c];
+  };
 
   // Send: each token once to each of its ranks, ascending.
   for (std::int64_t t = warp0; t < a.tokens; t += warps) {
@@ -338,10 +350,13 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
         for (unsigned left = here; left != 0; left &= left - 1) {
           const std::int32_t prow = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
           dev::copy_warp(a.recv_x + static_cast<std::int64_t>(prow) * vecs, src, static_cast<std::size_t>(vecs) * 16);
+          if (a.scales)
+            copy_scales(a.recv_scales + static_cast<std::int64_t>(prow) * a.scales, a.x_scales + t * a.scales);
         }
       } else {
-        uint4* dst = a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * vecs;
+        uint4* dst = a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * stride;
         dev::copy_warp(dst, src, static_cast<std::size_t>(vecs) * 16);
+        if (a.scales) copy_scales(reinterpret_cast<float*>(dst + vecs), a.x_scales + t * a.scales);
       }
       std::int32_t* m = a.w.symm_at(a.meta, r) + static_cast<std::int64_t>(row) * mstride;
       if (owner == r) {
@@ -365,7 +380,14 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
     const std::int32_t prow = lane < n ? __ldcg(m + 2 + lane) : -1;
     if (a.recv_weights && lane < n) a.recv_weights[prow] = __int_as_float(__ldcg(m + 2 + k + lane));
     if (i >= a.self_lo && i < a.self_hi) continue;  // this rank's own tokens: placed by the send
-    const uint4* src = a.staging + i * vecs;
+    const uint4* src = a.staging + i * stride;
+    if (a.scales) {
+      const float* scales = reinterpret_cast<const float*>(src + vecs);
+      for (int p = 0; p < n; ++p) {
+        float* dst = a.recv_scales + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, prow, p)) * a.scales;
+        for (int c = lane; c < a.scales; c += 32) dst[c] = __ldcg(scales + c);
+      }
+    }
     // Every lane runs every iteration (the shuffles need the whole warp); four loads in flight.
     for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * 4) {
       const std::int64_t v = v0 + lane;
@@ -576,37 +598,60 @@ void ExpertParallel::check_handle(const EpHandle& h, const char* call, int stage
 
 void ExpertParallel::dispatch(const EpHandle& h, const void* x, const float* topk_weights, void* recv_x,
                               float* recv_weights, cudaStream_t stream) {
-  check_handle(h, "dispatch", 1);
-  WEFT_REQUIRE(tokens_ == 0 || (x && topk_weights), "ExpertParallel::dispatch: x and topk_weights are needed for ",
+  dispatch_rows(h, false, x, nullptr, topk_weights, recv_x, nullptr, recv_weights, stream);
+}
+
+void ExpertParallel::dispatch_fp8(const EpHandle& h, const void* x, const float* x_scales, const float* topk_weights,
+                                  void* recv_x, float* recv_scales, float* recv_weights, cudaStream_t stream) {
+  WEFT_REQUIRE(opt_.hidden % kFp8ScaleBlock == 0, "ExpertParallel::dispatch_fp8: hidden = ", opt_.hidden,
+               " must be a multiple of ", kFp8ScaleBlock, ": one scale per ", kFp8ScaleBlock, " channels");
+  WEFT_REQUIRE(tokens_ == 0 || x_scales, "ExpertParallel::dispatch_fp8: x_scales is null for ", tokens_, " tokens");
+  WEFT_REQUIRE(h.recv_rows == 0 || recv_scales, "ExpertParallel::dispatch_fp8: recv_scales is null for ", h.recv_rows,
+               " rows");
+  WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(x_scales) | reinterpret_cast<std::uintptr_t>(recv_scales)) % 4 == 0,
+               "ExpertParallel::dispatch_fp8: x_scales and recv_scales must be 4-byte aligned floats");
+  dispatch_rows(h, true, x, x_scales, topk_weights, recv_x, recv_scales, recv_weights, stream);
+}
+
+void ExpertParallel::dispatch_rows(const EpHandle& h, bool fp8, const void* x, const float* x_scales,
+                                   const float* topk_weights, void* recv_x, float* recv_scales, float* recv_weights,
+                                   cudaStream_t stream) {
+  const char* call = fp8 ? "dispatch_fp8" : "dispatch";
+  check_handle(h, call, 1);
+  WEFT_REQUIRE(tokens_ == 0 || (x && topk_weights), "ExpertParallel::", call, ": x and topk_weights are needed for ",
                tokens_, " tokens");
-  WEFT_REQUIRE(h.recv_rows == 0 || recv_x, "ExpertParallel::dispatch: recv_x is null for ", h.recv_rows, " rows");
+  WEFT_REQUIRE(h.recv_rows == 0 || recv_x, "ExpertParallel::", call, ": recv_x is null for ", h.recv_rows, " rows");
   WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(x) | reinterpret_cast<std::uintptr_t>(recv_x)) % 16 == 0,
-               "ExpertParallel::dispatch: x and recv_x must be 16-byte aligned");
-  if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel dispatch #", h.id));
+               "ExpertParallel::", call, ": x and recv_x must be 16-byte aligned");
+  if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel ", call, " #", h.id));
   const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
   std::int64_t self_lo = 0;  // this rank's own tokens come after those of lower ranks
   for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
-  MoveArgs a{ctx_->world(),
-             opt_.experts,
-             ctx_->world_size(),
-             opt_.top_k,
-             opt_.hidden,
-             tokens_,
-             h.recv_tokens,
-             self_lo,
-             self_lo + h.tokens_from[ctx_->rank()],
-             topk_,
-             topk_weights,
-             static_cast<const uint4*>(x),
-             static_cast<uint4*>(recv_x),
-             recv_weights,
-             nullptr,
-             nullptr,
-             staging_.as<uint4>(),
-             meta_.as<std::int32_t>(),
-             dispatch_signals_.flags(),
-             dispatch_signals_.launch_epoch(),
-             s};
+  MoveArgs a{.w = ctx_->world(),
+             .experts = opt_.experts,
+             .world = ctx_->world_size(),
+             .k = opt_.top_k,
+             .hidden = opt_.hidden,
+             .row_vecs = fp8 ? opt_.hidden / 16 : opt_.hidden / 8,
+             .scales = fp8 ? opt_.hidden / kFp8ScaleBlock : 0,
+             .tokens = tokens_,
+             .recv_tokens = h.recv_tokens,
+             .self_lo = self_lo,
+             .self_hi = self_lo + h.tokens_from[ctx_->rank()],
+             .topk = topk_,
+             .weights = topk_weights,
+             .x = static_cast<const uint4*>(x),
+             .x_scales = x_scales,
+             .recv_x = static_cast<uint4*>(recv_x),
+             .recv_scales = recv_scales,
+             .recv_weights = recv_weights,
+             .y = nullptr,
+             .out = nullptr,
+             .staging = staging_.as<uint4>(),
+             .meta = meta_.as<std::int32_t>(),
+             .flags = dispatch_signals_.flags(),
+             .epoch = dispatch_signals_.launch_epoch(),
+             .s = s};
   const std::int64_t work = std::max(tokens_, h.recv_tokens);
   const int grid = static_cast<int>(std::clamp<std::int64_t>((work + kEpWarps - 1) / kEpWarps, 1, blocks_));
   launch_pdl(dispatch_kernel, grid, kEpThreads, stream, a);
@@ -622,27 +667,31 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
                "ExpertParallel::combine: y and out must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel combine #", h.id));
   const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
-  MoveArgs a{ctx_->world(),
-             opt_.experts,
-             ctx_->world_size(),
-             opt_.top_k,
-             opt_.hidden,
-             tokens_,
-             h.recv_tokens,
-             0,
-             0,
-             topk_,
-             nullptr,
-             nullptr,
-             nullptr,
-             nullptr,
-             static_cast<const uint4*>(y),
-             static_cast<uint4*>(out),
-             staging_.as<uint4>(),
-             meta_.as<std::int32_t>(),
-             combine_signals_.flags(),
-             combine_signals_.launch_epoch(),
-             s};
+  MoveArgs a{.w = ctx_->world(),
+             .experts = opt_.experts,
+             .world = ctx_->world_size(),
+             .k = opt_.top_k,
+             .hidden = opt_.hidden,
+             .row_vecs = opt_.hidden / 8,
+             .scales = 0,
+             .tokens = tokens_,
+             .recv_tokens = h.recv_tokens,
+             .self_lo = 0,
+             .self_hi = 0,
+             .topk = topk_,
+             .weights = nullptr,
+             .x = nullptr,
+             .x_scales = nullptr,
+             .recv_x = nullptr,
+             .recv_scales = nullptr,
+             .recv_weights = nullptr,
+             .y = static_cast<const uint4*>(y),
+             .out = static_cast<uint4*>(out),
+             .staging = staging_.as<uint4>(),
+             .meta = meta_.as<std::int32_t>(),
+             .flags = combine_signals_.flags(),
+             .epoch = combine_signals_.launch_epoch(),
+             .s = s};
   const std::int64_t work = std::max(tokens_, h.recv_tokens);
   const int grid = static_cast<int>(std::clamp<std::int64_t>((work + kEpWarps - 1) / kEpWarps, 1, blocks_));
   launch_pdl(combine_kernel, grid, kEpThreads, stream, a);

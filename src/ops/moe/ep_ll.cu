@@ -5,7 +5,8 @@
 //            among this rank's earlier pairs of the same expert (a scan of
 //            the earlier rows: M x k entries at most), and writes the token
 //            into row (local expert, this rank, position) of each expert's
-//            owner, with its (token, slot) in recv_src. The grid's last block
+//            owner, with its (token, slot) in recv_src. With fp8_dispatch it
+//            writes the token cast to e4m3 and a scale per 128 channels. The grid's last block
 //            counts this rank's pairs per expert and sets each owner's flag
 //            (local expert, this rank) to (epoch << 32) | pairs.
 //   recv     (one block) waits for every (local expert, source) flag of this
@@ -25,7 +26,10 @@
 // source's combine buffer in combine n + 1 only after its recv n + 1 saw the
 // source's counts of n + 1, sent after the source's combine n had read the
 // buffer. Flags carry the epoch, so nothing is reset.
+#include <cuda_fp8.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "../kernel_util.cuh"
 #include "ep_layout.hpp"
@@ -46,17 +50,22 @@ constexpr int kRecvThreads = 1024;
 constexpr int kMaxExpertsLl = 1024;
 constexpr int kMaxTokensLl = 4096;
 constexpr std::uint64_t kNoErrorLl = ~std::uint64_t{0};
+constexpr int kFp8Block = 128;         // fp8 dispatch: channels per float scale (DeepEP's layout)
+constexpr float kE4m3Max = 448.f;      // the largest finite e4m3 value
+constexpr float kFp8MinAmax = 1e-4f;   // a block's amax floor, as DeepEP: an all-zero block gets a finite scale
 
 struct LlArgs {
   dev::World w;
   int experts, world, k, hidden, max_tokens;
+  bool fp8;                     // dispatch casts tokens to e4m3 (recv_x: bytes, recv_scales: floats)
   std::int64_t tokens;
   const std::int64_t* topk;     // [T][k]
   const float* weights;         // [T][k]
   const uint4* x;               // [T][H]
   const uint4* y;               // [per][W][M][H]
   uint4* out;                   // [T][H]
-  uint4* recv_x;                // symmetric [per][W][M][H]
+  uint4* recv_x;                // symmetric [per][W][M][H] bf16, or e4m3 bytes
+  float* recv_scales;           // fp8: symmetric [per][W][M][H / 128]
   std::int32_t* recv_src;       // symmetric [per][W][M]
   std::uint64_t* count_flags;   // symmetric [per][W]
   std::int32_t* recv_count;     // local [per][W]
@@ -78,6 +87,38 @@ __device__ bool last_block(std::uint64_t* done) {
   }
   __syncthreads();
   return last;
+}
+
+// fp8 dispatch: a warp casts one token's row (src, `vecs` 16-byte vectors of 8 bf16) to e4m3 in
+// dst (H bytes), one scale per 128 channels in dst_scales: scale = amax / 448 over the block
+// (amax at least kFp8MinAmax), each channel x * (448 / amax) rounded to nearest, saturated to
+// the finite range. A step covers 256 channels: two blocks, one per half-warp.
+__device__ void cast_row_to_fp8(std::uint8_t* dst, float* dst_scales, const uint4* src, std::int64_t vecs, int lane) {
+  for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every step (the shuffles)
+    const std::int64_t v = v0 + lane;
+    const bool here = v < vecs;  // the same for a whole half-warp: vecs is a multiple of 16
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (here) raw = src[v];
+    const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    float f[8], amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      f[i] = __bfloat162float(e[i]);
+      amax = fmaxf(amax, fabsf(f[i]));
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // the half-warp's
+    amax = fmaxf(amax, kFp8MinAmax);
+    const float inv = kE4m3Max / amax;
+    if (!here) continue;
+    std::uint8_t q[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[i] = __nv_cvt_float_to_fp8(f[i] * inv, __NV_SATFINITE, __NV_E4M3);
+    uint2 packed;
+    std::memcpy(&packed, q, 8);
+    reinterpret_cast<uint2*>(dst)[v] = packed;
+    if ((lane & 15) == 0) dst_scales[v / 16] = amax / kE4m3Max;
+  }
 }
 
 __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
@@ -125,7 +166,11 @@ __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
       if (pj >= M) continue;  // only where an earlier row was bad (and recorded)
       const int r = pl.owner(ej);
       const std::int64_t row = moe_detail::low_latency_row(pl, M, pl.local(ej), me, pj);
-      dev::copy_warp(a.w.symm_at(a.recv_x, r) + row * vecs, src, static_cast<std::size_t>(vecs) * 16);
+      if (a.fp8)
+        cast_row_to_fp8(reinterpret_cast<std::uint8_t*>(a.w.symm_at(a.recv_x, r)) + row * a.hidden,
+                        a.w.symm_at(a.recv_scales, r) + row * (a.hidden / kFp8Block), src, vecs, lane);
+      else
+        dev::copy_warp(a.w.symm_at(a.recv_x, r) + row * vecs, src, static_cast<std::size_t>(vecs) * 16);
       if (lane == 0) a.w.symm_at(a.recv_src, r)[row] = static_cast<std::int32_t>(t * 32 + j);
     }
   }
@@ -220,12 +265,19 @@ ExpertParallelLowLatency::ExpertParallelLowLatency(std::shared_ptr<Context> ctx,
   WEFT_REQUIRE(opt_.max_tokens >= 1 && opt_.max_tokens <= kMaxTokensLl, "ExpertParallelLowLatency: max_tokens = ",
                opt_.max_tokens, " must be in [1, ", kMaxTokensLl, "]");
   WEFT_REQUIRE(opt_.max_sms >= 0, "ExpertParallelLowLatency: max_sms = ", opt_.max_sms, " must be >= 0");
+  WEFT_REQUIRE(!opt_.fp8_dispatch || opt_.hidden % kFp8Block == 0, "ExpertParallelLowLatency: hidden = ",
+               opt_.hidden, " must be a multiple of ", kFp8Block, " for fp8_dispatch: one scale per ", kFp8Block,
+               " channels");
   ctx_->verify_same_call(str("ExpertParallelLowLatency plan: experts ", opt_.experts, ", hidden ", opt_.hidden,
-                             ", top_k ", opt_.top_k, ", max_tokens ", opt_.max_tokens));
+                             ", top_k ", opt_.top_k, ", max_tokens ", opt_.max_tokens, ", fp8_dispatch ",
+                             opt_.fp8_dispatch ? "on" : "off"));
   const int sms = std::max(1, ctx_->team().sm_count);
   blocks_ = opt_.max_sms > 0 ? std::min(opt_.max_sms, sms) : sms;
   const std::uint64_t per = opt_.experts / W, M = opt_.max_tokens, H = opt_.hidden, k = opt_.top_k;
-  recv_x_ = SymmetricBuffer(ctx_->heap(), per * W * M * H * 2, "bf16", "ep_ll.recv_x");
+  recv_x_ = SymmetricBuffer(ctx_->heap(), per * W * M * H * (opt_.fp8_dispatch ? 1 : 2),
+                            opt_.fp8_dispatch ? "fp8_e4m3" : "bf16", "ep_ll.recv_x");
+  if (opt_.fp8_dispatch)
+    recv_scales_ = SymmetricBuffer(ctx_->heap(), per * W * M * (H / kFp8Block) * 4, "f32", "ep_ll.recv_scales");
   recv_src_ = SymmetricBuffer(ctx_->heap(), per * W * M * 4, "i32", "ep_ll.recv_src");
   comb_buf_ = SymmetricBuffer(ctx_->heap(), M * k * H * 2, "bf16", "ep_ll.combine");
   count_signals_ = SignalArray(ctx_->heap(), per * W, "ep_ll.count.flags");
@@ -262,10 +314,12 @@ void ExpertParallelLowLatency::dispatch_send(const std::int64_t* topk_idx, const
   a.k = opt_.top_k;
   a.hidden = opt_.hidden;
   a.max_tokens = opt_.max_tokens;
+  a.fp8 = opt_.fp8_dispatch;
   a.tokens = num_tokens;
   a.topk = topk_idx;
   a.x = static_cast<const uint4*>(x);
   a.recv_x = recv_x_.as<uint4>();
+  a.recv_scales = opt_.fp8_dispatch ? recv_scales_.as<float>() : nullptr;
   a.recv_src = recv_src_.as<std::int32_t>();
   a.count_flags = count_signals_.flags();
   a.error = scratch_;
