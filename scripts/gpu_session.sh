@@ -9,6 +9,7 @@
 #    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
 #    arguments and the tiles it also times forced, ';'-separated;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds;
+#    EP_TEST_WORLDS the ep stage's world sizes for the EP GPU tests, default "1 2 4 8";
 #    PYTHON_WORLDS the python stage's multi-rank world sizes, default "2 4", and PYTHON_WAIT_S its
 #    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
@@ -162,7 +163,7 @@ PY
     PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=${PYTHON_WAIT_S:-300} \
       WEFT_WAIT_TIMEOUT=${PYTHON_WAIT_S:-300} run_logged "python: world $n ${share[*]}" \
       "python_world$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 1500 -- bash -c \
-      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
+      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py tests/python/test_gpu_decode.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
     grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
   done
 fi
@@ -467,12 +468,13 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
   done
 fi
 
-if has ep; then  # MoE expert parallelism: weft-bench ep at world 1, then its GPU tests at world 1, 2, 4, 8 (sharing)
-  # DeepEP's normal-mode shape: 4096 tokens, hidden 7168, top-8 of 256 (weft-bench's defaults).
+if has ep; then  # MoE expert parallelism: weft-bench ep at world 1, then its GPU tests at EP_TEST_WORLDS (sharing)
+  # DeepEP's normal-mode shape: 4096 tokens, hidden 7168, top-8 of 256 (weft-bench's defaults); low-latency: 128.
   run_logged "weft-bench ep, world 1" ep_bench_w1.txt "$BUILD/weftrun" -n 1 --timeout 300 -- "$BUILD/weft-bench" ep \
     --check --samples 30
   grep -vE '^\[weft-bench\]' "$OUT/ep_bench_w1.txt"
-  for n in 1 2 4 8; do
+  # The gpu stage's suite runs these tests at every size too: EP_TEST_WORLDS="" times weft-bench ep alone.
+  for n in ${EP_TEST_WORLDS-1 2 4 8}; do
     share=()
     [ "$GPUS" -ge "$n" ] || share=(--share-gpu)
     run_logged "EP tests, world $n ${share[*]}" "ep_tests_w$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --tag-output \

@@ -55,8 +55,6 @@ Runtime& still_live(const std::shared_ptr<Runtime>& rt, const char* op) {
   return *rt;
 }
 
-std::string dtype_name(at::ScalarType t) { return "torch." + c10::getDtypeNames(t).first; }  // as Python prints it
-
 void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::ScalarType want) {
   TORCH_CHECK_TYPE(t.scalar_type() == want, "weft.", op, ": argument '", arg, "' must be ", dtype_name(want),
                    ", got ", dtype_name(t.scalar_type()));

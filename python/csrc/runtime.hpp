@@ -108,6 +108,9 @@ inline bool in_heap(Runtime& rt, const at::Tensor& t) {
 
 // ---- shared by the ops (ops.cpp) and the expert-parallel classes (ep.cpp) ----
 
+/// A dtype as Python prints it ("torch.bfloat16"), for error messages.
+inline std::string dtype_name(at::ScalarType t) { return "torch." + c10::getDtypeNames(t).first; }
+
 inline std::string shape_of(const at::Tensor& t) {
   std::ostringstream os;
   os << t.sizes();

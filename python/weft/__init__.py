@@ -19,6 +19,8 @@ tensors from ``weft.empty`` / ``weft.zeros`` skip that copy.
 ``weft.ExpertParallel`` and ``weft.ExpertParallelLowLatency`` dispatch MoE
 tokens to the ranks of their experts and combine the experts' outputs
 (``weft.nn.ExpertParallelMoE`` is a Mixtral-style block on them).
+``weft.flash_decode`` / ``weft.dist_flash_decode`` are decode attention over a
+contiguous or paged KV cache, on one GPU or sharded across ranks.
 """
 
 import torch  # loads the torch libraries the extension links against
@@ -40,6 +42,7 @@ if _C.torch_version != torch.__version__.split("+")[0]:
 
 from . import _meta  # noqa: E402,F401  (fake implementations of torch.ops.weft.*)
 from ._ep import ExpertParallel, ExpertParallelLowLatency  # noqa: E402
+from ._decode import dist_flash_decode, flash_decode  # noqa: E402  (and the ops' fakes)
 from ._runtime import (  # noqa: E402
     empty,
     group_name,
@@ -57,7 +60,9 @@ from ._runtime import (  # noqa: E402
 __all__ = [
     "ExpertParallel",
     "ExpertParallelLowLatency",
+    "dist_flash_decode",
     "empty",
+    "flash_decode",
     "group_name",
     "in_heap",
     "info",
