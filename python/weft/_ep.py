@@ -144,7 +144,8 @@ class ExpertParallelLowLatency:
 
         Returns (recv_x, recv_count). recv_x [local experts, W x max_tokens,
         hidden] bf16 is a view of the plan's symmetric receive buffer, valid
-        until this plan's next dispatch (and not after weft.shutdown): local
+        until this rank's combine of the step (after it, a peer's next
+        dispatch may already be writing it; never after weft.shutdown): local
         expert e's tokens from rank s are rows s x max_tokens ..
         s x max_tokens + recv_count[e, s] - 1 of recv_x[e], in rank s's token
         order; the other rows hold stale data. recv_count [local experts, W]

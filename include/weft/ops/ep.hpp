@@ -174,8 +174,11 @@ struct EpLowLatencyOptions {
 ///   ll.combine(y, topk_idx, topk_weights, out, T, stream);
 ///
 /// Every rank makes the same calls in this order (send, recv, combine) each
-/// step. A bad expert id (outside [-1, E), or listed twice) skips its token
-/// and is recorded on the device; check_errors() reports it.
+/// step. What dispatch_recv delivers (recv_x, recv_scales, recv_source) is
+/// valid until this rank's combine of the step: once it has run, a peer's
+/// next dispatch_send may already be writing the buffers. A bad expert id
+/// (outside [-1, E), or listed twice) skips its token and is recorded on the
+/// device; check_errors() reports it.
 class ExpertParallelLowLatency {
  public:
   /// Collective. Allocates the symmetric receive and combine buffers.
