@@ -13,6 +13,17 @@
 
 namespace weft::gemm_detail {
 
+/// The SM count a persistent kernel of `cluster_size`-CTA clusters is given:
+/// `sm_count` rounded down to whole clusters, and at least one cluster.
+/// CUTLASS's SM90 tile schedulers size the grid from this count, and along M
+/// they do not round it to the cluster: 3 SMs with 2x1 clusters give a grid of
+/// 3, which does not launch ("Error Internal"). A budget smaller than one
+/// cluster runs one cluster: a kernel of clusters cannot run on fewer SMs.
+constexpr int whole_cluster_sms(int sm_count, int cluster_size) {
+  const int clusters = sm_count / cluster_size;
+  return (clusters > 0 ? clusters : 1) * cluster_size;
+}
+
 /// Which load collective's producer warp waits for the flags (tile_hooks.cuh).
 enum class WaitIn : int {
   none,      ///< no wait

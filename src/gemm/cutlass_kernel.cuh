@@ -104,7 +104,7 @@ struct Kernel {
     auto sb = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, cute::make_shape(n, k, 1));
     auto sd = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, cute::make_shape(m, n, 1));
     cutlass::KernelHardwareInfo hw;
-    hw.sm_count = p.sm_count;
+    hw.sm_count = whole_cluster_sms(p.sm_count, CM * CN);
     typename BuiltMainloop::Arguments mainloop{static_cast<const In*>(kSwapAB ? p.b : p.a), sa,
                                                static_cast<const In*>(kSwapAB ? p.a : p.b), sb};
     typename BuiltEpilogue::Arguments epilogue{

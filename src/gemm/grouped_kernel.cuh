@@ -105,7 +105,7 @@ struct GroupedKernel {
     args.epilogue.dC = arr.stride_out;
     args.epilogue.ptr_D = arr.out;
     args.epilogue.dD = arr.stride_out;
-    args.hw_info.sm_count = p.sm_count;
+    args.hw_info.sm_count = whole_cluster_sms(p.sm_count, CM * CN);
     // Along M: consecutive tiles of one expert share its weight's column tile (the larger operand), kept in L2.
     args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongM;
     return args;

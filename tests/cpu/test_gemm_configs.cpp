@@ -48,6 +48,16 @@ TEST(GemmConfigs, NamesSayTileClusterScheduleAndHook) {
   EXPECT_EQ(checked, WEFT_GEMM_KERNEL_COUNT) << "a kernel compiled from src/gemm/kernel_table.cmake is missing from all_configs()";
 }
 
+TEST(GemmConfigs, AKernelOfClustersIsGivenWholeClustersOfSms) {
+  using weft::gemm_detail::whole_cluster_sms;
+  EXPECT_EQ(whole_cluster_sms(3, 2), 2);  // a grid of 3 with 2x1 clusters does not launch
+  EXPECT_EQ(whole_cluster_sms(63, 2), 62);
+  EXPECT_EQ(whole_cluster_sms(132, 2), 132);
+  EXPECT_EQ(whole_cluster_sms(1, 2), 2);  // below one cluster: one cluster
+  EXPECT_EQ(whole_cluster_sms(7, 1), 7);
+  EXPECT_EQ(whole_cluster_sms(66, 4), 64);
+}
+
 TEST(GemmConfigs, EachNameIsOneKernelPerTypesAndLayout) {
   std::set<std::tuple<DType, DType, BLayout, std::string>> seen;
   for (const auto* c : all_configs())

@@ -1,5 +1,5 @@
 // The GEMM engine on one GPU: every configuration, both B layouts, bf16/fp16,
-// fp32 output, M not a multiple of the tile, against cuBLAS's fp32-accumulated
+// fp32 output, M not a multiple of the tile, SM budgets of 1, 3 and 63, against cuBLAS's fp32-accumulated
 // fp32 result; the hooked configurations' waits and reports; and the errors
 // for shapes it cannot take.
 #include <cublas_v2.h>
@@ -69,6 +69,20 @@ TEST(Gemm, EveryConfigurationMatchesTheFp32Reference) {
         EXPECT_LT(gemm_error(o, cb.h), 1e-2) << to_string(in) << (layout == BLayout::nk ? " nk " : " kn ") << name;
       }
     }
+}
+
+TEST(Gemm, EveryConfigurationRunsOnAnSmBudgetOfAnySize) {
+  // Odd budgets and one below a cluster: each configuration runs whole clusters
+  // (3 SMs once gave 2x1-cluster kernels a grid of 3, which does not launch).
+  Cublas cb;
+  for (int sms : {1, 3, 63}) {
+    GemmOptions o{1000, 1024, 512};
+    o.max_sms = sms;
+    for (const std::string& name : Gemm(o).configurations()) {
+      o.config = name + ", swizzle 1 along M";
+      EXPECT_LT(gemm_error(o, cb.h), 1e-2) << "max_sms " << sms << ", " << o.config;
+    }
+  }
 }
 
 TEST(Gemm, ShapesOfTheTensorParallelBenchmarksAreRight) {

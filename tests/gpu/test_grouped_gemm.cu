@@ -1,7 +1,7 @@
 // GroupedGemm on one GPU, against a float64 CPU reference, expert by expert:
 // issue 33's three MoE shapes scaled down, under uniform, Zipf (s = 1.2) and
 // one-hot routing; empty experts (first, last, runs of them); one expert;
-// odd totals (1001 rows); bf16 and fp16; W as [E, N, K] and [E, K, N]. Most
+// odd totals (1001 rows); SM budgets of 1, 3 and 63; bf16 and fp16; W as [E, N, K] and [E, K, N]. Most
 // cases run under every compiled configuration, each forced by name (at test
 // sizes the heuristic alone would pick the narrow tile). Outputs start as
 // NaNs, and the rows past the counts' total must stay so. Then: 50 back-to-back runs and a CUDA
@@ -53,6 +53,7 @@ struct Case {
   BLayout layout = BLayout::nk;
   std::int64_t spare_rows = 0;  // capacity past the counts' total: must stay unwritten
   std::string config;           // forced configuration, or "" for the heuristic's
+  int max_sms = 0;              // GroupedGemmOptions::max_sms
 };
 
 Case routed(std::string name, std::int64_t rows, int experts, std::int64_t n, std::int64_t k, bench::Routing r) {
@@ -77,6 +78,7 @@ struct Problem {
     o.dtype = c.dtype;
     o.w_layout = c.layout;
     o.config = c.config;
+    o.max_sms = c.max_sms;
     cudaStream_t s = test::stream();
     const std::string t = to_string(c.dtype);
     const std::uint64_t a_n = o.max_rows * c.k, w_n = std::uint64_t(o.experts) * c.n * c.k;
@@ -242,6 +244,19 @@ TEST(GroupedGemm, EmptyExpertsOneExpertAndOddTotals) {
   expect_right(odd, salt++);
   // One row per expert.
   expect_right(Case{"one row each", 256, 256, std::vector<std::int32_t>(64, 1)}, salt++);
+}
+
+TEST(GroupedGemm, EveryConfigurationRunsOnAnSmBudgetOfAnySize) {
+  // A budget of 3 SMs once failed to launch the 2x1-cluster kernels (a grid of
+  // 3 along M); 1 is below one cluster, 63 odd and wide. Each runs whole clusters.
+  std::uint64_t salt = 300;
+  for (int sms : {1, 3, 63}) {
+    Case c = routed("max_sms " + std::to_string(sms), 1001, 16, 512, 64, bench::Routing::zipf);
+    c.max_sms = sms;
+    c.spare_rows = 7;
+    expect_right_in_every_configuration(c, salt);
+    salt += 10;
+  }
 }
 
 TEST(GroupedGemm, BothTypesBothLayoutsAndEveryConfiguration) {
