@@ -164,7 +164,9 @@ struct GemmOptions {
   /// The most SMs the persistent kernels may hold (their grid); 0: every SM
   /// this rank may use. Plans whose tiles wait for copies of their own rank
   /// set it where ranks share a GPU: a copy within one GPU may run as a
-  /// kernel, which needs an SM the waiting tiles do not hold.
+  /// kernel, which needs an SM the waiting tiles do not hold. A kernel of
+  /// clusters holds whole clusters: the budget rounded down to them, and at
+  /// least one (2 SMs for a 2x1 cluster on a budget of 1).
   int max_sms = 0;
 };
 

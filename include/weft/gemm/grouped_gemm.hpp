@@ -43,7 +43,8 @@ struct GroupedGemmOptions {
   std::int64_t expected_rows = 0;
   /// Force a configuration by name (see GroupedGemm::configurations); empty: the size heuristic.
   std::string config;
-  /// The most SMs the persistent grid may hold; 0: every SM.
+  /// The most SMs the persistent grid may hold; 0: every SM. Rounded down to
+  /// whole clusters of the chosen kernel, and at least one cluster.
   int max_sms = 0;
 };
 
