@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kCountWarps * 32) count_kernel(SortArgs a) {
     if (gs != s) {  // warp-uniform: a chunk may span two shards
       s = gs;
       count = __ldcg(reinterpret_cast<const std::int64_t*>(shard(a, s) + a.l.count));
+      count = count < a.cap ? count : a.cap;  // run() keeps it so; a shard never reads past its room
       topk = shard_topk(a, s);
     }
     const std::int64_t t = g - static_cast<std::int64_t>(s) * a.cap;
