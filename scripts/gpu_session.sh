@@ -163,7 +163,7 @@ PY
     PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=${PYTHON_WAIT_S:-300} \
       WEFT_WAIT_TIMEOUT=${PYTHON_WAIT_S:-300} run_logged "python: world $n ${share[*]}" \
       "python_world$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 1500 -- bash -c \
-      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py tests/python/test_gpu_decode.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
+      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py tests/python/test_gpu_decode.py tests/python/test_gpu_moe_tp.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
     grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
   done
 fi

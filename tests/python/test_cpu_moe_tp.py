@@ -354,7 +354,8 @@ def test_layer_slices_sum_over_the_ranks_to_the_unsharded_block(as_rank, monkeyp
         m = weft.nn.TensorParallelMoE.from_full(gate, w1, w3, w2, top_k=2, max_tokens=16, device="cpu")
         f = F // world
         assert m.ffn_per_rank == f and m.w13.shape == (E, 2 * f, H) and m.w2.shape == (E, H, f)
-        assert torch.equal(m.w13[:, :f], w1[:, r * f:(r + 1) * f]) and torch.equal(m.w13[:, f:], w3[:, r * f:(r + 1) * f])
+        assert torch.equal(m.w13[:, :f], w1[:, r * f:(r + 1) * f])
+        assert torch.equal(m.w13[:, f:], w3[:, r * f:(r + 1) * f])
         assert torch.equal(m.w2, w2[:, :, r * f:(r + 1) * f]) and torch.equal(m.gate.weight, gate)
         out = m(x)
         assert out.shape == (2, 5, H)
@@ -368,7 +369,8 @@ def test_layer_slices_sum_over_the_ranks_to_the_unsharded_block(as_rank, monkeyp
 def test_layer_checks_its_arguments(as_rank):
     as_rank(0, 4)
     make = weft.nn.TensorParallelMoE
-    with pytest.raises(ValueError, match=r"weft.nn: TensorParallelMoE: ffn \(102\) must be divisible by the world size"):
+    with pytest.raises(ValueError, match=r"weft.nn: TensorParallelMoE: ffn \(102\) must be divisible by the world "
+                       r"size"):
         make(64, 102, 8, 2, 16, device="cpu")
     with pytest.raises(ValueError, match=r"weft.nn.TensorParallelMoE: ffn / world size \(80 / 4 = 20\) must be a "
                        r"multiple of 8"):
