@@ -12,7 +12,8 @@
 // on the stream - and handed back to moe_rs, which rebuilds a MoeRouting over
 // them: the ops are functions of their arguments, and a routing stays valid
 // however many runs follow. The plans live in the Runtime's plan cache, keyed
-// by their options, as the other ops' plans do. The fake kernels are in
+// on the options every rank shares (building a plan is collective; the slice
+// of F, which may differ by rank, picks a grouped GEMM locally). The fake kernels are in
 // weft/_moe_tp.py.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -20,6 +21,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -34,12 +36,29 @@ namespace {
 
 constexpr const char* kUpPlan = "ag_moe ";  // the AgMoe plans' keys start so (ag_moe_check_errors finds them)
 
+// A plan is keyed on what every rank agrees on (building one is collective); the slice of F,
+// which may differ by rank, selects one of its grouped GEMMs locally (use_slice), and
+// `slices` records the widths already set up, so a new one under graph capture is refused.
 struct AgMoePlan : AnyPlan {
   std::unique_ptr<weft::AgMoe> op;
+  std::set<int64_t> slices;
 };
 struct MoeRsPlan : AnyPlan {
   std::unique_ptr<weft::MoeRs> op;
+  std::set<int64_t> slices;
 };
+
+// Selects the plan's grouped GEMM for a slice of `width` (building it on first use, not while
+// `stream` is being captured: it allocates).
+template <class Plan>
+void use_slice(const char* op, const char* arg, Plan& plan, int64_t width, cudaStream_t stream) {
+  if (!plan.slices.count(width))
+    TORCH_CHECK(!capturing(stream), "weft.", op, ": the first call with ", arg, " = ", width,
+                " is being captured into a CUDA graph; it sets up a grouped GEMM (it allocates): call once "
+                "outside the capture first");
+  plan.op->use_slice(width);
+  plan.slices.insert(width);
+}
 
 void check_group_name(const char* op, c10::string_view group_name, Runtime& rt) {
   TORCH_CHECK_VALUE(group_name.empty() || group_name == rt.group_name(), "weft.", op, ": argument 'group_name' is \"",
@@ -137,14 +156,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
 
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    const std::string key = plan_key(kUpPlan, "experts=", o.experts, " hidden=", o.hidden, " n_local=", o.n_local,
+    // n_local may differ by rank: not in the key (see AgMoePlan).
+    const std::string key = plan_key(kUpPlan, "experts=", o.experts, " hidden=", o.hidden,
                                      " top_k=", o.top_k, " cap=", o.max_tokens_per_rank, " ", weft::to_string(dtype),
                                      " max_sms=", o.max_sms);
     auto& plan = static_cast<AgMoePlan&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<AgMoePlan>();
       p->op = std::make_unique<weft::AgMoe>(rt.ctx_ptr(), o);
+      p->slices.insert(o.n_local);
       return p;
     }));
+    use_slice(op, "n_local", plan, o.n_local, stream);
     weft::AgMoe& up = *plan.op;
     const int64_t G = static_cast<int64_t>(W) * max_tokens_per_rank;  // gathered tokens
     auto h = at::empty({up.max_rows(), o.n_local}, x.options());
@@ -218,14 +240,17 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
 
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    const std::string key = plan_key("moe_rs experts=", o.experts, " hidden=", o.hidden, " k_local=", o.k_local,
+    // k_local may differ by rank: not in the key (see MoeRsPlan).
+    const std::string key = plan_key("moe_rs experts=", o.experts, " hidden=", o.hidden,
                                      " top_k=", o.top_k, " cap=", o.max_tokens_per_rank, " ",
                                      weft::to_string(dtype), " max_sms=", o.max_sms);
     auto& plan = static_cast<MoeRsPlan&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<MoeRsPlan>();
       p->op = std::make_unique<weft::MoeRs>(rt.ctx_ptr(), o);
+      p->slices.insert(o.k_local);
       return p;
     }));
+    use_slice(op, "k_local", plan, o.k_local, stream);
     // The routing over the tensors ag_moe returned (MoeRs reads the counts and the pair maps only).
     weft::MoeRouting r;
     r.world = W;

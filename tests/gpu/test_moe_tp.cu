@@ -197,7 +197,11 @@ struct DeviceBuffer {
   T* as() const { return static_cast<T*>(p); }
   template <class T>
   void upload(const std::vector<T>& v) const {
-    if (!v.empty()) WEFT_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    if (v.empty()) return;
+    WEFT_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    // From pageable memory the copy may return before its DMA lands, on the legacy stream,
+    // which the test's non-blocking stream does not wait for.
+    WEFT_CUDA(cudaDeviceSynchronize());
   }
 };
 

@@ -47,6 +47,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -128,6 +129,14 @@ class AgMoe {
   void run(const void* x, const std::int64_t* topk_idx, const float* topk_weights, std::int64_t num_tokens,
            const void* w_up, void* out, cudaStream_t stream);
 
+  /// Not collective: later runs take W_up slices of n_local rows ([E, n_local,
+  /// H]; out [max_rows(), n_local]). A plan keeps a grouped GEMM per width it
+  /// has used, building one locally on first use (it allocates: not during
+  /// graph capture). For callers that share one plan across layers whose
+  /// slices differ (the Python ops' plan cache, keyed on what every rank
+  /// agrees on). Throws if n_local is not a positive multiple of 8.
+  void use_slice(std::int64_t n_local);
+
   /// The latest run's routing (for MoeRs::run and for reading the sorted rows).
   const MoeRouting& routing() const { return routing_; }
   /// Rows `out` must hold: world x max_tokens_per_rank x top_k.
@@ -147,7 +156,8 @@ class AgMoe {
   std::uint64_t runs_ = 0;
   MoeRouting routing_;
   std::unique_ptr<AllGather> gather_;
-  std::unique_ptr<GroupedGemm> gemm_;
+  std::map<std::int64_t, std::unique_ptr<GroupedGemm>> gemms_;  // per n_local used
+  GroupedGemm* gemm_ = nullptr;                                  // opt_.n_local's
   SymmetricBuffer shards_;        // [W] shards (moe_tp_layout.hpp's ShardLayout)
   void* scratch_ = nullptr;       // local: the sort's counts and maps, the error record
   void* sorted_a_ = nullptr;      // local: [max_rows][H], the pairs' token rows by expert
@@ -172,6 +182,10 @@ class MoeRs {
   /// `stream`, after the AgMoe run on the same stream (or ordered after it).
   void run(const void* h, const MoeRouting& routing, const void* w_down, void* out, cudaStream_t stream);
 
+  /// Not collective: later runs take W_down slices of k_local columns ([E, H,
+  /// k_local]; h [max_rows, k_local]), as AgMoe::use_slice.
+  void use_slice(std::int64_t k_local);
+
   const MoeRsOptions& options() const { return opt_; }
   std::string gemm_config() const;
 
@@ -182,7 +196,8 @@ class MoeRs {
   std::uint64_t runs_ = 0;
   std::int64_t max_rows_ = 0;
   std::unique_ptr<ReduceScatter> scatter_;
-  std::unique_ptr<GroupedGemm> gemm_;
+  std::map<std::int64_t, std::unique_ptr<GroupedGemm>> gemms_;  // per k_local used
+  GroupedGemm* gemm_ = nullptr;                                  // opt_.k_local's
   SymmetricBuffer partial_;  // [W][capacity][H]: token-order partial sums, the ReduceScatter's input
   void* y_ = nullptr;        // local: [max_rows][H], the pairs' down-projections
 };

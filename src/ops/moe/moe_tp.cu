@@ -402,13 +402,6 @@ AgMoe::AgMoe(std::shared_ptr<Context> ctx, const AgMoeOptions& options) : ctx_(s
   const SortScratch s = carve(scratch_, W, opt_.max_tokens_per_rank, opt_.top_k, opt_.experts, nullptr);
   WEFT_CUDA(cudaMemset(s.error, 0xff, kErrorWords * 8));  // no key, and no key's id
   WEFT_CUDA(cudaMalloc(&sorted_a_, static_cast<std::size_t>(max_rows) * opt_.hidden * es));
-  gemm_ = std::make_unique<GroupedGemm>(GroupedGemmOptions{.experts = opt_.experts,
-                                                           .n = opt_.n_local,
-                                                           .k = opt_.hidden,
-                                                           .max_rows = max_rows,
-                                                           .dtype = opt_.dtype,
-                                                           .w_layout = BLayout::nk,
-                                                           .max_sms = sms_});
   const int count_smem = kCountWarps * opt_.experts * 4;
   if (count_smem > 48 * 1024)
     WEFT_CUDA(cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, count_smem));
@@ -425,6 +418,8 @@ AgMoe::AgMoe(std::shared_ptr<Context> ctx, const AgMoeOptions& options) : ctx_(s
   routing_.row_slot = s.row_slot;
   routing_.token_row = s.token_row;
   routing_.token_weight = s.token_weight;
+  use_slice(opt_.n_local);
+  WEFT_CUDA(cudaDeviceSynchronize());  // the memsets above run on the legacy stream; runs use the caller's
 }
 
 AgMoe::~AgMoe() {
@@ -433,6 +428,22 @@ AgMoe::~AgMoe() {
 }
 
 std::string AgMoe::gemm_config() const { return gemm_->config(); }
+
+void AgMoe::use_slice(std::int64_t n_local) {
+  WEFT_REQUIRE(n_local > 0 && n_local % 8 == 0, "AgMoe::use_slice: n_local = ", n_local,
+               " must be a positive multiple of 8 (16-byte rows)");
+  auto& g = gemms_[n_local];
+  if (!g)
+    g = std::make_unique<GroupedGemm>(GroupedGemmOptions{.experts = opt_.experts,
+                                                         .n = n_local,
+                                                         .k = opt_.hidden,
+                                                         .max_rows = routing_.max_rows,
+                                                         .dtype = opt_.dtype,
+                                                         .w_layout = BLayout::nk,
+                                                         .max_sms = sms_});
+  gemm_ = g.get();
+  opt_.n_local = n_local;
+}
 
 void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_weights, std::int64_t num_tokens,
                 const void* w_up, void* out, cudaStream_t stream) {
@@ -521,13 +532,8 @@ MoeRs::MoeRs(std::shared_ptr<Context> ctx, const MoeRsOptions& options) : ctx_(s
   scatter_ = std::make_unique<ReduceScatter>(
       ctx_, ReduceScatterOptions{static_cast<std::uint64_t>(cap * opt_.hidden), opt_.dtype, opt_.scatter, opt_.max_sms});
   WEFT_CUDA(cudaMalloc(&y_, static_cast<std::size_t>(max_rows_) * opt_.hidden * es));
-  gemm_ = std::make_unique<GroupedGemm>(GroupedGemmOptions{.experts = opt_.experts,
-                                                           .n = opt_.hidden,
-                                                           .k = opt_.k_local,
-                                                           .max_rows = max_rows_,
-                                                           .dtype = opt_.dtype,
-                                                           .w_layout = BLayout::nk,
-                                                           .max_sms = sms_});
+  use_slice(opt_.k_local);
+  WEFT_CUDA(cudaDeviceSynchronize());  // the allocations' set-up, before any run's stream uses them
 }
 
 MoeRs::~MoeRs() {
@@ -535,6 +541,22 @@ MoeRs::~MoeRs() {
 }
 
 std::string MoeRs::gemm_config() const { return gemm_->config(); }
+
+void MoeRs::use_slice(std::int64_t k_local) {
+  WEFT_REQUIRE(k_local > 0 && k_local % 8 == 0, "MoeRs::use_slice: k_local = ", k_local,
+               " must be a positive multiple of 8 (16-byte rows)");
+  auto& g = gemms_[k_local];
+  if (!g)
+    g = std::make_unique<GroupedGemm>(GroupedGemmOptions{.experts = opt_.experts,
+                                                         .n = opt_.hidden,
+                                                         .k = k_local,
+                                                         .max_rows = max_rows_,
+                                                         .dtype = opt_.dtype,
+                                                         .w_layout = BLayout::nk,
+                                                         .max_sms = sms_});
+  gemm_ = g.get();
+  opt_.k_local = k_local;
+}
 
 void MoeRs::run(const void* h, const MoeRouting& routing, const void* w_down, void* out, cudaStream_t stream) {
   const int W = ctx_->world_size(), me = ctx_->rank();
