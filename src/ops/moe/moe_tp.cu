@@ -453,7 +453,7 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
                " must be in [0, max_tokens_per_rank = ", cap, "]");
   WEFT_REQUIRE(num_tokens == 0 || (x && topk_idx && topk_weights), "AgMoe::run: x, topk_idx and topk_weights are needed for ",
                num_tokens, " tokens");
-  WEFT_REQUIRE(aligned(x, 16) && aligned(topk_idx, 8) && aligned(topk_weights, 4),
+  WEFT_REQUIRE(num_tokens == 0 || (aligned(x, 16) && aligned(topk_idx, 8) && aligned(topk_weights, 4)),
                "AgMoe::run: x must be 16-byte aligned, topk_idx 8-byte, topk_weights 4-byte");
   WEFT_REQUIRE(w_up && out, "AgMoe::run: w_up [E, n_local, H] and out [max_rows = ", routing_.max_rows,
                ", n_local] are needed");
