@@ -37,11 +37,6 @@ struct DecodeCall {
   at::Tensor out, lse;
 };
 
-void check_int32(const char* op, const char* arg, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, "weft.", op, ": argument '", arg, "' must be torch.int32, got ",
-                   dtype_name(t.scalar_type()));
-}
-
 /// Checks q, k, v, kv_lens, block_table and scale (each error names the op,
 /// the argument and what was expected), allocates out and lse, and fills in
 /// the plan's options and the run's pointers.
@@ -79,14 +74,14 @@ DecodeCall decode_call(const char* op, Runtime& rt, const at::Tensor& q, const a
                     "block_table (paged KV: int32 [batch], each sequence's keys)");
   if (kv_lens) {
     check_device(op, "kv_lens", *kv_lens, rt);
-    check_int32(op, "kv_lens", *kv_lens);
+    check_dtype(op, "kv_lens", *kv_lens, at::kInt);
     TORCH_CHECK_VALUE(kv_lens->dim() == 1 && kv_lens->size(0) == batch && kv_lens->is_contiguous(), "weft.", op,
                       ": argument 'kv_lens' must be a contiguous [batch] = [", batch, "], got shape ",
                       shape_of(*kv_lens));
   }
   if (paged) {
     check_device(op, "block_table", *block_table, rt);
-    check_int32(op, "block_table", *block_table);
+    check_dtype(op, "block_table", *block_table, at::kInt);
     TORCH_CHECK_VALUE(block_table->dim() == 2 && block_table->size(0) == batch && block_table->size(1) >= 1, "weft.",
                       op, ": argument 'block_table' must have shape [batch, max_pages] = [", batch,
                       ", >= 1], got ", shape_of(*block_table));
@@ -163,9 +158,7 @@ std::tuple<at::Tensor, at::Tensor> dist_flash_decode(const at::Tensor& q, const 
   const char* op = "dist_flash_decode";
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
-    TORCH_CHECK_VALUE(group_name.empty() || group_name == rt.group_name(), "weft.", op, ": argument 'group_name' is \"",
-                      std::string(group_name), "\", but weft was initialised over group \"", rt.group_name(),
-                      "\" (pass that name, or \"\")");
+    check_group(op, group_name, rt);
     DecodeCall c = decode_call(op, rt, q, k, v, kv_lens, block_table, scale);
     if (c.o.batch == 0) return std::make_tuple(c.out, c.lse);
     c10::cuda::CUDAGuard guard(rt.device());
@@ -187,30 +180,29 @@ std::tuple<at::Tensor, at::Tensor> dist_flash_decode(const at::Tensor& q, const 
 
 // ---- CPU kernels: refuse, naming the first CPU tensor ----
 
-[[noreturn]] void refuse_cpu(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& block_table) {
+[[noreturn]] void refuse_cpu_tensors(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const std::optional<at::Tensor>& kv_lens,
+                                     const std::optional<at::Tensor>& block_table) {
   const char* arg = q.is_cpu()                          ? "q"
                     : k.is_cpu()                        ? "k"
                     : v.is_cpu()                        ? "v"
                     : kv_lens && kv_lens->is_cpu()      ? "kv_lens"
                                                         : "block_table";
-  TORCH_CHECK_VALUE(false, "weft.", op, ": argument '", arg,
-                    "' is a CPU tensor, but weft's ops run on CUDA tensors of this rank's GPU (allocate them with "
-                    "weft.empty / weft.zeros, or move them with .cuda())");
+  refuse_cpu(op, arg);
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_decode_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                     const std::optional<at::Tensor>& kv_lens,
                                                     const std::optional<at::Tensor>& block_table,
                                                     std::optional<double>) {
-  refuse_cpu("flash_decode", q, k, v, kv_lens, block_table);
+  refuse_cpu_tensors("flash_decode", q, k, v, kv_lens, block_table);
 }
 
 std::tuple<at::Tensor, at::Tensor> dist_flash_decode_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                          const std::optional<at::Tensor>& kv_lens,
                                                          const std::optional<at::Tensor>& block_table,
                                                          std::optional<double>, c10::string_view) {
-  refuse_cpu("dist_flash_decode", q, k, v, kv_lens, block_table);
+  refuse_cpu_tensors("dist_flash_decode", q, k, v, kv_lens, block_table);
 }
 
 }  // namespace

@@ -39,9 +39,7 @@ struct EpPlan : AnyPlan {
   bool combined = false;     // whether that dispatch has been combined
 };
 
-struct LlPlan : AnyPlan {
-  std::unique_ptr<weft::ExpertParallelLowLatency> op;
-};
+using LlPlan = Plan<weft::ExpertParallelLowLatency>;
 
 /// The runtime as a shared pointer: an object keeps it, to tell a call after weft.shutdown.
 std::shared_ptr<Runtime> live_runtime(const char* op) {
@@ -53,11 +51,6 @@ Runtime& still_live(const std::shared_ptr<Runtime>& rt, const char* op) {
   TORCH_CHECK(!rt->closed(), "weft.", op, ": weft was shut down after this object was built, and its plan with it; "
               "build it again after weft.init()");
   return *rt;
-}
-
-void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::ScalarType want) {
-  TORCH_CHECK_TYPE(t.scalar_type() == want, "weft.", op, ": argument '", arg, "' must be ", dtype_name(want),
-                   ", got ", dtype_name(t.scalar_type()));
 }
 
 /// A CUDA tensor of this rank's GPU, of dtype `want`, contiguous, shape [rows, cols]

@@ -11,15 +11,11 @@
 // (weft/_meta.py), which also checks arguments for tracing.
 #include <ATen/ATen.h>
 #include <ATen/FunctionalTensorWrapper.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <optional>
-#include <sstream>
 #include <string>
-#include <string_view>
-#include <type_traits>
 #include <vector>
 
 #include "runtime.hpp"
@@ -48,12 +44,6 @@ weft::DType to_weft(at::ScalarType t, const char* op, const char* arg, bool bf16
 void check_sum(const char* op, c10::string_view reduce_op) {
   TORCH_CHECK_VALUE(reduce_op == "sum", "weft.", op, ": argument 'reduce_op' must be \"sum\" (weft reduces by "
                     "sum only), got \"", std::string(reduce_op), "\"");
-}
-
-void check_group(const char* op, c10::string_view group_name, Runtime& rt) {
-  TORCH_CHECK_VALUE(group_name.empty() || group_name == rt.group_name(), "weft.", op, ": argument 'group_name' is \"",
-                    std::string(group_name), "\", but weft was initialised over group \"", rt.group_name(),
-                    "\" (pass that name, or \"\")");
 }
 
 void check_group_size(const char* op, int64_t group_size, Runtime& rt) {
@@ -390,12 +380,6 @@ at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::stri
 }
 
 // ---- CPU kernels: weft runs on CUDA tensors only -----------------------------
-
-[[noreturn]] void refuse_cpu(const char* op, const char* arg) {
-  TORCH_CHECK_VALUE(false, "weft.", op, ": argument '", arg,
-                    "' is a CPU tensor, but weft's ops run on CUDA tensors of this rank's GPU (allocate them with "
-                    "weft.empty / weft.zeros, or move them with .cuda())");
-}
 
 at::Tensor all_reduce_cpu(const at::Tensor&, c10::string_view, c10::string_view) { refuse_cpu("all_reduce", "input"); }
 at::Tensor& all_reduce__cpu(at::Tensor&, c10::string_view, c10::string_view) { refuse_cpu("all_reduce_", "input"); }

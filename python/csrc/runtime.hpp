@@ -135,6 +135,21 @@ inline void check_device(const char* op, const char* arg, const at::Tensor& t, R
                     t.device());
 }
 
+inline void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::ScalarType want) {
+  TORCH_CHECK_TYPE(t.scalar_type() == want, "weft.", op, ": argument '", arg, "' must be ", dtype_name(want),
+                   ", got ", dtype_name(t.scalar_type()));
+}
+inline void check_group(const char* op, c10::string_view group_name, Runtime& rt) {
+  TORCH_CHECK_VALUE(group_name.empty() || group_name == rt.group_name(), "weft.", op, ": argument 'group_name' is \"",
+                    std::string(group_name), "\", but weft was initialised over group \"", rt.group_name(),
+                    "\" (pass that name, or \"\")");
+}
+/// The error of an op's CPU kernel: weft's ops take CUDA tensors; `arg` is the first CPU one.
+[[noreturn]] inline void refuse_cpu(const char* op, const char* arg) {
+  TORCH_CHECK_VALUE(false, "weft.", op, ": argument '", arg,
+                    "' is a CPU tensor, but weft's ops run on CUDA tensors of this rank's GPU (allocate them with "
+                    "weft.empty / weft.zeros, or move them with .cuda())");
+}
 inline void check_contiguous(const char* op, const char* arg, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.is_contiguous(), "weft.", op, ": argument '", arg,
                     "' must be contiguous (call .contiguous() first); it has shape ", shape_of(t), " and strides ",

@@ -58,16 +58,12 @@ def _check_decode(op: str, q, k, v, kv_lens, block_table, scale) -> None:
         raise ValueError(f"weft.{op}: argument 'kv_lens' is required with a block_table (paged KV: int32 [batch], "
                          "each sequence's keys)")
     if kv_lens is not None:
-        _check_tensor(op, "kv_lens", kv_lens, dtypes=None, contiguous=False)
-        if kv_lens.dtype != torch.int32:
-            raise TypeError(f"weft.{op}: argument 'kv_lens' must be torch.int32, got {kv_lens.dtype}")
+        _check_tensor(op, "kv_lens", kv_lens, dtypes=(torch.int32,), contiguous=False)
         if kv_lens.dim() != 1 or kv_lens.shape[0] != batch or not kv_lens.is_contiguous():
             raise ValueError(f"weft.{op}: argument 'kv_lens' must be a contiguous [batch] = [{batch}], got shape "
                              f"{list(kv_lens.shape)}")
     if paged:
-        _check_tensor(op, "block_table", block_table, dtypes=None, contiguous=False)
-        if block_table.dtype != torch.int32:
-            raise TypeError(f"weft.{op}: argument 'block_table' must be torch.int32, got {block_table.dtype}")
+        _check_tensor(op, "block_table", block_table, dtypes=(torch.int32,), contiguous=False)
         if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
             raise ValueError(f"weft.{op}: argument 'block_table' must have shape [batch, max_pages] = [{batch}, >= 1],"
                              f" got {list(block_table.shape)}")

@@ -81,8 +81,12 @@ class ExpertParallel:
         _check_plan_args("ExpertParallel", num_experts, hidden, top_k, max_tokens, max_sms, group)
         self.num_experts, self.hidden, self.top_k, self.max_tokens = num_experts, hidden, top_k, max_tokens
         self.world_size, self.rank = _runtime.world_size(), _runtime.rank()
-        self.local_experts = num_experts // self.world_size
         self._plan = _C.ExpertParallel(num_experts, hidden, top_k, max_tokens, max_sms)
+
+    @property
+    def local_experts(self) -> int:
+        """The experts this rank holds (num_experts / world size), as the plan has them."""
+        return self._plan.local_experts
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
                  topk_weights: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, List[int], "_C.EpHandle"]:
@@ -136,8 +140,12 @@ class ExpertParallelLowLatency:
                          max_tokens_limit=_MAX_TOKENS_LOW_LATENCY)
         self.num_experts, self.hidden, self.top_k, self.max_tokens = num_experts, hidden, top_k, max_tokens
         self.world_size, self.rank = _runtime.world_size(), _runtime.rank()
-        self.local_experts = num_experts // self.world_size
         self._plan = _C.ExpertParallelLowLatency(num_experts, hidden, top_k, max_tokens, max_sms)
+
+    @property
+    def local_experts(self) -> int:
+        """The experts this rank holds (num_experts / world size), as the plan has them."""
+        return self._plan.local_experts
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Collective. x: [T, hidden] bf16 (T <= max_tokens); topk_idx: [T, top_k] int64 (-1: none).

@@ -68,3 +68,15 @@ class Inputs:
 @pytest.fixture
 def inputs(request):
     return Inputs(request.node.nodeid)
+
+
+@pytest.fixture
+def graph_recorder():
+    """(backend, graphs): a torch.compile backend that keeps every graph it is given, and that list."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return backend, graphs

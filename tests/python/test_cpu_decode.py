@@ -118,13 +118,9 @@ def test_make_fx_traces_the_op():
     assert targets.count("weft.flash_decode.default") == 2, targets
 
 
-def test_compile_fullgraph(fake_group):
+def test_compile_fullgraph(fake_group, graph_recorder):
     name, w = fake_group
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend, graphs = graph_recorder
 
     def step(q, k, v, lens, pk, pv, table, kd, vd):
         y, lse = _decode(q, k, v, lens, pk, pv, table)

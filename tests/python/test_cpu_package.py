@@ -137,13 +137,9 @@ def test_make_fx_traces_every_op(fake_group):
             "weft.all_reduce.default"} <= targets
 
 
-def test_compile_fullgraph(fake_group):
+def test_compile_fullgraph(fake_group, graph_recorder):
     name, w = fake_group
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend, graphs = graph_recorder
 
     f = torch.compile(lambda x, a, w1, w2: _block(x, a, w1, w2, name, w), fullgraph=True, backend=backend)
     x = torch.empty(64, device="meta")

@@ -187,7 +187,7 @@ def fake_world(request, monkeypatch):
     dist.destroy_process_group()
 
 
-def test_weft_block_compiles_whole_over_meta_tensors(fake_world, monkeypatch):
+def test_weft_block_compiles_whole_over_meta_tensors(fake_world, monkeypatch, graph_recorder):
     w, rt = fake_world
     a = tp.parse_args(["--seq", "64", "--batch", "2", *SMALL], w)
     cfg = tp.Config.from_args(a)
@@ -202,11 +202,7 @@ def test_weft_block_compiles_whole_over_meta_tensors(fake_world, monkeypatch):
 
     for fn in ("world_size", "rank", "group_name"):
         monkeypatch.setattr(rt, fn, called)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    backend, graphs = graph_recorder
 
     torch._dynamo.reset()
     compiled = torch.compile(block, fullgraph=True, backend=backend)

@@ -7,6 +7,7 @@
 
 #include "gpu_check.hpp"
 #include "weft/core/error.hpp"
+#include "weft/device/copy.cuh"
 
 namespace weft::bench {
 namespace {
@@ -137,12 +138,9 @@ namespace {
 __global__ void gather_rows_kernel(uint4* dst, const uint4* src, const std::int32_t* index, std::int64_t rows,
                                    std::int64_t vecs) {
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
-  const int lane = static_cast<int>(threadIdx.x) & 31;
   for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
-       r += warps) {
-    const uint4* from = src + static_cast<std::int64_t>(index[r]) * vecs;
-    for (std::int64_t v = lane; v < vecs; v += 32) dst[r * vecs + v] = from[v];
-  }
+       r += warps)
+    dev::copy_warp(dst + r * vecs, src + static_cast<std::int64_t>(index[r]) * vecs, static_cast<std::size_t>(vecs) * 16);
 }
 }  // namespace
 

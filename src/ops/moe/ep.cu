@@ -69,7 +69,7 @@ constexpr int kMaxExperts = 1024;  // at most kExchangeThreads: the exchange sca
 static_assert(kMaxExperts <= kExchangeThreads, "the exchange scans one expert a thread");
 constexpr int kMaxTopK = 32;
 constexpr int kMaxWorld = 32;
-constexpr int kFp8ScaleBlock = 128;  // fp8 dispatch: channels per float scale (DeepEP's layout)
+using moe_detail::kFp8ScaleChannels;
 constexpr int kRowTail = 8;  // after [E pairs][W tokens]: T, E, H, k, bad token, slot, code, value
 constexpr std::uint64_t kNoError = ~std::uint64_t{0};
 
@@ -603,8 +603,8 @@ void ExpertParallel::dispatch(const EpHandle& h, const void* x, const float* top
 
 void ExpertParallel::dispatch_fp8(const EpHandle& h, const void* x, const float* x_scales, const float* topk_weights,
                                   void* recv_x, float* recv_scales, float* recv_weights, cudaStream_t stream) {
-  WEFT_REQUIRE(opt_.hidden % kFp8ScaleBlock == 0, "ExpertParallel::dispatch_fp8: hidden = ", opt_.hidden,
-               " must be a multiple of ", kFp8ScaleBlock, ": one scale per ", kFp8ScaleBlock, " channels");
+  WEFT_REQUIRE(opt_.hidden % kFp8ScaleChannels == 0, "ExpertParallel::dispatch_fp8: hidden = ", opt_.hidden,
+               " must be a multiple of ", kFp8ScaleChannels, ": one scale per ", kFp8ScaleChannels, " channels");
   WEFT_REQUIRE(tokens_ == 0 || x_scales, "ExpertParallel::dispatch_fp8: x_scales is null for ", tokens_, " tokens");
   WEFT_REQUIRE(h.recv_rows == 0 || recv_scales, "ExpertParallel::dispatch_fp8: recv_scales is null for ", h.recv_rows,
                " rows");
@@ -633,7 +633,7 @@ void ExpertParallel::dispatch_rows(const EpHandle& h, bool fp8, const void* x, c
              .k = opt_.top_k,
              .hidden = opt_.hidden,
              .row_vecs = fp8 ? opt_.hidden / 16 : opt_.hidden / 8,
-             .scales = fp8 ? opt_.hidden / kFp8ScaleBlock : 0,
+             .scales = fp8 ? opt_.hidden / kFp8ScaleChannels : 0,
              .tokens = tokens_,
              .recv_tokens = h.recv_tokens,
              .self_lo = self_lo,

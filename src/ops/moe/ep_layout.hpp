@@ -30,6 +30,9 @@
 
 namespace weft::moe_detail {
 
+/// fp8 dispatch (both modes): channels per float scale, DeepEP's layout.
+inline constexpr int kFp8ScaleChannels = 128;
+
 /// Where experts live: `experts` over `world` ranks, experts / world consecutive ones per rank.
 struct ExpertPlacement {
   int experts = 0;

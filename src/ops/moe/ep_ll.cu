@@ -50,7 +50,7 @@ constexpr int kRecvThreads = 1024;
 constexpr int kMaxExpertsLl = 1024;
 constexpr int kMaxTokensLl = 4096;
 constexpr std::uint64_t kNoErrorLl = ~std::uint64_t{0};
-constexpr int kFp8Block = 128;         // fp8 dispatch: channels per float scale (DeepEP's layout)
+using moe_detail::kFp8ScaleChannels;
 constexpr float kE4m3Max = 448.f;      // the largest finite e4m3 value
 constexpr float kFp8MinAmax = 1e-4f;   // a block's amax floor, as DeepEP: an all-zero block gets a finite scale
 
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
       const std::int64_t row = moe_detail::low_latency_row(pl, M, pl.local(ej), me, pj);
       if (a.fp8)
         cast_row_to_fp8(reinterpret_cast<std::uint8_t*>(a.w.symm_at(a.recv_x, r)) + row * a.hidden,
-                        a.w.symm_at(a.recv_scales, r) + row * (a.hidden / kFp8Block), src, vecs, lane);
+                        a.w.symm_at(a.recv_scales, r) + row * (a.hidden / kFp8ScaleChannels), src, vecs, lane);
       else
         dev::copy_warp(a.w.symm_at(a.recv_x, r) + row * vecs, src, static_cast<std::size_t>(vecs) * 16);
       if (lane == 0) a.w.symm_at(a.recv_src, r)[row] = static_cast<std::int32_t>(t * 32 + j);
@@ -265,9 +265,9 @@ ExpertParallelLowLatency::ExpertParallelLowLatency(std::shared_ptr<Context> ctx,
   WEFT_REQUIRE(opt_.max_tokens >= 1 && opt_.max_tokens <= kMaxTokensLl, "ExpertParallelLowLatency: max_tokens = ",
                opt_.max_tokens, " must be in [1, ", kMaxTokensLl, "]");
   WEFT_REQUIRE(opt_.max_sms >= 0, "ExpertParallelLowLatency: max_sms = ", opt_.max_sms, " must be >= 0");
-  WEFT_REQUIRE(!opt_.fp8_dispatch || opt_.hidden % kFp8Block == 0, "ExpertParallelLowLatency: hidden = ",
-               opt_.hidden, " must be a multiple of ", kFp8Block, " for fp8_dispatch: one scale per ", kFp8Block,
-               " channels");
+  WEFT_REQUIRE(!opt_.fp8_dispatch || opt_.hidden % kFp8ScaleChannels == 0, "ExpertParallelLowLatency: hidden = ",
+               opt_.hidden, " must be a multiple of ", kFp8ScaleChannels, " for fp8_dispatch: one scale per ",
+               kFp8ScaleChannels, " channels");
   ctx_->verify_same_call(str("ExpertParallelLowLatency plan: experts ", opt_.experts, ", hidden ", opt_.hidden,
                              ", top_k ", opt_.top_k, ", max_tokens ", opt_.max_tokens, ", fp8_dispatch ",
                              opt_.fp8_dispatch ? "on" : "off"));
@@ -277,7 +277,8 @@ ExpertParallelLowLatency::ExpertParallelLowLatency(std::shared_ptr<Context> ctx,
   recv_x_ = SymmetricBuffer(ctx_->heap(), per * W * M * H * (opt_.fp8_dispatch ? 1 : 2),
                             opt_.fp8_dispatch ? "fp8_e4m3" : "bf16", "ep_ll.recv_x");
   if (opt_.fp8_dispatch)
-    recv_scales_ = SymmetricBuffer(ctx_->heap(), per * W * M * (H / kFp8Block) * 4, "f32", "ep_ll.recv_scales");
+    recv_scales_ =
+        SymmetricBuffer(ctx_->heap(), per * W * M * (H / kFp8ScaleChannels) * 4, "f32", "ep_ll.recv_scales");
   recv_src_ = SymmetricBuffer(ctx_->heap(), per * W * M * 4, "i32", "ep_ll.recv_src");
   comb_buf_ = SymmetricBuffer(ctx_->heap(), M * k * H * 2, "bf16", "ep_ll.combine");
   count_signals_ = SignalArray(ctx_->heap(), per * W, "ep_ll.count.flags");
