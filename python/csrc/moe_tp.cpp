@@ -60,17 +60,6 @@ void use_slice(const char* op, const char* arg, Plan& plan, int64_t width, cudaS
   plan.slices.insert(width);
 }
 
-void check_group_name(const char* op, c10::string_view group_name, Runtime& rt) {
-  TORCH_CHECK_VALUE(group_name.empty() || group_name == rt.group_name(), "weft.", op, ": argument 'group_name' is \"",
-                    std::string(group_name), "\", but weft was initialised over group \"", rt.group_name(),
-                    "\" (pass that name, or \"\")");
-}
-
-void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::ScalarType want) {
-  TORCH_CHECK_TYPE(t.scalar_type() == want, "weft.", op, ": argument '", arg, "' must be ", dtype_name(want), ", got ",
-                   dtype_name(t.scalar_type()));
-}
-
 /// bf16 or fp16, the grouped GEMMs' types.
 weft::DType half_type(const char* op, const char* arg, const at::Tensor& t) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf, "weft.", op, ": argument '", arg,
@@ -111,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
   const char* op = "ag_moe";
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
-    check_group_name(op, group_name, rt);
+    check_group(op, group_name, rt);
     // Every check comes before the plan is built or run: a bad call raises on its rank before any collective.
     check_dense(op, "x", x, rt);
     const weft::DType dtype = half_type(op, "x", x);
@@ -191,7 +180,7 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
   const char* op = "moe_rs";
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
-    check_group_name(op, group_name, rt);
+    check_group(op, group_name, rt);
     const int W = rt.ctx().world_size();
     check_dense(op, "h", h, rt);
     const weft::DType dtype = half_type(op, "h", h);
@@ -272,27 +261,26 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
 
 // ---- CPU kernels: refuse, naming the first CPU tensor ----
 
-[[noreturn]] void refuse_cpu(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
+[[noreturn]] void refuse_cpu_tensors(const char* op,
+                                     std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
   const char* arg = args.begin()->first;
   for (const auto& [name, t] : args)
     if (t->is_cpu()) {
       arg = name;
       break;
     }
-  TORCH_CHECK_VALUE(false, "weft.", op, ": argument '", arg,
-                    "' is a CPU tensor, but weft's ops run on CUDA tensors of this rank's GPU (allocate them with "
-                    "weft.empty / weft.zeros, or move them with .cuda())");
+  refuse_cpu(op, arg);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe_cpu(
     const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_weights, const at::Tensor& w_up, int64_t,
     c10::string_view, int64_t) {
-  refuse_cpu("ag_moe", {{"x", &x}, {"topk_idx", &topk_idx}, {"topk_weights", &topk_weights}, {"w_up", &w_up}});
+  refuse_cpu_tensors("ag_moe", {{"x", &x}, {"topk_idx", &topk_idx}, {"topk_weights", &topk_weights}, {"w_up", &w_up}});
 }
 
 at::Tensor moe_rs_cpu(const at::Tensor& h, const at::Tensor& expert_rows, const at::Tensor& token_row,
                       const at::Tensor& token_weight, const at::Tensor& w_down, int64_t, c10::string_view, int64_t) {
-  refuse_cpu("moe_rs", {{"h", &h}, {"expert_rows", &expert_rows}, {"token_row", &token_row},
+  refuse_cpu_tensors("moe_rs", {{"h", &h}, {"expert_rows", &expert_rows}, {"token_row", &token_row},
                         {"token_weight", &token_weight}, {"w_down", &w_down}});
 }
 
