@@ -995,3 +995,87 @@ TEST(ExpertParallelLowLatency, BadInputIsNamed) {
   cudaFree(d_out);
 }
 
+// Issue 32's soak for the low-latency mode: 10,000 steps on one plan with no
+// reset, the routing changing every step (eight cases in turn; the first four
+// with ragged token counts, a rank with none and one with one, run eagerly;
+// the last four with max_tokens on every rank, replayed from one CUDA graph
+// every other time they come round: 2,500 replays). Each case's first eager
+// step is checked (dispatch bitwise, combine against float64); every later
+// step and every replay must equal it bit for bit. The dispatch is read
+// between dispatch and combine: once a rank's combine has run, a peer's next
+// send may already be overwriting its receive buffer.
+TEST(ExpertParallelLowLatency, TenThousandStepsAndGraphReplaysWithFreshRoutingsEqualCheckedResults) {
+  const int world = ctx().world_size(), M = 16, H = 256, k = 4, steps = 10000;
+  const int E = experts_for(16, world);
+  ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = H, .top_k = k, .max_tokens = M});
+  cudaStream_t s = test::stream();
+  struct Step {
+    Case c;
+    LlStep inputs;
+    std::vector<std::uint16_t> out;  // the checked first step's bits, [T][H]
+    bool checked = false;            // its first step ran and was checked
+  };
+  std::vector<Step> cases;
+  for (int i = 0; i < 8; ++i) {
+    Case c{E, k, H, static_cast<Routing>(i % 3),
+           i < 4 ? ll_tokens(world, M, 4000 + i) : std::vector<std::int64_t>(world, M), 8000u + i};
+    cases.push_back({c, ll_step(c, M), {}});
+  }
+  LlBuffers b(cases[0].c, M, world);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::string error;
+  try {  // one step of M tokens per rank on b's buffers
+    WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ll.dispatch(b.topk, b.x, M, s);
+    ll.combine(b.y, b.topk, b.w, b.out, M, s);
+    WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+    WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  } catch (const std::exception& e) {
+    error = str("capture: ", e.what());
+  }
+  int replays = 0, done = 0;
+  // Every rank takes every step, whatever it found (the steps are collective); an exception ends the loop.
+  for (int i = 0; i < steps; ++i) {
+    Step& step = cases[i % cases.size()];
+    const std::int64_t T = step.c.tokens[ctx().rank()];
+    const bool replay = exec && i % 8 >= 4 && (i / 8) % 2 == 1;  // the same on every rank
+    std::string found;
+    try {
+      b.load(step.c, step.inputs, M);  // inputs, the output poisoned
+      if (replay) {  // every case's first step came before the first replay (round 0 is eager)
+        WEFT_CUDA(cudaGraphLaunch(exec, s));
+        ++replays;
+      } else {
+        ll.dispatch(b.topk, b.x, T, s);
+        if (!step.checked) found = check_ll_dispatch(ll, step.c, step.inputs, M);  // before combine frees the buffer
+        ll.combine(b.y, b.topk, b.w, b.out, T, s);
+      }
+      const auto out = host_copy(b.out, static_cast<std::size_t>(T) * H, s);
+      if (!step.checked) {  // the case's first step: combine against float64 too
+        if (found.empty()) found = check_ll_combine(step.c, step.inputs, out);
+        step.out = out;
+        step.checked = true;
+      } else if (out != step.out) {
+        found = str(replay ? "replay" : "eager step", " differs bitwise from the case's checked first step");
+      }
+      ++done;
+    } catch (const std::exception& e) {
+      found = e.what();
+      if (error.empty()) error = str("step ", i, " (", describe(step.c), "): ", found);
+      break;
+    }
+    if (error.empty() && !found.empty()) error = str("step ", i, " (", describe(step.c), "): ", found);
+  }
+  try {
+    ll.check_errors(s);
+  } catch (const std::exception& e) {
+    if (error.empty()) error = e.what();
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  EXPECT_EQ(error, "") << "rank " << ctx().rank();
+  EXPECT_EQ(done, steps);
+  EXPECT_EQ(replays, 2500);
+  EXPECT_TRUE(test::all_ranks(error.empty()));
+}

@@ -35,13 +35,15 @@ def test_report_from_stand_in_figures(monkeypatch, capsys, tmp_path):
     py = {"all_reduce_host_us": 8.5, "all_reduce__host_us": 6.0, "all_reduce_device_us": 1.5,
           "all_reduce__device_us": 1.5, "all_reduce_graph_replay_host_us": 3.0,
           "all_reduce_graph_replay_device_us": 1.6, "all_reduce__graph_replay_host_us": 3.0,
-          "all_reduce__graph_replay_device_us": 1.6, "plans": 1}
+          "all_reduce__graph_replay_device_us": 1.6, "aten_add__host_us": 5.5, "aten_add_host_us": 7.25, "plans": 1}
     monkeypatch.setattr(ho, "cpp_figures", lambda *a: cpp)
     monkeypatch.setattr(ho, "python_figures", lambda *a: py)
     assert ho.main(["--bench", str(bench), "--json"]) == 0
     out = capsys.readouterr().out
     assert "difference, Python - C++: all_reduce +6.50 us, all_reduce_ +4.00 us (goal: at most +5 us: NOT met)" in out
     assert "graph replay, GPU time Python / C++: 1.000" in out
+    assert any(line.startswith("torch.add(x, 1), out of place (for scale)") and line.split()[-1] == "7.25"
+               for line in out.splitlines())
     assert out.strip().splitlines()[-1].startswith("host_overhead: Python 8.50 us, C++ 2.00 us, difference +6.50 us")
     summary = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert summary["diff_us"] == 6.5

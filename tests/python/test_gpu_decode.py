@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import weft
+from gpu_helpers import capture_after_warmup, sync
 
 pytestmark = pytest.mark.usefixtures("dist_group")
 
@@ -23,11 +24,6 @@ PAGE = 16
 
 def world():
     return weft.world_size(), weft.rank()
-
-
-def sync():
-    torch.cuda.synchronize()
-    dist.barrier()
 
 
 def assert_same_on_every_rank(t):
@@ -196,16 +192,7 @@ def test_cuda_graph_replays_equal_eager(inputs):
         dd = weft.dist_flash_decode(c.q, dk, dv, dlens)
         return a + p + dd
 
-    # Warm-up outside capture builds the plans (dist_flash_decode's collectively).
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = step()
+    graph, got = capture_after_warmup(step)
     for i in range(int(os.environ.get("WEFT_TEST_DECODE_REPLAYS", "100"))):
         c.q.copy_(inputs.rand("gq", i, c.q.shape, torch.bfloat16, scale=1.0 + i % 7))
         lens.copy_(torch.tensor([1 + i % 5, 37 + i, 250 - i, 128], dtype=torch.int32))

@@ -21,17 +21,13 @@ import torch.distributed as dist
 
 import weft
 import weft.nn
+from gpu_helpers import capture_after_warmup, sync
 
 pytestmark = pytest.mark.usefixtures("dist_group")
 
 
 def world():
     return weft.world_size(), weft.rank()
-
-
-def sync():
-    torch.cuda.synchronize()
-    dist.barrier()
 
 
 def assert_on_every_rank(error: str):
@@ -346,15 +342,7 @@ def test_low_latency_graph_replays_with_fresh_routings_equal_eager(inputs):
         return ll.combine(ll_experts(recv_x, per), idx, wts), recv_count
 
     load(0)
-    s = torch.cuda.Stream()  # warm-up off the default stream, as torch.cuda.graph asks
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_out, g_count = step()
+    graph, (g_out, g_count) = capture_after_warmup(step)
     error = ""
     for i in range(1, 25):
         rnd = load(i)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import weft
+from gpu_helpers import capture_after_warmup, sync
 
 pytestmark = pytest.mark.usefixtures("dist_group")
 
@@ -20,11 +21,6 @@ ops = torch.ops.weft
 
 def world():
     return weft.world_size(), weft.rank()
-
-
-def sync():
-    torch.cuda.synchronize()
-    dist.barrier()
 
 
 def rel_err(x, ref):
@@ -299,16 +295,7 @@ def test_cuda_graph_replays_equal_eager(inputs):
         _, (c,) = ops.fused_all_gather_matmul(a, [wt.t()], 0, g, return_A=False)
         return ops.all_reduce(x, "sum", g), c
 
-    # Warm-up outside capture builds the plans (collectively) and picks their paths.
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got_sum, got_c = step()
+    graph, (got_sum, got_c) = capture_after_warmup(step)
     for i in range(int(os.environ.get("WEFT_TEST_REPLAYS", "1000"))):
         x.copy_(inputs.rand("x", r, (8192,), torch.bfloat16, scale=1.0 + i))
         a.copy_(inputs.rand("a", r, (128, 256), torch.bfloat16, scale=1.0 + i))

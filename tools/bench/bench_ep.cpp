@@ -7,6 +7,9 @@
 //   layout+dispatch   what a caller of dispatch waits for (DeepEP's normal mode also reads
 //                     the counts on the host before it moves tokens);
 //   full call         layout, dispatch, combine (identity experts: y = recv_x);
+//   each step         dispatch and combine on the GPU's clock: events around each, after the
+//                     layout's host read, the stream held while they are enqueued (the rows
+//                     above are differences of whole-call medians);
 //   fp8 dispatch      layout + dispatch_fp8 (e4m3 rows and a float scale per 128 channels;
 //                     where H is a multiple of 128), with its own copy bound and expanded
 //                     write over its bytes (H + H / 32 per row);
@@ -48,6 +51,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "enqueue_hold.hpp"
 #include "gpu_check.hpp"
 #include "timing.hpp"
 #include "weft/core/error.hpp"
@@ -121,6 +125,7 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
   double t_ld8 = 0, t_copy8 = 0, t_expand8 = 0;  // fp8 dispatch (H a multiple of 128)
   double t_ll_dispatch = 0, t_ll_combine = 0, t_ll_dispatch8 = 0;  // the low-latency mode at --ll-tokens
   double t_nccl = 0;  // NCCL all-to-all with the permutations (0: not run)
+  double t_dispatch_ev = 0, t_combine_ev = 0;  // events around each step, after the layout
   std::string nccl_check = "not run (ranks share a GPU: NCCL refuses them)";
   const int M = args.ep_ll_tokens;
   std::string ll_check = "skipped";
@@ -333,6 +338,41 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
       auto expand_write8 = [&] { WEFT_CUDA(cudaMemsetAsync(d_recv, 0x3c, recv8, stream)); };
       t_expand8 = time_per_call(ctx, stream, expand_write8, 1, args.samples, args.warmup, args.hold);
     }
+    {  // Each step on the GPU's clock. "dispatch" and "combine" above are differences of
+       // whole-call medians (layout + dispatch minus layout, ...), which move with the layout's
+       // host read; here the layout runs first (it reads its counts on the host), then the
+       // stream is held while the host enqueues a device barrier and the events around
+       // dispatch and combine, so neither the host's enqueue nor the layout lands in them.
+      EnqueueHold held;
+      cudaEvent_t ev[3];
+      for (auto& e : ev) WEFT_CUDA(cudaEventCreate(&e));
+      std::vector<double> dispatch_ms, combine_ms;
+      for (int i = 0; i < args.warmup + args.samples; ++i) {
+        const EpHandle hh = plan.layout(d_topk, T, stream);
+        held.hold(stream);
+        ctx.barrier(stream);
+        WEFT_CUDA(cudaEventRecord(ev[0], stream));
+        plan.dispatch(hh, d_x, d_w, d_recv, nullptr, stream);
+        WEFT_CUDA(cudaEventRecord(ev[1], stream));
+        plan.combine(hh, d_recv, d_out, stream);
+        WEFT_CUDA(cudaEventRecord(ev[2], stream));
+        held.release();
+        ctx.synchronize(stream);
+        WEFT_REQUIRE(!held.timed_out(), "weft-bench ep: a step's enqueue outlasted the hold (", held.limit_ms(),
+                     " ms)");
+        if (i < args.warmup) continue;
+        float d = 0, c = 0;
+        WEFT_CUDA(cudaEventElapsedTime(&d, ev[0], ev[1]));
+        WEFT_CUDA(cudaEventElapsedTime(&c, ev[1], ev[2]));
+        dispatch_ms.push_back(d);
+        combine_ms.push_back(c);
+      }
+      for (auto& e : ev) cudaEventDestroy(e);
+      const std::vector<double> te =
+          slowest_over_ranks(ctx, {median(dispatch_ms) * 1e3, median(combine_ms) * 1e3}, "ep step timings");
+      t_dispatch_ev = te[0];
+      t_combine_ev = te[1];
+    }
     if (M > 0) {  // the low-latency mode: its own plans, M tokens of x and of the routing
       ExpertParallelLowLatency ll(ctx_ptr, {.experts = E, .hidden = H, .top_k = k, .max_tokens = M,
                                             .max_sms = args.max_sms});
@@ -438,13 +478,13 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
                   "\"dispatch_gbs\":%.2f,\"combine_gbs\":%.2f,\"copy_bound_gbs\":%.2f,\"shared_gpu\":%s,"
                   "\"fp8_dispatch_us\":%.3f,\"fp8_bound_us\":%.3f,\"ll_tokens\":%d,\"ll_dispatch_us\":%.3f,"
                   "\"ll_combine_us\":%.3f,\"ll_fp8_dispatch_us\":%.3f,\"ll_check\":\"%s\",\"nccl_us\":%.3f,"
-                  "\"nccl_check\":\"%s\",\"check\":\"%s\"}\n",
+                  "\"nccl_check\":\"%s\",\"dispatch_events_us\":%.3f,\"combine_events_us\":%.3f,\"check\":\"%s\"}\n",
                   world, static_cast<long long>(T), H, k, E, blocks, t_layout, t_ld, t_full, t_dispatch, t_combine,
                   t_copy, t_expand, t_bound, static_cast<long long>(recv_rows), static_cast<long long>(max_pairs),
                   static_cast<long long>(max_remote),
                   gbs(max_pairs, t_dispatch), gbs(max_pairs, t_combine), gbs(max_pairs, t_copy),
                   shared ? "true" : "false", t_dispatch8, t_bound8, M, t_ll_dispatch, t_ll_combine, t_ll_dispatch8,
-                  ll_check.c_str(), t_nccl, nccl_check.c_str(), check.c_str());
+                  ll_check.c_str(), t_nccl, nccl_check.c_str(), t_dispatch_ev, t_combine_ev, check.c_str());
     } else {
       std::printf("ep, %d ranks, %lld tokens per rank, hidden %d, top-%d of %d experts, %d SMs; us per call "
                   "(median of %d samples, max over ranks)\n",
@@ -474,6 +514,9 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
       std::printf("dispatch / bound: %.3f, combine / bound: %.3f, dispatch / copy bound: %.3f, combine / copy bound: "
                   "%.3f (time ratios); check: %s\n",
                   t_dispatch / t_bound, t_combine / t_bound, t_dispatch / t_copy, t_combine / t_copy, check.c_str());
+      std::printf("each step on the GPU's clock (events around it, the layout before, the stream held): dispatch "
+                  "%.2f us, combine %.2f us; dispatch / bound: %.3f, combine / bound: %.3f\n",
+                  t_dispatch_ev, t_combine_ev, t_dispatch_ev / t_bound, t_combine_ev / t_bound);
       if (fp8) std::printf("fp8 dispatch / its bound: %.3f, fp8 dispatch / bf16 dispatch: %.3f\n",
                            t_dispatch8 / t_bound8, t_dispatch8 / t_dispatch);
       if (t_nccl > 0)

@@ -177,6 +177,8 @@ def python_figures(nbytes: int, samples: int, warmup: int) -> dict:
                                                     samples, warmup),
         # An ATen op of the same size, for scale: the dispatcher and a kernel launch, nothing of weft's.
         "aten_add__host_us": hold.host_us(functools.partial(x.add_, 1), samples, warmup),
+        # Its out-of-place form, beside weft's: the output's allocation and Python object, nothing of weft's.
+        "aten_add_host_us": hold.host_us(functools.partial(torch.add, x, 1), samples, warmup),
     }
     for name, call in (("all_reduce", out_of_place), ("all_reduce_", in_place)):
         graph = torch.cuda.CUDAGraph()
@@ -229,6 +231,7 @@ def main(argv=None) -> int:
           f"{f(py['all_reduce__device_us'])}")
     print(f"{'torch.ops.weft.all_reduce_.default':44} {f(py.get('all_reduce__default_host_us'))}")
     print(f"{'x.add_(1), an ATen op (for scale)':44} {f(py.get('aten_add__host_us'))}")
+    print(f"{'torch.add(x, 1), out of place (for scale)':44} {f(py.get('aten_add_host_us'))}")
     print(f"{'CUDA graph of one call: C++ cudaGraphLaunch':44} {f(c.get('graph_launch_host_us'))} "
           f"{f(c.get('graph_replay_device_us'))}")
     print(f"{'CUDA graph of one all_reduce: replay()':44} {f(py['all_reduce_graph_replay_host_us'])} "

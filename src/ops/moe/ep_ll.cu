@@ -89,11 +89,16 @@ __device__ bool last_block(std::uint64_t* done) {
   return last;
 }
 
-// fp8 dispatch: a warp casts one token's row (src, `vecs` 16-byte vectors of 8 bf16) to e4m3 in
-// dst (H bytes), one scale per 128 channels in dst_scales: scale = amax / 448 over the block
-// (amax at least kFp8MinAmax), each channel x * (448 / amax) rounded to nearest, saturated to
-// the finite range. A step covers 256 channels: two blocks, one per half-warp.
-__device__ void cast_row_to_fp8(std::uint8_t* dst, float* dst_scales, const uint4* src, std::int64_t vecs, int lane) {
+// fp8 dispatch: a warp casts one token's row (src, `vecs` 16-byte vectors of 8 bf16) to e4m3
+// once and stores it to each of its destinations: lane j of `sends` holds slot j's row
+// (dst_x: H bytes) and scales (dst_scales: one float per 128 channels). scale = amax / 448
+// over the block (amax at least kFp8MinAmax), each channel x * (448 / amax) rounded to
+// nearest, saturated to the finite range. A step covers 256 channels: two blocks, one per
+// half-warp; each lane stores its own 8 bytes to every destination, so nothing is staged.
+__device__ void cast_row_to_fp8(const uint4* src, std::int64_t vecs, int lane, unsigned sends, std::uint8_t* dst_x,
+                                float* dst_scales) {
+  const auto x_at = reinterpret_cast<unsigned long long>(dst_x);
+  const auto scales_at = reinterpret_cast<unsigned long long>(dst_scales);
   for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {  // every lane runs every step (the shuffles)
     const std::int64_t v = v0 + lane;
     const bool here = v < vecs;  // the same for a whole half-warp: vecs is a multiple of 16
@@ -110,14 +115,19 @@ __device__ void cast_row_to_fp8(std::uint8_t* dst, float* dst_scales, const uint
     for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // the half-warp's
     amax = fmaxf(amax, kFp8MinAmax);
     const float inv = kE4m3Max / amax;
-    if (!here) continue;
     std::uint8_t q[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[i] = __nv_cvt_float_to_fp8(f[i] * inv, __NV_SATFINITE, __NV_E4M3);
     uint2 packed;
     std::memcpy(&packed, q, 8);
-    reinterpret_cast<uint2*>(dst)[v] = packed;
-    if ((lane & 15) == 0) dst_scales[v / 16] = amax / kE4m3Max;
+    for (unsigned left = sends; left != 0; left &= left - 1) {
+      const int j = __ffs(left) - 1;
+      auto* x = reinterpret_cast<uint2*>(__shfl_sync(0xffffffffu, x_at, j));
+      auto* scales = reinterpret_cast<float*>(__shfl_sync(0xffffffffu, scales_at, j));
+      if (!here) continue;
+      x[v] = packed;
+      if ((lane & 15) == 0) scales[v / 16] = amax / kE4m3Max;
+    }
   }
 }
 
@@ -159,19 +169,24 @@ __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
       }
     }
     const uint4* src = a.x + t * vecs;
-    for (unsigned left = __ballot_sync(0xffffffffu, valid); left != 0; left &= left - 1) {
+    // Lane j's destination: row pos of (its expert's local index, this rank) at the expert's owner.
+    // pos >= M only where an earlier row was bad (and recorded).
+    const bool send = valid && pos < M;
+    const int owner = send ? pl.owner(static_cast<int>(ex)) : 0;
+    const std::int64_t row = send ? moe_detail::low_latency_row(pl, M, pl.local(static_cast<int>(ex)), me, pos) : 0;
+    const unsigned sends = __ballot_sync(0xffffffffu, send);
+    if (send) a.w.symm_at(a.recv_src, owner)[row] = static_cast<std::int32_t>(t * 32 + lane);
+    if (a.fp8) {  // cast once, store to every destination
+      cast_row_to_fp8(src, vecs, lane, sends,
+                      send ? reinterpret_cast<std::uint8_t*>(a.w.symm_at(a.recv_x, owner)) + row * a.hidden : nullptr,
+                      send ? a.w.symm_at(a.recv_scales, owner) + row * (a.hidden / kFp8ScaleChannels) : nullptr);
+      continue;
+    }
+    for (unsigned left = sends; left != 0; left &= left - 1) {
       const int j = __ffs(left) - 1;
-      const int ej = static_cast<int>(__shfl_sync(0xffffffffu, ex, j));
-      const int pj = __shfl_sync(0xffffffffu, pos, j);
-      if (pj >= M) continue;  // only where an earlier row was bad (and recorded)
-      const int r = pl.owner(ej);
-      const std::int64_t row = moe_detail::low_latency_row(pl, M, pl.local(ej), me, pj);
-      if (a.fp8)
-        cast_row_to_fp8(reinterpret_cast<std::uint8_t*>(a.w.symm_at(a.recv_x, r)) + row * a.hidden,
-                        a.w.symm_at(a.recv_scales, r) + row * (a.hidden / kFp8ScaleChannels), src, vecs, lane);
-      else
-        dev::copy_warp(a.w.symm_at(a.recv_x, r) + row * vecs, src, static_cast<std::size_t>(vecs) * 16);
-      if (lane == 0) a.w.symm_at(a.recv_src, r)[row] = static_cast<std::int32_t>(t * 32 + j);
+      const int r = __shfl_sync(0xffffffffu, owner, j);
+      const std::int64_t rj = __shfl_sync(0xffffffffu, row, j);
+      dev::copy_warp(a.w.symm_at(a.recv_x, r) + rj * vecs, src, static_cast<std::size_t>(vecs) * 16);
     }
   }
   if (last_block(a.done)) {
