@@ -212,6 +212,16 @@ def expert_swiglu(x: torch.Tensor, expert_rows: Sequence[int], w1: torch.Tensor,
     return out
 
 
+def _check_full_weights(layer: str, e: int, f: int, h: int, gate_weight: torch.Tensor, w1: torch.Tensor,
+                        w3: torch.Tensor, w2: torch.Tensor) -> None:
+    """Raises ValueError naming the argument whose shape is not a full MoE block's of E = e, ffn = f, hidden = h."""
+    for name, t, want in (("gate_weight", gate_weight, (e, h)), ("w1", w1, (e, f, h)), ("w3", w3, (e, f, h)),
+                          ("w2", w2, (e, h, f))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"weft.nn.{layer}.load_full_weights: argument '{name}' must have shape "
+                             f"{list(want)}, got {list(t.shape)}")
+
+
 class ExpertParallelMoE(torch.nn.Module):
     """Mixtral's sparse MoE block under expert parallelism (forward only).
 
@@ -260,12 +270,7 @@ class ExpertParallelMoE(torch.nn.Module):
     def load_full_weights(self, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                           w2: torch.Tensor) -> None:
         """Takes the router and this rank's experts from every expert's weights."""
-        e, f, h = self.num_experts, self.ffn, self.hidden
-        for name, t, want in (("gate_weight", gate_weight, (e, h)), ("w1", w1, (e, f, h)), ("w3", w3, (e, f, h)),
-                              ("w2", w2, (e, h, f))):
-            if tuple(t.shape) != want:
-                raise ValueError(f"weft.nn.ExpertParallelMoE.load_full_weights: argument '{name}' must have shape "
-                                 f"{list(want)}, got {list(t.shape)}")
+        _check_full_weights("ExpertParallelMoE", self.num_experts, self.ffn, self.hidden, gate_weight, w1, w3, w2)
         mine = slice(self.first_expert, self.first_expert + self.local_experts)
         self.gate.weight.copy_(gate_weight)
         self.w1.copy_(w1[mine])
@@ -361,12 +366,7 @@ class TensorParallelMoE(torch.nn.Module):
     def load_full_weights(self, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                           w2: torch.Tensor) -> None:
         """Takes the router and this rank's slice of every expert from the full weights."""
-        e, f, h = self.num_experts, self.ffn, self.hidden
-        for name, t, want in (("gate_weight", gate_weight, (e, h)), ("w1", w1, (e, f, h)), ("w3", w3, (e, f, h)),
-                              ("w2", w2, (e, h, f))):
-            if tuple(t.shape) != want:
-                raise ValueError(f"weft.nn.TensorParallelMoE.load_full_weights: argument '{name}' must have shape "
-                                 f"{list(want)}, got {list(t.shape)}")
+        _check_full_weights("TensorParallelMoE", self.num_experts, self.ffn, self.hidden, gate_weight, w1, w3, w2)
         fr = self.ffn_per_rank
         mine = slice(self.rank * fr, (self.rank + 1) * fr)
         self.gate.weight.copy_(gate_weight)

@@ -42,6 +42,7 @@
 
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
+#include "half_bits.hpp"
 #include "ops/moe/moe_tiles.hpp"
 #include "ops/moe/moe_tp_layout.hpp"
 #include "weft/core/error.hpp"
@@ -49,6 +50,8 @@
 
 using namespace weft;
 using weft::test::ctx;
+using weft::test::float_to_half_bits;
+using weft::test::half_bits_to_float;
 
 namespace {
 
@@ -63,29 +66,6 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64
 double grid_value(std::uint64_t seed, std::uint64_t tag, std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   const std::uint64_t h = mix(seed ^ mix(tag ^ mix(a ^ mix(b ^ mix(c)))));
   return (static_cast<double>(h % 129) - 64.0) / 64.0;
-}
-
-std::uint16_t to_bits(double v, DType t) {  // v exact in the type
-  const float f = static_cast<float>(v);
-  if (t == DType::bf16) {
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<std::uint16_t>(u >> 16);
-  }
-  const __half_raw r = __half(__float2half_rn(f));
-  return r.x;
-}
-
-double from_bits(std::uint16_t bits, DType t) {
-  if (t == DType::bf16) {
-    const std::uint32_t u = std::uint32_t{bits} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  __half_raw r;
-  r.x = bits;
-  return __half2float(__half(r));
 }
 
 constexpr std::uint16_t kPoison = 0xFFFF;  // NaN in bf16 and fp16: memset 0xFF
@@ -240,12 +220,13 @@ class Layer {
     const std::int64_t T = c.tokens[me_];
     std::vector<std::uint16_t> x(static_cast<std::size_t>(T) * H), wu(static_cast<std::size_t>(E) * n_local_ * H),
         wd(static_cast<std::size_t>(E) * H * n_local_);
-    for (std::int64_t i = 0; i < T * H; ++i) x[i] = to_bits(xs_[me_ * cap_ * H + i], c.dtype);
+    auto bits = [&](double v) { return float_to_half_bits(static_cast<float>(v), c.dtype); };  // v exact in the type
+    for (std::int64_t i = 0; i < T * H; ++i) x[i] = bits(xs_[me_ * cap_ * H + i]);
     for (int e = 0; e < E; ++e)
       for (std::int64_t n = 0; n < n_local_; ++n)
         for (std::int64_t h = 0; h < H; ++h) {
-          wu[(e * n_local_ + n) * H + h] = to_bits(up_[(e * F + n_lo_ + n) * H + h], c.dtype);
-          wd[(e * H + h) * n_local_ + n] = to_bits(down_[(e * H + h) * F + n_lo_ + n], c.dtype);
+          wu[(e * n_local_ + n) * H + h] = bits(up_[(e * F + n_lo_ + n) * H + h]);
+          wd[(e * H + h) * n_local_ + n] = bits(down_[(e * H + h) * F + n_lo_ + n]);
         }
     x_ = std::make_unique<DeviceBuffer>(x.size() * 2);
     topk_ = std::make_unique<DeviceBuffer>(routes_[me_].topk.size() * 8);
@@ -366,7 +347,7 @@ class Layer {
           ref += static_cast<double>(w[c]) * x[c];
           mag += std::fabs(static_cast<double>(w[c]) * x[c]);
         }
-        const double got = from_bits(h[i * n_local_ + n], c_.dtype);
+        const double got = half_bits_to_float(h[i * n_local_ + n], c_.dtype);
         if (!(std::fabs(got - ref) <= std::fabs(ref) / 128 + mag * 1e-4))
           return str("AgMoe row ", i, " (token ", tok, ", expert ", e, ") column ", n, ": ", got, ", float64 ", ref);
       }
@@ -410,7 +391,7 @@ class Layer {
         }
       }
       for (std::int64_t c = 0; c < H; ++c) {
-        const double got = from_bits(out[t * H + c], c_.dtype);
+        const double got = half_bits_to_float(out[t * H + c], c_.dtype);
         if (!(std::fabs(got - ref[c]) <= mag[c] / 32))
           return str("out token ", t, " channel ", c, ": ", got, ", float64 ", ref[c], " (sum of |terms| ", mag[c], ")");
         err2 += (got - ref[c]) * (got - ref[c]);

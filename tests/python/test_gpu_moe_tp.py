@@ -16,46 +16,18 @@ list an expert twice. Outputs are poisoned (NaN) first: the caching
 allocator's blocks they will take.
 """
 
-import zlib
-
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 import weft
 import weft.nn
+from gpu_helpers import (assert_on_every_rank, capture_after_warmup, generator, moe_layer_error, moe_weights,
+                         poison_allocator, ragged, rel_err, sync, world)
 
 pytestmark = pytest.mark.usefixtures("dist_group")
 
 ops = torch.ops.weft
-
-
-def world():
-    return weft.world_size(), weft.rank()
-
-
-def sync():
-    torch.cuda.synchronize()
-    dist.barrier()
-
-
-def assert_on_every_rank(error: str):
-    """Fails on every rank if any rank found an error (the ranks stay in step), naming each rank's."""
-    w = dist.get_world_size()
-    errors = [None] * w
-    dist.all_gather_object(errors, error)
-    bad = [f"rank {p}: {e}" for p, e in enumerate(errors) if e]
-    assert not bad, "; ".join(bad)
-
-
-def generator(inputs, name, rank):
-    return torch.Generator().manual_seed((inputs.base * 1000003 + zlib.crc32(name.encode()) * 101 + rank) % (1 << 62))
-
-
-def ragged(world_size, base, step):
-    """Tokens per rank: rank 1 none, rank 2 one, the others sizes that are multiples of nothing."""
-    return [0 if s == 1 else 1 if s == 2 else base + step * s for s in range(world_size)]
 
 
 def routing(inputs, name, rank, count, experts, k, with_none=True, repeats=True):
@@ -70,19 +42,6 @@ def routing(inputs, name, rank, count, experts, k, with_none=True, repeats=True)
         idx[torch.rand(count, k, generator=g) < 1 / 3] = -1
     w = torch.rand(count, k, generator=g) * 0.95 + 0.05
     return idx.cuda(), w.cuda()
-
-
-def poison_allocator(*specs):
-    """Leaves NaN-filled blocks of these (shape, dtype)s in torch's cache, for the next allocations to take."""
-    held = [torch.empty(shape, dtype=dtype, device="cuda") for shape, dtype in specs]
-    for t in held:
-        t.view(torch.uint8).fill_(0xFF)
-    del held
-
-
-def rel_err(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def slices(ffn_per_rank, world_size, uneven):
@@ -288,15 +247,7 @@ def test_graph_replays_with_fresh_routings_equal_eager(inputs):
         h, rt = weft.ag_moe(x, idx, wts, first.w_up, cap)
         return weft.moe_rs(first.swiglu(h), rt, first.w_down), rt.expert_rows
 
-    s = torch.cuda.Stream()  # warm-up off the default stream, as torch.cuda.graph asks
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_out, g_rows = step()
+    graph, (g_out, g_rows) = capture_after_warmup(step)
     error = ""
     for i in range(1, 21):
         rnd = Layer(inputs, f"step{i}", counts, E, k, hidden, f, cap=cap, weights="weights")
@@ -399,26 +350,6 @@ def test_bad_input_is_named_on_every_rank_without_hanging(inputs):
 # ---- weft.nn.TensorParallelMoE ------------------------------------------------------------------------
 
 
-def dense_moe(x, idx, wts, w1, w3, w2):
-    """The unsharded block in float64: each token's experts' SwiGLU, weighted over its top-k."""
-    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64, device=x.device)
-    for e in range(w1.shape[0]):
-        t, j = (idx == e).nonzero(as_tuple=True)
-        if len(t):
-            xe = x[t].double()
-            act = F.silu(xe @ w1[e].double().T) * (xe @ w3[e].double().T)
-            out.index_add_(0, t, wts[t, j].double()[:, None] * (act @ w2[e].double().T))
-    return out
-
-
-def moe_weights(inputs, E, ffn, hidden):
-    gate = inputs.rand("gate", 0, (E, hidden), torch.bfloat16, scale=hidden ** -0.5)
-    w1 = inputs.rand("w1", 0, (E, ffn, hidden), torch.bfloat16, scale=hidden ** -0.5)
-    w3 = inputs.rand("w3", 0, (E, ffn, hidden), torch.bfloat16, scale=hidden ** -0.5)
-    w2 = inputs.rand("w2", 0, (E, hidden, ffn), torch.bfloat16, scale=ffn ** -0.5)
-    return gate, w1, w3, w2
-
-
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_tensor_parallel_moe_matches_the_unsharded_block(inputs, top_k):
     w, r = world()
@@ -431,18 +362,7 @@ def test_tensor_parallel_moe_matches_the_unsharded_block(inputs, top_k):
     assert moe.w13.shape == (E, 2 * f, hidden) and torch.equal(moe.w2, w2[:, :, r * f:(r + 1) * f])
     assert torch.equal(moe.w13[:, f:], w3[:, r * f:(r + 1) * f])
     x = inputs.rand("x", r, (counts[r], hidden), torch.bfloat16)
-    error = ""
-    with torch.no_grad():
-        idx, wts = moe.route(x)
-        out = moe(x)
-        out3 = moe(x.view(1, counts[r], hidden))  # leading dimensions are kept
-        if counts[r]:
-            err = rel_err(out, dense_moe(x, idx, wts, w1, w3, w2))
-            if not err <= 3e-2:
-                error = f"relative error {err} against the unsharded block"
-        if out3.shape != (1, counts[r], hidden) or not torch.equal(out3.view_as(out), out):
-            error = error or "a [1, T, H] input gives other bits than [T, H]"
-    assert_on_every_rank(error)
+    assert_on_every_rank(moe_layer_error(moe, x, w1, w3, w2))
     sync()
 
 
@@ -460,15 +380,7 @@ def test_tensor_parallel_moe_compiled_and_in_a_graph_match_eager(inputs):
         if not err <= 2e-2:  # inductor fuses SwiGLU without rounding silu's output: bf16 roundings differ
             error = f"torch.compile: relative error {err} against eager"
         sync()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            moe(x)
-        torch.cuda.current_stream().wait_stream(s)
-        sync()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            g_out = moe(x)
+        graph, g_out = capture_after_warmup(lambda: moe(x))
         for i in range(5):
             x.copy_(inputs.rand("x", r, (T, hidden), torch.bfloat16, scale=1.0 + i))
             graph.replay()
