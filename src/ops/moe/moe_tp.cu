@@ -35,6 +35,7 @@
 #include <algorithm>
 
 #include "../kernel_util.cuh"
+#include "chunk_scan.cuh"
 #include "moe_tp_layout.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
@@ -48,6 +49,7 @@ using moe_detail::kMoeTpMaxExperts;
 using moe_detail::kMoeTpMaxTopK;
 using moe_detail::kSortChunk;
 using moe_detail::ShardLayout;
+using ops_detail::exclusive_scan_column;
 
 constexpr int kCountWarps = 4;       // chunks per count block
 constexpr int kScanThreads = kMoeTpMaxExperts;  // one expert a thread
@@ -194,17 +196,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(SortArgs a) {
   const std::int64_t chunks = (a.tokens + kSortChunk - 1) / kSortChunk;
   std::int32_t total = 0;
   if (tid < E) {
-    constexpr int kBatch = 8;  // loads in flight: the column's scan waits on one load per batch
-    for (std::int64_t c0 = 0; c0 < chunks; c0 += kBatch) {
-      std::int32_t v[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) v[u] = c0 + u < chunks ? a.s.chunk_counts[(c0 + u) * E + tid] : 0;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (c0 + u < chunks) a.s.chunk_counts[(c0 + u) * E + tid] = total;
-        total += v[u];
-      }
-    }
+    total = exclusive_scan_column(a.s.chunk_counts, chunks, E, tid);
     a.s.expert_rows[tid] = total;
     scan[0][tid] = total;
   }
