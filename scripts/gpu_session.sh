@@ -4,11 +4,12 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode ep grouped
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode ep moe grouped
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
 #    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
 #    arguments and the tiles it also times forced, ';'-separated;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds;
+#    MOE_ROUTINGS the moe stage's routings, default "uniform zipf";
 #    EP_TEST_WORLDS the ep stage's world sizes for the EP GPU tests, default "1 2 4 8";
 #    PYTHON_WORLDS the python stage's multi-rank world sizes, default "2 4", and PYTHON_WAIT_S its
 #    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time)
@@ -163,7 +164,7 @@ PY
     PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=${PYTHON_WAIT_S:-300} \
       WEFT_WAIT_TIMEOUT=${PYTHON_WAIT_S:-300} run_logged "python: world $n ${share[*]}" \
       "python_world$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 1500 -- bash -c \
-      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py tests/python/test_gpu_decode.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
+      'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py tests/python/test_gpu_decode.py tests/python/test_gpu_moe_tp.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
     grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
   done
 fi
@@ -480,6 +481,14 @@ if has ep; then  # MoE expert parallelism: weft-bench ep at world 1, then its GP
     run_logged "EP tests, world $n ${share[*]}" "ep_tests_w$n.log" "$BUILD/weftrun" -n "$n" "${share[@]}" --tag-output \
       --timeout 600 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter='ExpertParallel*'
     grep -E "^\[rank 0\] \[ +(OK|FAILED|PASSED) +\]|Failure" "$OUT/ep_tests_w$n.log" | head -n 20
+  done
+fi
+
+if has moe; then  # MoE under tensor parallelism: weft-bench moe_tp (AgMoe, MoeRs against their GEMMs alone), checked
+  for routing in ${MOE_ROUTINGS:-uniform zipf}; do
+    run_logged "weft-bench moe_tp, $routing" "moe_tp_$routing.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
+      "$BUILD/weft-bench" moe_tp --check --routing "$routing"
+    grep -vE '^\[weft-bench\]' "$OUT/moe_tp_$routing.txt"
   done
 fi
 

@@ -1,6 +1,6 @@
 // module.cpp - weft._C: initialisation over torch.distributed's rendezvous, and symmetric tensors.
 // The ops themselves are dispatcher ops (ops.cpp); this module holds what is not an op,
-// and the expert-parallel classes (ep.cpp).
+// the expert-parallel classes (ep.cpp) and ag_moe_check_errors (moe_tp.cpp).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -28,7 +28,8 @@ namespace py = pybind11;
 namespace weft_torch {
 
 extern std::shared_ptr<Runtime> g_runtime;
-void bind_ep(py::module_& m);  // ep.cpp: the expert-parallel classes
+void bind_ep(py::module_& m);      // ep.cpp: the expert-parallel classes
+void bind_moe_tp(py::module_& m);  // moe_tp.cpp: ag_moe_check_errors
 
 namespace {
 
@@ -174,5 +175,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("peer_view", &peer_view);
   m.def("info", &info);
   bind_ep(m);
+  bind_moe_tp(m);
   m.attr("torch_version") = WEFT_TORCH_VERSION;
 }

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "weft/core/error.hpp"
 #include "weft/runtime/context.hpp"
@@ -66,6 +67,15 @@ class Runtime {
     auto it = plans_.find(key);
     if (it != plans_.end()) return *it->second;
     return build(op, key, stream, std::forward<Make>(make));
+  }
+
+  /// The plans whose keys start with `prefix`, in key order: for a call that
+  /// concerns every plan of one operator (ag_moe_check_errors).
+  std::vector<AnyPlan*> plans_named(std::string_view prefix) const {
+    std::vector<AnyPlan*> found;
+    for (auto it = plans_.lower_bound(std::string(prefix)); it != plans_.end() && it->first.starts_with(prefix); ++it)
+      found.push_back(it->second.get());
+    return found;
   }
 
   /// Tears everything down (collective): the plans, then the Context and its

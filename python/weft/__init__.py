@@ -19,6 +19,11 @@ tensors from ``weft.empty`` / ``weft.zeros`` skip that copy.
 ``weft.ExpertParallel`` and ``weft.ExpertParallelLowLatency`` dispatch MoE
 tokens to the ranks of their experts and combine the experts' outputs
 (``weft.nn.ExpertParallelMoE`` is a Mixtral-style block on them).
+``weft.ag_moe`` / ``weft.moe_rs`` (``torch.ops.weft.ag_moe`` / ``moe_rs``) are
+MoE under tensor parallelism: every rank holds a slice of every expert, the
+tokens are gathered before the up-projection and the outputs reduce-scattered
+after the down-projection (``weft.nn.TensorParallelMoE`` is a Mixtral-style
+block on them).
 ``weft.flash_decode`` / ``weft.dist_flash_decode`` are decode attention over a
 contiguous or paged KV cache, on one GPU or sharded across ranks.
 """
@@ -43,6 +48,7 @@ if _C.torch_version != torch.__version__.split("+")[0]:
 from . import _meta  # noqa: E402,F401  (fake implementations of torch.ops.weft.*)
 from ._ep import ExpertParallel, ExpertParallelLowLatency  # noqa: E402
 from ._decode import dist_flash_decode, flash_decode  # noqa: E402  (and the ops' fakes)
+from ._moe_tp import MoeTpRouting, ag_moe, ag_moe_check_errors, moe_rs  # noqa: E402  (and the ops' fakes)
 from ._runtime import (  # noqa: E402
     empty,
     group_name,
@@ -60,6 +66,9 @@ from ._runtime import (  # noqa: E402
 __all__ = [
     "ExpertParallel",
     "ExpertParallelLowLatency",
+    "MoeTpRouting",
+    "ag_moe",
+    "ag_moe_check_errors",
     "dist_flash_decode",
     "empty",
     "flash_decode",
@@ -68,6 +77,7 @@ __all__ = [
     "info",
     "init",
     "is_initialized",
+    "moe_rs",
     "peer_view",
     "rank",
     "shutdown",

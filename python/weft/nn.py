@@ -18,9 +18,13 @@ Sharding as Megatron-LM and vLLM do it, over weft's group of W ranks:
 Weights are bf16 (the fused kernels' type). `from_linear` shards an existing
 nn.Linear; `load_full_weight` takes a full checkpoint tensor.
 
-And expert parallelism: ExpertParallelMoE, Mixtral's sparse MoE block with
-the E experts spread over the W ranks (E / W each), tokens dispatched to
-their experts' ranks and the outputs combined back (weft.ExpertParallel).
+And MoE: ExpertParallelMoE, Mixtral's sparse MoE block with the E experts
+spread over the W ranks (E / W each), tokens dispatched to their experts'
+ranks and the outputs combined back (weft.ExpertParallel); and
+TensorParallelMoE, the same block with every expert's FFN dimension split
+over the ranks (ffn / W each), every rank's tokens gathered before the
+up-projection and the outputs reduce-scattered after the down-projection
+(weft.ag_moe, weft.moe_rs).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import _ep, _runtime
+from . import _ep, _moe_tp, _runtime
 
 
 def _split(n: int, w: int, what: str) -> int:
@@ -208,6 +212,16 @@ def expert_swiglu(x: torch.Tensor, expert_rows: Sequence[int], w1: torch.Tensor,
     return out
 
 
+def _check_full_weights(layer: str, e: int, f: int, h: int, gate_weight: torch.Tensor, w1: torch.Tensor,
+                        w3: torch.Tensor, w2: torch.Tensor) -> None:
+    """Raises ValueError naming the argument whose shape is not a full MoE block's of E = e, ffn = f, hidden = h."""
+    for name, t, want in (("gate_weight", gate_weight, (e, h)), ("w1", w1, (e, f, h)), ("w3", w3, (e, f, h)),
+                          ("w2", w2, (e, h, f))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"weft.nn.{layer}.load_full_weights: argument '{name}' must have shape "
+                             f"{list(want)}, got {list(t.shape)}")
+
+
 class ExpertParallelMoE(torch.nn.Module):
     """Mixtral's sparse MoE block under expert parallelism (forward only).
 
@@ -256,12 +270,7 @@ class ExpertParallelMoE(torch.nn.Module):
     def load_full_weights(self, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                           w2: torch.Tensor) -> None:
         """Takes the router and this rank's experts from every expert's weights."""
-        e, f, h = self.num_experts, self.ffn, self.hidden
-        for name, t, want in (("gate_weight", gate_weight, (e, h)), ("w1", w1, (e, f, h)), ("w3", w3, (e, f, h)),
-                              ("w2", w2, (e, h, f))):
-            if tuple(t.shape) != want:
-                raise ValueError(f"weft.nn.ExpertParallelMoE.load_full_weights: argument '{name}' must have shape "
-                                 f"{list(want)}, got {list(t.shape)}")
+        _check_full_weights("ExpertParallelMoE", self.num_experts, self.ffn, self.hidden, gate_weight, w1, w3, w2)
         mine = slice(self.first_expert, self.first_expert + self.local_experts)
         self.gate.weight.copy_(gate_weight)
         self.w1.copy_(w1[mine])
@@ -279,3 +288,107 @@ class ExpertParallelMoE(torch.nn.Module):
         recv_x, _, expert_rows, handle = self.ep.dispatch(tokens, topk_idx, topk_weights)
         y = expert_swiglu(recv_x, expert_rows, self.w1, self.w3, self.w2)
         return self.ep.combine(y, handle).view(shape)
+
+
+# ---- tensor parallelism ------------------------------------------------------------------------------
+
+
+class TensorParallelMoE(torch.nn.Module):
+    """Mixtral's sparse MoE block under tensor parallelism (forward only).
+
+    Every rank holds every expert, each expert's FFN dimension split over the
+    W ranks: rank r holds features [r F / W, (r + 1) F / W) of each expert's
+    gate and up projections (w1, w3 [E, F, hidden]) as one weight w13
+    [E, 2 F / W, hidden] (its gate rows, then its up rows), and the same
+    columns of the down projection, w2 [E, hidden, F / W]. The router, gate =
+    nn.Linear(hidden, E, no bias), is the same on every rank; mixtral_route
+    picks each token's top_k experts and weights.
+
+    Each rank passes its own tokens, [..., hidden] (at most max_tokens of
+    them, any number, zero included: as under sequence parallelism) and gets
+    their outputs: weft.ag_moe gathers every rank's tokens and runs the up
+    projections of each (token, expert) pair, SwiGLU runs on the sorted rows,
+    weft.moe_rs runs the down projections, sums each token's experts weighted
+    by its top-k weights and reduce-scatters the ranks' partial sums back to
+    the tokens' ranks. forward is collective (every rank calls it) and makes
+    no host synchronisation: it traces under torch.compile(fullgraph=True) and,
+    after a first call, captures into a CUDA graph. bf16 or fp16; F / W a
+    multiple of 8.
+    """
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, max_tokens: int, *,
+                 dtype: torch.dtype = torch.bfloat16, max_sms: int = 0, device=None):
+        super().__init__()
+        what = "weft.nn.TensorParallelMoE"
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"{what}: argument 'dtype' must be torch.bfloat16 or torch.float16 (the grouped GEMMs' "
+                            f"types), got {dtype}")
+        if not 1 <= top_k <= min(32, num_experts):
+            raise ValueError(f"{what}: argument 'top_k' must be in [1, {min(32, num_experts)}] (at most 32, and at "
+                             f"most num_experts = {num_experts}), got {top_k}")
+        if max_tokens < 1:
+            raise ValueError(f"{what}: argument 'max_tokens' must be positive, got {max_tokens}")
+        self.world = _runtime.world_size()
+        self.rank = _runtime.rank()
+        # Read once here: forward passes it as a constant, so torch.compile(fullgraph=True)
+        # traces the layer without calling into the extension.
+        self.group_name = _runtime.group_name()
+        self.hidden, self.ffn, self.num_experts, self.top_k = hidden, ffn, num_experts, top_k
+        self.max_tokens, self.max_sms = max_tokens, max_sms
+        self.ffn_per_rank = _split(ffn, self.world, "TensorParallelMoE: ffn")
+        if self.ffn_per_rank % 8 != 0:
+            raise ValueError(f"{what}: ffn / world size ({ffn} / {self.world} = {self.ffn_per_rank}) must be a "
+                             "multiple of 8 (the grouped GEMMs' 16-byte rows)")
+        device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.gate = torch.nn.Linear(hidden, num_experts, bias=False, dtype=dtype, device=device)
+        self.gate.weight.requires_grad_(False)
+        f = self.ffn_per_rank
+        self.w13 = torch.nn.Parameter(torch.empty(num_experts, 2 * f, hidden, dtype=dtype, device=device),
+                                      requires_grad=False)
+        self.w2 = torch.nn.Parameter(torch.empty(num_experts, hidden, f, dtype=dtype, device=device),
+                                     requires_grad=False)
+
+    @classmethod
+    def from_full(cls, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, top_k: int,
+                  max_tokens: int, *, max_sms: int = 0, dtype: Optional[torch.dtype] = None,
+                  device=None) -> "TensorParallelMoE":
+        """From the full checkpoint tensors (gate_weight [E, hidden]; w1, w3
+        [E, ffn, hidden]; w2 [E, hidden, ffn]; any device): keeps the router
+        and this rank's slice of every expert. dtype: w1's, else bf16."""
+        num_experts, ffn, hidden = w1.shape
+        if dtype is None:
+            dtype = w1.dtype if w1.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        m = cls(hidden, ffn, num_experts, top_k, max_tokens, dtype=dtype, max_sms=max_sms, device=device)
+        m.load_full_weights(gate_weight, w1, w3, w2)
+        return m
+
+    @torch.no_grad()
+    def load_full_weights(self, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                          w2: torch.Tensor) -> None:
+        """Takes the router and this rank's slice of every expert from the full weights."""
+        _check_full_weights("TensorParallelMoE", self.num_experts, self.ffn, self.hidden, gate_weight, w1, w3, w2)
+        fr = self.ffn_per_rank
+        mine = slice(self.rank * fr, (self.rank + 1) * fr)
+        self.gate.weight.copy_(gate_weight)
+        self.w13[:, :fr].copy_(w1[:, mine])
+        self.w13[:, fr:].copy_(w3[:, mine])
+        self.w2.copy_(w2[:, :, mine])
+
+    def route(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(topk_idx, topk_weights) of x [T, hidden]: the router, then mixtral_route."""
+        return mixtral_route(self.gate(x), self.top_k)
+
+    def swiglu(self, h: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of the up-projections' rows h [rows, 2 F / W] (gate columns first): [rows, F / W]."""
+        f = self.ffn_per_rank
+        return (F.silu(h[:, :f]) * h[:, f:]).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, self.hidden).contiguous()
+        topk_idx, topk_weights = self.route(tokens)
+        h, routing = _moe_tp.ag_moe(tokens, topk_idx, topk_weights, self.w13, self.max_tokens,
+                                    group_name=self.group_name, max_sms=self.max_sms)
+        # SwiGLU on every row of h: the rows past the routing's pairs are unspecified and never read.
+        out = _moe_tp.moe_rs(self.swiglu(h), routing, self.w2, group_name=self.group_name, max_sms=self.max_sms)
+        return out.view(shape)

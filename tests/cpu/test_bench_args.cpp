@@ -78,7 +78,7 @@ Bounded run_bounded(const std::string& cmd, int limit_s) {
 
 const std::vector<std::string> kAllOps = {"all_gather", "all_reduce", "reduce_scatter", "gemm",
                                           "ag_gemm",    "gemm_rs",    "gemm_ar",    "ep",         "decode",
-                                          "grouped_gemm"};
+                                          "grouped_gemm", "moe_tp"};
 }  // namespace
 
 TEST(BenchArgs, DefaultsCoverEveryVariantFrom1KTo256M) {
@@ -512,4 +512,35 @@ TEST(BenchArgs, EpTakesItsShapeAndNamesABadOne) {
   EXPECT_NE(error_of({"ep", "--tokens", "0"}).find("--tokens expects a whole number from 1"), std::string::npos);
   EXPECT_NE(error_of({"ep", "--bytes", "1K"}).find("--bytes is for all_gather"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--tokens", "8"}).find("--tokens is for ep"), std::string::npos);
+}
+
+TEST(BenchArgs, MoeTpTakesItsLayersAndNamesABadOne) {
+  const BenchArgs d = parse_bench_args({"weft-bench", "moe_tp"});
+  ASSERT_EQ(d.moe_tp_cases.size(), 3u);  // issue 33's layers: its grouped GEMM rows as T x k
+  EXPECT_EQ(d.moe_tp_cases[0].tokens * d.moe_tp_cases[0].top_k, 16384);
+  EXPECT_EQ(d.moe_tp_cases[1].tokens * d.moe_tp_cases[1].top_k, 65536);
+  EXPECT_EQ(d.moe_tp_cases[2].tokens * d.moe_tp_cases[2].top_k, 32768);
+  EXPECT_EQ(d.moe_tp_cases[1].experts, 128);
+  EXPECT_EQ(d.routing, "uniform");
+  const BenchArgs a = parse_bench_args({"weft-bench", "moe_tp", "--cases", "1001,512,256,16,4;64,64,64,8,8", "--routing",
+                                        "zipf", "--dtype", "fp16", "--check", "--max-sms", "32"});
+  ASSERT_EQ(a.moe_tp_cases.size(), 2u);
+  EXPECT_EQ(a.moe_tp_cases[0].tokens, 1001);
+  EXPECT_EQ(a.moe_tp_cases[0].hidden, 512);
+  EXPECT_EQ(a.moe_tp_cases[0].ffn, 256);
+  EXPECT_EQ(a.moe_tp_cases[0].experts, 16);
+  EXPECT_EQ(a.moe_tp_cases[0].top_k, 4);
+  EXPECT_EQ(a.moe_tp_cases[1].top_k, 8);
+  EXPECT_EQ(a.routing, "zipf");
+  EXPECT_EQ(a.dtype, "fp16");
+  EXPECT_TRUE(a.check);
+  EXPECT_EQ(a.max_sms, 32);
+  EXPECT_NE(error_of({"moe_tp", "--cases", "64,100,64,8,2"}).find("H = 100 and F = 64 must be multiples of 8"),
+            std::string::npos);
+  EXPECT_NE(error_of({"moe_tp", "--cases", "64,64,64,4,8"}).find("are out of range"), std::string::npos);
+  EXPECT_NE(error_of({"moe_tp", "--cases", "64,64,64,8"}).find("is not T,H,F,E,k"), std::string::npos);
+  EXPECT_NE(error_of({"moe_tp", "--dtype", "fp32"}).find("moe_tp takes --dtype bf16 or fp16"), std::string::npos);
+  EXPECT_NE(error_of({"moe_tp", "--experts", "8"}).find("--experts is for"), std::string::npos);
+  // decode's --cases keeps its own meaning
+  EXPECT_EQ(parse_bench_args({"weft-bench", "decode", "--cases", "1,8,1,64"}).decode_cases.size(), 1u);
 }

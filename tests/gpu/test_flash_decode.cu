@@ -21,35 +21,18 @@
 
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
+#include "half_bits.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/flash_decode.hpp"
 
 using namespace weft;
 using weft::test::ctx;
+using weft::test::float_to_half_bits;
+using weft::test::half_bits_to_float;
 
 namespace {
 
 constexpr std::uint16_t kNaN = 0xFFFF;  // a NaN in bf16 and in fp16
-
-float to_float(std::uint16_t bits, DType t) {
-  if (t == DType::bf16) {
-    std::uint32_t u = std::uint32_t{bits} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  __half_raw r;
-  r.x = bits;
-  return __half2float(__half(r));
-}
-std::uint16_t from_float(float f, DType t) {
-  if (t == DType::bf16) {
-    const __nv_bfloat16_raw r = __float2bfloat16_rn(f);
-    return r.x;
-  }
-  const __half_raw r = __float2half_rn(f);
-  return r.x;
-}
 
 struct Case {
   std::string name;
@@ -80,7 +63,7 @@ struct Problem {
     D = c.head_dim;
     std::mt19937_64 rng(bench::fresh_seed(ctx().rank(), 0xf1a5));
     std::uniform_real_distribution<float> uni(-1.f, 1.f);
-    auto draw = [&] { return from_float(uni(rng), c.dtype); };
+    auto draw = [&] { return float_to_half_bits(uni(rng), c.dtype); };
     const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
     o.batch = batch;
     o.q_heads = c.q_heads;
@@ -185,13 +168,13 @@ std::string check_against_reference(const Case& cs) {
     for (int hq = 0; hq < cs.q_heads; ++hq) {
       const int h = hq / pr.group;
       const std::size_t qo = (std::size_t(b) * cs.q_heads + hq) * pr.D;
-      for (int d = 0; d < pr.D; ++d) qd[d] = to_float(pr.q[qo + d], cs.dtype);
+      for (int d = 0; d < pr.D; ++d) qd[d] = half_bits_to_float(pr.q[qo + d], cs.dtype);
       score.assign(len, 0.0);
       double mx = -INFINITY;
       for (int t = 0; t < len; ++t) {
         const std::uint16_t* kr = &pr.k[pr.row(b, h, t)];
         double dot = 0;
-        for (int d = 0; d < pr.D; ++d) dot += qd[d] * to_float(kr[d], cs.dtype);
+        for (int d = 0; d < pr.D; ++d) dot += qd[d] * half_bits_to_float(kr[d], cs.dtype);
         score[t] = dot * scale;
         mx = std::max(mx, score[t]);
       }
@@ -201,12 +184,12 @@ std::string check_against_reference(const Case& cs) {
         const double w = std::exp(score[t] - mx);
         sum += w;
         const std::uint16_t* vr = &pr.v[pr.row(b, h, t)];
-        for (int d = 0; d < pr.D; ++d) ref[d] += w * to_float(vr[d], cs.dtype);
+        for (int d = 0; d < pr.D; ++d) ref[d] += w * half_bits_to_float(vr[d], cs.dtype);
       }
       const double ref_lse = len > 0 ? mx + std::log(sum) : -INFINITY;
       for (int d = 0; d < pr.D; ++d) {
         const double r = len > 0 ? ref[d] / sum : 0.0;
-        const double got = to_float(out[qo + d], cs.dtype);
+        const double got = half_bits_to_float(out[qo + d], cs.dtype);
         err2 += std::isfinite(got) ? (got - r) * (got - r) : INFINITY;
         ref2 += r * r;
       }

@@ -22,28 +22,18 @@
 
 #include "gpu_check.hpp"
 #include "gpu_test.hpp"
+#include "half_bits.hpp"
 #include "routing.hpp"
 #include "weft/core/error.hpp"
 #include "weft/gemm/grouped_gemm.hpp"
 
 using namespace weft;
 using weft::test::ctx;
+using weft::test::half_bits_to_float;
 
 namespace {
 
 constexpr std::uint16_t kNaN = 0xFFFF;  // a NaN in bf16 and in fp16
-
-double to_double(std::uint16_t bits, DType t) {
-  if (t == DType::bf16) {
-    const std::uint32_t u = std::uint32_t{bits} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  __half_raw r;
-  r.x = bits;
-  return __half2float(__half(r));
-}
 
 struct Case {
   std::string name;
@@ -95,8 +85,8 @@ struct Problem {
     WEFT_CUDA(cudaStreamSynchronize(s));
     a.resize(a_n);
     w.resize(w_n);
-    for (std::uint64_t i = 0; i < a_n; ++i) a[i] = to_double(ha[i], c.dtype);
-    for (std::uint64_t i = 0; i < w_n; ++i) w[i] = to_double(hw[i], c.dtype);
+    for (std::uint64_t i = 0; i < a_n; ++i) a[i] = half_bits_to_float(ha[i], c.dtype);
+    for (std::uint64_t i = 0; i < w_n; ++i) w[i] = half_bits_to_float(hw[i], c.dtype);
   }
   ~Problem() {
     for (void* p : {da, dw, dout, static_cast<void*>(dcounts)}) cudaFree(p);
@@ -155,7 +145,7 @@ struct Problem {
       double diff = 0, norm = 0;
       bool finite = true;
       for (std::int64_t i = r * c.n; i < (r + c.counts[e]) * c.n; ++i) {
-        const double x = to_double(got[i], c.dtype);
+        const double x = half_bits_to_float(got[i], c.dtype);
         finite &= std::isfinite(x);
         diff += (x - ref[i]) * (x - ref[i]);
         norm += ref[i] * ref[i];

@@ -177,7 +177,7 @@ def test_compile_fullgraph_matches_eager(inputs):
 
 def test_cuda_graph_replays_equal_eager(inputs):
     w, r = world()
-    b, hq, hkv, d, cap = 4, 32, 8, 128, 256
+    hq, hkv, d, cap = 32, 8, 128, 256  # 4 sequences
     # Not poisoned: the replays' lengths grow past the first ones.
     c = Cache(inputs, [1, 37, 250, 128], hq, hkv, d, torch.bfloat16, cap=cap, name="g", poison=False)
     pk, pv, table = c.paged(seed=11)

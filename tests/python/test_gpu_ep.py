@@ -13,34 +13,15 @@ tokens and rank 2 one. Outputs are poisoned (NaN) before each call: the
 caching allocator's blocks they will take, and the low-latency receive buffer.
 """
 
-import zlib
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import weft
 import weft.nn
-from gpu_helpers import capture_after_warmup, sync
+from gpu_helpers import (assert_on_every_rank, capture_after_warmup, dense_moe, generator, moe_layer_error,
+                         moe_weights, poison_allocator, ragged, rel_err, sync, world)
 
 pytestmark = pytest.mark.usefixtures("dist_group")
-
-
-def world():
-    return weft.world_size(), weft.rank()
-
-
-def assert_on_every_rank(error: str):
-    """Fails on every rank if any rank found an error (the ranks stay in step), naming each rank's."""
-    w = dist.get_world_size()
-    errors = [None] * w
-    dist.all_gather_object(errors, error)
-    bad = [f"rank {p}: {e}" for p, e in enumerate(errors) if e]
-    assert not bad, "; ".join(bad)
-
-
-def generator(inputs, name, rank):
-    return torch.Generator().manual_seed((inputs.base * 1000003 + zlib.crc32(name.encode()) * 101 + rank) % (1 << 62))
 
 
 def tokens(inputs, name, rank, count, hidden):
@@ -63,11 +44,6 @@ def routing(inputs, name, rank, count, experts, k, with_none=True):
     return idx.cuda(), w.cuda()
 
 
-def ragged(world_size, base, step):
-    """Tokens per rank: rank 1 none, rank 2 one, the others sizes that are multiples of nothing."""
-    return [0 if s == 1 else 1 if s == 2 else base + step * s for s in range(world_size)]
-
-
 def experts_for(e, world_size):
     return e if e % world_size == 0 else e * world_size
 
@@ -75,14 +51,6 @@ def experts_for(e, world_size):
 def scale(expert_ids):
     """The test's experts: expert e multiplies its tokens by 1 + (e % 7) / 4."""
     return 1 + (expert_ids % 7).float() / 4
-
-
-def poison_allocator(*specs):
-    """Leaves NaN-filled blocks of these (shape, dtype)s in torch's cache, for the next allocations to take."""
-    held = [torch.empty(shape, dtype=dtype, device="cuda") for shape, dtype in specs]
-    for t in held:
-        t.view(torch.uint8).fill_(0xFF)
-    del held
 
 
 def combine_error(out, x, idx, w):
@@ -397,45 +365,16 @@ def test_low_latency_bad_input_is_named(inputs):
 # ---- ExpertParallelMoE ------------------------------------------------------------------------------
 
 
-def dense_moe(x, idx, wts, w1, w3, w2):
-    """The unsharded block in float64: every expert's SwiGLU, weighted over each token's top-k."""
-    xd = x.double()
-    h = torch.nn.functional.silu(torch.einsum("th,efh->tef", xd, w1.double())) * torch.einsum("th,efh->tef", xd,
-                                                                                              w3.double())
-    y = torch.einsum("tef,ehf->teh", h, w2.double())  # [T, E, H]
-    picked = y.gather(1, idx[..., None].expand(-1, -1, y.shape[-1]))  # [T, k, H]
-    return (wts.double()[..., None] * picked).sum(1)
-
-
-def rel_err(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_moe_matches_the_unsharded_block(inputs, top_k):
     w, r = world()
     hidden, ffn, E = 256, 512, experts_for(8, w)
     counts = ragged(w, 96, 17)
-    gate = inputs.rand("gate", 0, (E, hidden), torch.bfloat16, scale=hidden ** -0.5)
-    w1 = inputs.rand("w1", 0, (E, ffn, hidden), torch.bfloat16, scale=hidden ** -0.5)
-    w3 = inputs.rand("w3", 0, (E, ffn, hidden), torch.bfloat16, scale=hidden ** -0.5)
-    w2 = inputs.rand("w2", 0, (E, hidden, ffn), torch.bfloat16, scale=ffn ** -0.5)
+    gate, w1, w3, w2 = moe_weights(inputs, E, ffn, hidden)
     moe = weft.nn.ExpertParallelMoE.from_dense(gate, w1, w3, w2, top_k, max(counts))
     assert moe.w1.shape == (E // w, ffn, hidden) and torch.equal(moe.w2, w2[r * E // w:(r + 1) * E // w])
     x = inputs.rand("x", r, (counts[r], hidden), torch.bfloat16)
-    error = ""
-    with torch.no_grad():
-        idx, wts = moe.route(x)
-        out = moe(x)
-        out3 = moe(x.view(1, counts[r], hidden))  # leading dimensions are kept
-        if counts[r]:
-            err = rel_err(out, dense_moe(x, idx, wts, w1, w3, w2))
-            if not err <= 3e-2:
-                error = f"relative error {err} against the unsharded block"
-        if out3.shape != (1, counts[r], hidden) or not torch.equal(out3.view_as(out), out):
-            error = error or "a [1, T, H] input gives other bits than [T, H]"
-    assert_on_every_rank(error)
+    assert_on_every_rank(moe_layer_error(moe, x, w1, w3, w2))
     sync()
 
 

@@ -38,5 +38,8 @@ int bench_decode(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 /// dense cuBLAS GEMM of the same FLOPs, this rank's GPU (exit code 0, or 3 if
 /// the result is off). Collective; rank 0 prints.
 int bench_grouped_gemm(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
+/// weft-bench moe_tp: AgMoe and MoeRs on each layer, each against its grouped
+/// GEMM alone (exit code 0, or 3 if --check found the layer off). Collective; rank 0 prints.
+int bench_moe_tp(const std::shared_ptr<Context>& ctx, const BenchArgs& args);
 
 }  // namespace weft::bench

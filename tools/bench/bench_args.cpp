@@ -47,6 +47,11 @@ const OpInfo kOpInfo[] = {
      "(or [E, K, N]), the counts on the device. Each rank times its own GPU, the grouped GEMM and\n"
      "cuBLAS's [rows, K] x [K, N] in turn; TFLOP/s = 2 x rows x N x K / time.\n"
      "tools/bench/grouped_mm_torch.py times torch._grouped_mm on the same shapes and counts."},
+    {"moe_tp", "MoE under tensor parallelism (AgMoe, MoeRs: the sequential path) against their grouped GEMMs alone",
+     "A layer of T tokens (a contiguous T / W on each rank), hidden H, E experts of intermediate\n"
+     "size F (F / W of each on each rank), top-k. ag_moe = AllGather + sort by expert + up GEMM;\n"
+     "moe_rs = down GEMM + top-k weighted sum + ReduceScatter; each against its grouped GEMM alone\n"
+     "on the same counts and configuration. Pairs per expert as grouped_gemm's --routing counts them."},
 };
 constexpr std::size_t kOpCount = std::size(kOpInfo);
 
@@ -59,10 +64,10 @@ const std::vector<std::string> kOps = [] {
 // Which operations an option applies to: one bit per operation, in kOpInfo's order.
 constexpr unsigned kAllGather = 1u << 0, kAllReduce = 1u << 1, kReduceScatter = 1u << 2, kGemm = 1u << 3,
                    kAgGemm = 1u << 4, kGemmRs = 1u << 5, kGemmAr = 1u << 6, kEp = 1u << 7, kDecode = 1u << 8,
-                   kGroupedGemm = 1u << 9;
+                   kGroupedGemm = 1u << 9, kMoeTp = 1u << 10;
 constexpr unsigned kCollectives = kAllGather | kAllReduce | kReduceScatter;
 constexpr unsigned kOverlap = kAgGemm | kGemmRs | kGemmAr;
-constexpr unsigned kEvery = kCollectives | kGemm | kOverlap | kEp | kDecode | kGroupedGemm;
+constexpr unsigned kEvery = kCollectives | kGemm | kOverlap | kEp | kDecode | kGroupedGemm | kMoeTp;
 
 unsigned op_bit(const std::string& op) {
   for (std::size_t i = 0; i < kOpCount; ++i)
@@ -103,6 +108,7 @@ const OptionInfo kOptions[] = {
     {"--dtype", true, kOverlap, "--dtype T", "bf16 or fp16 (default bf16)"},
     {"--dtype", true, kDecode, "--dtype T", "q, K, V and output type: bf16 or fp16 (default bf16)"},
     {"--dtype", true, kGroupedGemm, "--dtype T", "A, W and output type: bf16 or fp16 (default bf16)"},
+    {"--dtype", true, kMoeTp, "--dtype T", "tokens, weights and outputs: bf16 or fp16 (default bf16)"},
     {"--check", false, kCollectives, "--check", "verify bitwise against NCCL first (fresh random data, poisoned outputs) (default off)"},
     {"--check", false, kGemm, "--check",
      "always on for gemm: each shape's output is compared with cuBLAS's fp32 output"},
@@ -114,6 +120,9 @@ const OptionInfo kOptions[] = {
     {"--check", false, kGroupedGemm, "--check",
      "always on for grouped_gemm: each case's output is compared with cuBLAS's fp32 output,\n"
      "expert by expert"},
+    {"--check", false, kMoeTp, "--check",
+     "check up to 4 tokens of each rank against a float64 layer built on the host from every\n"
+     "rank's seeds (relative error at most 2e-2) (default off)"},
     {"--check", false, kDecode, "--check",
      "compare each case with an fp32 attention on the GPU (output relative error, lse) (default off)"},
     {"--json", false, kEvery, "--json", "one JSON object per line (default: a table)"},
@@ -132,6 +141,8 @@ const OptionInfo kOptions[] = {
     {"--check", false, kEp, "--check",
      "verify first: identity experts, so combine must return x times the sum of the token's\n"
      "weights (bf16 tolerance), with fresh routing and poisoned outputs (default off)"},
+    {"--max-sms", true, kMoeTp, "--max-sms N",
+     "cap on the SMs of the grouped GEMMs and the sort, 0 to 1024 (default 0: the rank's share of its GPU)"},
     {"--tokens", true, kEp, "--tokens N", "tokens each rank routes, 1 to 1048576 (default 4096)"},
     {"--hidden", true, kEp, "--hidden H", "channels per token, bf16, a multiple of 8, 8 to 65536 (default 7168)"},
     {"--topk", true, kEp, "--topk K", "experts per token, 1 to 32, at most --experts (default 8)"},
@@ -163,8 +174,15 @@ const OptionInfo kOptions[] = {
      "rows per expert: uniform (balanced), zipf (expert i's share ~ (i + 1)^-1.2), one-hot\n"
      "(every row to expert 0) or zipf-reversed (zipf's counts with the heaviest expert last, to\n"
      "time the tile order) (default uniform)"},
+    {"--routing", true, kMoeTp, "--routing R",
+     "pairs per expert, as grouped_gemm counts them: uniform, zipf, one-hot or zipf-reversed\n"
+     "(default uniform)"},
+    {"--cases", true, kMoeTp, "--cases LIST",
+     "T,H,F,E,k;... : tokens over all ranks, hidden, the experts' intermediate size, experts,\n"
+     "top-k (H and F multiples of 8) (default: issue 33's layers, Mixtral-like 8192,4096,7168,8,2;\n"
+     "Qwen3-30B-A3B-like 8192,2048,768,128,8; DeepSeek-like 4096,7168,2048,32,8)"},
     {"--layout", true, kGroupedGemm, "--layout L", "nk (W stored [E, N, K]) or kn (W stored [E, K, N]) (default nk)"},
-    {"--order", true, kGemm | kOverlap | kGroupedGemm, "--order O",
+    {"--order", true, kGemm | kOverlap | kGroupedGemm | kMoeTp, "--order O",
      "the contenders' order in each round of samples: fixed (each always follows the same one)\n"
      "or shuffled (a fresh order each round, the same on every rank) (default fixed)"},
     {"--soak", true, kGemm | kOverlap, "--soak S",
@@ -224,7 +242,7 @@ const std::vector<std::string>& variants_of(const std::string& op) {
   static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "ce", "auto"};
   static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "auto"};
   static const std::vector<std::string> gemm = {"auto"};
-  if (op == "ep") return gemm;
+  if (op == "ep" || op == "moe_tp") return gemm;
   static const std::vector<std::string> overlap = {"fused", "sequential", "auto"};
   if (is_overlap_op(op)) return overlap;
   return op == "all_gather" ? ag : op == "all_reduce" ? ar : op == "gemm" || op == "decode" || op == "grouped_gemm" ? gemm : rs;
@@ -437,6 +455,28 @@ std::vector<DecodeCase> parse_decode_cases(const std::string& text) {
   return cases;
 }
 
+std::vector<MoeTpCase> parse_moe_tp_cases(const std::string& text) {
+  std::vector<MoeTpCase> cases;
+  for (const std::string& item : split(text, ';')) {
+    const std::vector<std::string> f = split(item, ',');
+    std::vector<std::int64_t> v;
+    bool ok = f.size() == 5;
+    for (std::size_t i = 0; ok && i < f.size(); ++i) {
+      const auto d = parse_dim(f[i]);
+      ok = d.has_value();
+      if (ok) v.push_back(*d);
+    }
+    WEFT_REQUIRE(ok, "--cases: '", item, "' is not T,H,F,E,k (positive integers, at most ", kMaxShapeDim,
+                 "; cases separated by ';')");
+    WEFT_REQUIRE(v[1] % 8 == 0 && v[2] % 8 == 0, "--cases: '", item, "': H = ", v[1], " and F = ", v[2],
+                 " must be multiples of 8 (16-byte rows)");
+    WEFT_REQUIRE(v[3] <= 1024 && v[4] <= 32 && v[4] <= v[3], "--cases: '", item, "': E = ", v[3], " (at most 1024)",
+                 " and k = ", v[4], " (at most 32 and at most E) are out of range");
+    cases.push_back({v[0], v[1], v[2], static_cast<int>(v[3]), static_cast<int>(v[4])});
+  }
+  return cases;
+}
+
 const char* sample_order_name(SampleOrder order) {
   for (const auto& entry : kOrders)
     if (entry.value == order) return entry.name;
@@ -555,6 +595,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--chunks") args.chunks = parse_int(a, v, 1, 4096);
     else if (a == "--way") way = v;  // its names depend on the operation
     else if (a == "--soak") args.soak_s = parse_int(a, v, 1, 600);
+    else if (a == "--cases" && op == "moe_tp") args.moe_tp_cases = parse_moe_tp_cases(v);
     else if (a == "--cases") args.decode_cases = parse_decode_cases(v);
     else if (a == "--dist") args.dist = true;
     else if (a == "--splits") args.splits = parse_int(a, v, 0, 128);
@@ -636,6 +677,12 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     }
     WEFT_REQUIRE(args.dtype == "bf16" || args.dtype == "fp16", "grouped_gemm takes --dtype bf16 or fp16, got '",
                  args.dtype, "'");
+  }
+  if (args.op == "moe_tp") {
+    if (args.moe_tp_cases.empty())  // issue 33's layers: the grouped GEMM shapes' rows as T x k
+      args.moe_tp_cases = parse_moe_tp_cases("8192,4096,7168,8,2;8192,2048,768,128,8;4096,7168,2048,32,8");
+    WEFT_REQUIRE(args.dtype == "bf16" || args.dtype == "fp16", "moe_tp takes --dtype bf16 or fp16, got '", args.dtype,
+                 "'");
   }
   if (args.op == "gemm" && args.shapes.empty())  // the per-rank GEMMs of the tensor-parallel benchmark shapes
     args.shapes = parse_shapes("8192,14336,8192;4096,14336,8192;2048,14336,8192;1000,14336,8192;8192,4096,8192;"

@@ -25,9 +25,15 @@ struct GroupedCase {
   int experts;
 };
 
+/// One layer of weft-bench moe_tp: T tokens over all ranks, hidden H, the experts' intermediate size F, E experts, top-k.
+struct MoeTpCase {
+  std::int64_t tokens, hidden, ffn;
+  int experts, top_k;
+};
+
 /// Everything weft-bench was asked to do.
 struct BenchArgs {
-  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep", "decode", "grouped_gemm"
+  std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep", "decode", "grouped_gemm", "moe_tp"
   std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
   std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant; overlap ops: modes
   std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
@@ -65,6 +71,8 @@ struct BenchArgs {
   bool dist = false;                     ///< --dist: also time DistFlashDecode over a shard per rank
   // grouped_gemm only (also b_layout, from --layout)
   std::vector<GroupedCase> grouped_cases;  ///< --m/--n/--k/--experts (default: issue 33's three MoE shapes)
+  // moe_tp only (also routing, dtype, check, max_sms)
+  std::vector<MoeTpCase> moe_tp_cases;  ///< --cases T,H,F,E,k;... (default: issue 33's three MoE layers)
   std::string routing = "uniform";         ///< --routing: uniform, zipf, one-hot or zipf-reversed (routing.hpp)
 };
 
@@ -84,6 +92,8 @@ std::vector<std::array<std::int64_t, 3>> parse_shapes(const std::string& text);
 
 /// Parses "B,HQ,HKV,L[,P];..." (weft-bench decode --cases); throws naming --cases and the bad case.
 std::vector<DecodeCase> parse_decode_cases(const std::string& text);
+/// Parses weft-bench moe_tp's --cases: "T,H,F,E,k;..." (H and F multiples of 8, top-k at most E).
+std::vector<MoeTpCase> parse_moe_tp_cases(const std::string& text);
 
 /// Bytes of one element of `dtype`; throws naming the accepted types.
 int dtype_bytes(const std::string& dtype);

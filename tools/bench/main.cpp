@@ -48,6 +48,15 @@ int main(int argc, char** argv) {
       const std::uint64_t m = args.ep_ll_tokens, e = args.ep_experts;
       opts.heap_bytes = world * t * (2 * h + 4 * (2 + 2 * k)) + t * 2 * h + e * m * (3 * h + h / 32 + 8) +
                         2 * m * k * h * 2 + (std::uint64_t{256} << 20);
+    } else if (args.op == "moe_tp") {
+      // AgMoe's gathered shards (each token's row, routing and weights), MoeRs's token-order
+      // partial sums, and the collectives' staging: a few times W shards of the largest layer.
+      std::uint64_t largest = 0;
+      for (const auto& c : args.moe_tp_cases) {
+        const std::uint64_t cap = (c.tokens + world - 1) / world;
+        largest = std::max<std::uint64_t>(largest, world * cap * (2 * c.hidden + 12 * c.top_k + 64));
+      }
+      opts.heap_bytes = 4 * largest + (std::uint64_t{256} << 20);
     } else if (bench::is_overlap_op(args.op)) {
       // The plan's gathered A or staging, the bench's symmetric output and
       // comparison buffers: a few times the largest matrix.
@@ -74,6 +83,7 @@ int main(int argc, char** argv) {
     if (args.op == "ep") return bench::bench_ep(ctx, args);
     if (args.op == "decode") return bench::bench_decode(ctx, args);
     if (args.op == "grouped_gemm") return bench::bench_grouped_gemm(ctx, args);
+    if (args.op == "moe_tp") return bench::bench_moe_tp(ctx, args);
     if (bench::is_overlap_op(args.op)) return bench::bench_overlap(ctx, args);
     return bench::bench_collective(ctx, args);
   } catch (const Error& e) {

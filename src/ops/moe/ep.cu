@@ -48,6 +48,7 @@
 #include <cstring>
 
 #include "../kernel_util.cuh"
+#include "chunk_scan.cuh"
 #include "ep_layout.hpp"
 #include "row_sums.cuh"
 #include "weft/core/error.hpp"
@@ -183,21 +184,7 @@ __global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs
   std::int64_t* matrix = a.counts + static_cast<std::int64_t>(e & 1) * W * a.row;
   std::int64_t* mine = matrix + static_cast<std::int64_t>(me) * a.row;
   const std::int64_t chunks = (a.tokens + kChunk - 1) / kChunk;
-  constexpr int kBatch = 8;  // chunk counts loaded at once: the column's scan waits on a load per batch
-  for (int c = tid; c < cols; c += blockDim.x) {
-    std::int32_t sum = 0;
-    for (std::int64_t ch0 = 0; ch0 < chunks; ch0 += kBatch) {
-      std::int32_t v[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) v[u] = ch0 + u < chunks ? a.s.chunk_counts[(ch0 + u) * cols + c] : 0;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (ch0 + u < chunks) a.s.chunk_counts[(ch0 + u) * cols + c] = sum;
-        sum += v[u];
-      }
-    }
-    mine[c] = sum;
-  }
+  for (int c = tid; c < cols; c += blockDim.x) mine[c] = exclusive_scan_column(a.s.chunk_counts, chunks, cols, c);
   if (tid == 0) {
     std::int64_t* tail = mine + cols;
     tail[0] = a.tokens;
