@@ -43,6 +43,9 @@ struct TileWaitParams {
   std::int64_t ready_begin = 0;          ///< rows [ready_begin, ready_end) are present already: no wait
   std::int64_t ready_end = 0;
   std::int64_t rotate_rows = 0;          ///< start the tile order at the tile holding this row
+  /// > 0: walk whole blocks of this many rows instead, from rotate_rows's
+  /// block down (tile_walk.hpp: GEMM+ReduceScatter's ring in one launch)
+  std::int64_t descending_block_rows = 0;
   int flags_per_rank = 0;                ///< > 0: flag i is signalled by rank i / flags_per_rank
   int from_rank = -1;                    ///< else: the rank that signals every flag (for the report)
   WaitIn wait_in = WaitIn::none;         ///< the collective whose producer warp waits

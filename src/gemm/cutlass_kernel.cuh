@@ -122,10 +122,19 @@ struct Kernel {
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
     if constexpr (kHooked) {
       args.scheduler.rotate_rows = p.wait.rotate_rows;
+      args.scheduler.descending_block_rows = p.wait.descending_block_rows;
       args.scheduler.done = p.wait.done;
       args.scheduler.rows_per_done = p.wait.rows_per_done;
     }
     return args;
+  }
+  /// A walk by descending blocks (tile_walk.hpp) keeps each block's tiles
+  /// together in the walk: the blocks tile M, and a swizzle band (whose tiles
+  /// the scheduler interleaves) and a cluster never cross a block's edge.
+  static bool descending_blocks_fit(const Problem& p) {
+    const std::int64_t rows = p.wait.descending_block_rows;
+    const std::int64_t band = static_cast<std::int64_t>(p.swizzle > 1 ? p.swizzle : 1) * CM * TM;
+    return kHooked && !kSwapAB && rows > 0 && p.m % rows == 0 && rows % band == 0 && p.wait.rotate_rows % rows == 0;
   }
   /// The run's waits for the collective `in`; none for the other: only the warp that waits gets the flags.
   static TileWaitParams waits_in(const Problem& p, WaitIn in) {
@@ -137,8 +146,11 @@ struct Kernel {
     if (kHooked && !kWithSource && p.wait.flags && p.wait.wait_in == WaitIn::epilogue)
       return "waiting for source rows needs a configuration that adds a source";
     if (!kAddRows && p.add_begin != p.add_end) return "adding rows into another matrix needs a configuration that adds";
-    if (kHooked && p.raster == 1 && (p.wait.done || p.wait.rotate_rows))
+    if (kHooked && p.raster == 1 && (p.wait.done || p.wait.rotate_rows || p.wait.descending_block_rows))
       return "hooked runs that rotate the tile order or report stored rows keep the row-major order (raster along N)";
+    if (p.wait.descending_block_rows && !descending_blocks_fit(p))
+      return "a walk by descending blocks needs M a multiple of the blocks and blocks of whole swizzle bands "
+             "(swizzle x cluster x tile rows), so no band mixes two blocks";
     return Gemm::can_implement(arguments(p)) == cutlass::Status::kSuccess ? "" : "CUTLASS cannot implement this problem";
   }
   static const char* run(const Problem& p, cudaStream_t stream) {

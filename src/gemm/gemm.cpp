@@ -250,6 +250,7 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.ready_begin = sig.ready_begin;
     w.ready_end = sig.ready_end;
     w.rotate_rows = x.first_row;
+    w.descending_block_rows = x.descending_block_rows;
     w.flags_per_rank = sig.flags_per_rank;
     w.from_rank = sig.from_rank;
     w.waited_ns = sig.waited_ns;
@@ -365,13 +366,20 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     band_rows = args.signals.ready_end - args.signals.ready_begin;
   if (rows_leave_early && args.done.counters) band_rows = std::min(band_rows, args.done.rows_per_counter);
   if (rows_leave_early && args.signals.flags) band_rows = std::min(band_rows, args.signals.rows_per_flag);
+  // Walking blocks descending (GemmArgs::descending_block_rows), a band must
+  // also divide a block: one that held the end of a block and the start of
+  // the next in the walk would mix tiles of two ring steps, and a CTA waiting
+  // in the later step's tile could hold back a tile the earlier step needs.
   // Walking along M, a swizzle band is swizzle x cluster_n x tile_n columns,
   // no wider than a flag's column band.
+  const std::int64_t block_rows = args.descending_block_rows;
   auto band_fits = [&](const gemm_detail::Config* cfg, int swizzle) {
     if (by_columns)
       return swizzle == 1 ||
              static_cast<std::int64_t>(swizzle) * cfg->cluster_n * cfg->tile_n <= args.signals.cols_per_flag;
-    return swizzle == 1 || static_cast<std::int64_t>(swizzle) * cfg->cluster_m * cfg->tile_m <= band_rows;
+    const std::int64_t band = static_cast<std::int64_t>(swizzle) * cfg->cluster_m * cfg->tile_m;
+    if (block_rows > 0 && block_rows % band != 0) return false;
+    return swizzle == 1 || band <= band_rows;
   };
   // A choice made before for the same key (this process, or WEFT_TUNE_CACHE):
   // ranks that agree take it only where every one of them holds the same.
@@ -381,6 +389,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
       str(describe(options_), " | rasters ", rasters.size() == 2 ? "MN" : rasters.front() == 1 ? "M" : "N",
           " | swizzles ", swizzles.back(), " | band rows ", band_rows == std::numeric_limits<std::int64_t>::max() ? -1 : band_rows,
           " | column bands ", by_columns ? args.signals.cols_per_flag : 0, " | reports ", args.done.counters ? 1 : 0,
+          block_rows > 0 ? str(" | descending blocks ", block_rows) : std::string(),
           " | agree ", options_.agree ? 1 : 0, " | ", device_name(), ", ", sm_count_, " SMs | ", names);
   gemm_detail::TuneCache& cache = gemm_detail::TuneCache::process();
   auto take_cached = [&](const std::string& cached) {
@@ -544,10 +553,18 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
                  "Gemm::run: rows to add into a partial sum (GemmArgs::add_*) were given to a plan built without "
                  "GemmHook::add_rows");
   }
-  WEFT_REQUIRE(!options_.any_tile_order || (!x.done.counters && x.first_row == 0),
+  WEFT_REQUIRE(!options_.any_tile_order || (!x.done.counters && x.first_row == 0 && x.descending_block_rows == 0),
                "Gemm::run: a plan built with GemmOptions::any_tile_order may walk its tiles in any order, so its runs "
                "can neither report stored rows (GemmArgs::done) nor rotate the order (GemmArgs::first_row = ",
-               x.first_row, ")");
+               x.first_row, ", descending_block_rows = ", x.descending_block_rows, ")");
+  if (x.descending_block_rows != 0) {
+    const std::int64_t rows = x.descending_block_rows;
+    WEFT_REQUIRE(options_.hook != GemmHook::none,
+                 "Gemm::run: a walk by descending blocks (GemmArgs::descending_block_rows) needs a hooked plan");
+    WEFT_REQUIRE(rows > 0 && m % rows == 0 && x.first_row >= 0 && x.first_row < m && x.first_row % rows == 0,
+                 "Gemm::run: a walk by descending blocks of ", rows, " rows needs M = ", m,
+                 " a multiple of them and first_row (", x.first_row, ") the first row of one");
+  }
   if (x.done.counters) {
     WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: stored-row counters were given to a plan built without a hook");
     WEFT_REQUIRE(x.done.rows_per_counter > 0, "Gemm::run: rows_per_counter must be positive, got ",

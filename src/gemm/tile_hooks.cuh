@@ -23,8 +23,11 @@
 //
 // Scheduling (HookedScheduler): the rotation starts the order at a chosen row
 // tile (the rank's own shard first); it is a multiple of the cluster's M
-// extent, so the CTAs of a cluster keep sharing their B tile. Plans keep the
-// row-major tile order (along N), so rows are consumed, and stored, in the
+// extent, so the CTAs of a cluster keep sharing their B tile. Or the walk
+// goes through whole blocks of rows from a chosen block down (GEMM +
+// ReduceScatter's ring in one launch: the order its blocks leave in), each
+// block holding whole clusters and swizzle bands (tile_walk.hpp). Plans keep
+// the row-major tile order (along N), so rows are consumed, and stored, in the
 // order they travel; a plan that neither rotates nor reports may walk along M
 // too (GemmOptions::any_tile_order).
 //
@@ -44,6 +47,7 @@
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "config.hpp"
 #include "row_bands.hpp"
+#include "tile_walk.hpp"
 #include "weft/device/signal.cuh"
 #include "weft/gemm/gemm.hpp"
 
@@ -253,6 +257,7 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     // TileWaitParams's fields that scheduling reads; the waits are the
     // load collectives' (WithRowWait).
     std::int64_t rotate_rows = 0;   ///< start the tile order at the tile holding this row
+    std::int64_t descending_block_rows = 0;  ///< > 0: walk blocks of these rows down from rotate_rows's
     std::uint64_t* done = nullptr;  ///< RowsDone's counters, or nullptr
     std::int64_t rows_per_done = 1;
   };
@@ -260,6 +265,9 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     int tile_m = 0;
     int rotate_tiles = 0;
     int tiles_m = 0;  ///< row tiles, rounded up to the cluster's M extent
+    int tiles_per_block = 0;  ///< > 0: the walk by descending blocks (descending_walk_row_tile)
+    int first_block = 0;      ///< ... starts at this block
+    int blocks = 0;           ///< ... of this many
     int rows = 0;     ///< M: rows past it are stored by no tile
     int tile_n = 0;
     int cols = 0;     ///< N
@@ -287,6 +295,14 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
     p.tiles_m = static_cast<int>(p.problem_tiles_m_) * cluster_m;
     const int rot = static_cast<int>(args.rotate_rows / p.tile_m);
     p.rotate_tiles = p.tiles_m > 0 ? (rot - rot % cluster_m) % p.tiles_m : 0;
+    // The kernel's check() has made sure the blocks tile the row tiles in
+    // whole clusters; the guard keeps a problem it refused from dividing by 0.
+    const int tiles_per_block = static_cast<int>(args.descending_block_rows / p.tile_m);
+    if (args.descending_block_rows > 0 && tiles_per_block > 0 && p.tiles_m % tiles_per_block == 0) {
+      p.tiles_per_block = tiles_per_block;
+      p.blocks = p.tiles_m / tiles_per_block;
+      p.first_block = static_cast<int>(args.rotate_rows / args.descending_block_rows) % p.blocks;
+    }
     return p;
   }
 
@@ -371,8 +387,14 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
                        dev::Scope::sys);
   }
 
+  /// `work` as the base scheduler's walk hands it out, moved to the row tile
+  /// this run computes at that position of the walk (tile_walk.hpp).
   CUTLASS_DEVICE WorkTileInfo rotated(WorkTileInfo work) const {
-    if (work.is_valid() && p_->rotate_tiles) work.M_idx = (work.M_idx + p_->rotate_tiles) % p_->tiles_m;
+    if (!work.is_valid()) return work;
+    if (p_->tiles_per_block)
+      work.M_idx = descending_walk_row_tile(work.M_idx, p_->first_block, p_->tiles_per_block, p_->blocks);
+    else if (p_->rotate_tiles)
+      work.M_idx = rotated_row_tile(work.M_idx, p_->rotate_tiles, p_->tiles_m);
     return work;
   }
 

@@ -77,21 +77,19 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("GemmRs", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
-  // One launch walks the blocks in ring order within one tile order: a tile
-  // must not straddle two blocks (its wait would hold back the block before
-  // it, which the ring needs first), whatever the tile (at most 256 rows, in
-  // clusters of at most 2 along M). The hooked scheduler's rotation walks the
-  // blocks ascending from the first one (r - 1, r, r + 1, ...) and the ring
-  // sends them descending (r - 1, r - 2, ...): the same order at 2 ranks
-  // only. At 3 or more the side stream's second send waits for a block the
-  // walk reaches last, while the walk's second block waits for what the
-  // previous rank's side stream holds back the same way: every rank stops
-  // (docs/ROADMAP.md, GEMM+ReduceScatter at 3 ranks and more).
-  const bool one_launch_possible = world == 2 && block_rows_ % kOneLaunchBlockRows == 0;
+  // One launch computes the blocks in the ring's order within one tile order:
+  // its hooked scheduler walks whole blocks from the first step's block down
+  // (GemmArgs::descending_block_rows), the order the side stream sends them
+  // in, so the block sent at step s is the one its tiles compute at step s at
+  // any number of ranks (the CPU tests check the walk against
+  // schedule::ring_gemm_block at 1 to 8). A tile must not straddle two blocks
+  // (its wait would hold back the block before it, which the ring needs
+  // first), whatever the tile (at most 256 rows, in clusters of at most 2
+  // along M): M / W a multiple of 512. At one rank it is the one GEMM.
+  const bool one_launch_possible = block_rows_ % kOneLaunchBlockRows == 0;
   WEFT_REQUIRE(o.way != FusedWay::ring_one_launch || one_launch_possible,
-               "GemmRs: FusedWay::ring_one_launch needs exactly 2 ranks (its tiles walk the blocks in the ring's "
-               "order only there) and M / W a multiple of ", kOneLaunchBlockRows, ", got M / W = ", block_rows_,
-               " on ", world, " rank(s)");
+               "GemmRs: FusedWay::ring_one_launch needs M / W a multiple of ", kOneLaunchBlockRows,
+               " (no tile may straddle two blocks), got M / W = ", block_rows_, " on ", world, " rank(s)");
   // Adding our block onto the peer's partial sum takes exactly one peer, and
   // whole tiles on both sides of the blocks' boundary.
   const bool one_launch_add_possible = world == 2 && one_launch_possible;
@@ -109,8 +107,13 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
   g.max_sms = ops_detail::sms_beside_copies(*ctx_);  // ranks sharing a GPU: room for copies that run as kernels
   if (o.mode != OverlapMode::sequential) {
     const bool any = o.way == FusedWay::automatic;
-    const bool per_step = any || o.way == FusedWay::ring_per_step || steps == 0;
-    const bool one = (any || o.way == FusedWay::ring_one_launch) && one_launch_possible;
+    // Automatic times one launch at 2 ranks only, where it has run on GPUs;
+    // at 3 and more it runs when asked for by name until its GPU tests have
+    // passed there (docs/ROADMAP.md): automatic picks a way by its time
+    // alone, so an unchecked way must not be among them. At one rank every
+    // way is the one GEMM: automatic times it once (the per-step ring's).
+    const bool one = ((any && steps == 1) || o.way == FusedWay::ring_one_launch) && one_launch_possible;
+    const bool per_step = any || o.way == FusedWay::ring_per_step || (steps == 0 && !one);
     const bool plain_first = (any || o.way == FusedWay::ring_plain_first) && steps > 0;
     WEFT_REQUIRE(o.way != FusedWay::ring_plain_first || plain_first,
                  "GemmRs: FusedWay::ring_plain_first needs 2 or more ranks, got ", world);
@@ -119,6 +122,8 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
       if (steps > 0) first.hook = GemmHook::report_rows;  // its chunks leave as they are stored
       first_gemm_ = std::make_unique<Gemm>(cooperative_step(first));
     }
+    // One rank: the whole GEMM, nothing to wait for or send.
+    if (one && steps == 0) whole_gemm_ = std::make_unique<Gemm>(cooperative_step(g));
     if (steps > 0) {
       staging_ = SymmetricBuffer(ctx_->heap(), all_bytes, to_string(o.dtype), "gemm_rs.staging");
       arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(2 * world * chunks_ * 8), "u64",
@@ -265,8 +270,8 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
   // A chunk's stored-row counter once final (every chunk has chunk_rows_ rows).
   const std::uint64_t chunk_stored = RowsDone::complete_value(chunk_rows_, n);
   const int steps = world - 1;
-  if (steps == 0) {
-    first_gemm_->run(a, b, out, stream);
+  if (steps == 0) {  // one rank: the one GEMM, whichever way asked for it
+    (one_launch ? whole_gemm_ : first_gemm_)->run(a, b, out, stream);
     return;
   }
   // Every buffer, flag and counter is indexed by block.
@@ -300,6 +305,8 @@ void GemmRs::run_fused(const void* a, const void* b, void* out, cudaStream_t str
                        .signals = from_prev,
                        .done = stored_rows,
                        .first_row = first_block * block_rows_,
+                       // Whole blocks from the first down: the ring's order (schedule::ring_gemm_block).
+                       .descending_block_rows = block_rows_,
                        // Nobody sends us our first block: its tiles add nothing (and load nothing).
                        .no_source_begin = first_block * block_rows_,
                        .no_source_end = (first_block + 1) * block_rows_};

@@ -1,11 +1,13 @@
 // GEMM+ReduceScatter's ring as data (ops/ring_plan.hpp) at world sizes 1 to 8:
 // every rank computes every block once, each step adds exactly what the
 // previous rank sent it a step earlier, each block ends complete at its owner,
-// and the one-launch walk agrees with the ring's sends only at 1 and 2 ranks.
+// and the one-launch GEMM's tile walk (gemm/tile_walk.hpp, as its hooked
+// scheduler runs it) computes at every step the block the ring sends then.
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "gemm/tile_walk.hpp"
 #include "ops/ring_plan.hpp"
 
 using namespace weft::ops_detail;
@@ -113,18 +115,89 @@ TEST(RingPlan, StepsRunTheGemmsGemmRsBuildsForThem) {
   });
 }
 
-// GemmRs refuses FusedWay::ring_one_launch past 2 ranks: its tiles walk the
-// blocks ascending while the ring sends them descending.
-TEST(RingPlan, OneLaunchWalksTheRingsOrderOnlyAtOneAndTwoRanks) {
-  for (int world = 1; world <= 8; ++world) {
-    bool agree = true;
+// One launch (FusedWay::ring_one_launch) computes its blocks in the ring's
+// order at every world size: the side stream sends block (r - 1 - s) mod W
+// at step s, and waits for nothing the walk reaches later.
+TEST(RingPlan, OneLaunchWalksTheRingsOrderAtEveryWorldSize) {
+  for (int world = 1; world <= 8; ++world)
     for (int r = 0; r < world; ++r) {
       const std::vector<int> walk = ring_one_launch_walk(r, world);
       const RingPlan p = ring_per_step_plan(r, world, false, false);
       ASSERT_EQ(walk.size(), p.steps.size());
-      EXPECT_EQ(walk.front(), p.steps.front().block) << "the walk starts at the first step's block";
-      for (int s = 0; s < world; ++s) agree = agree && walk[s] == p.steps[s].block;
+      for (int s = 0; s < world; ++s)
+        EXPECT_EQ(walk[s], p.steps[s].block) << "world " << world << " rank " << r << " step " << s;
     }
-    EXPECT_EQ(agree, world <= 2) << "world " << world;
-  }
+}
+
+// The walk as the hooked scheduler takes it: position t of the walk (in row
+// tiles, the order CUTLASS's persistent scheduler hands them out along N) is
+// row tile descending_walk_row_tile(t, ...) of the GEMM over all M rows. For
+// every world size, rank and block height, each tile lies in the block the
+// ring computes at step t / tiles_per_block, and each row tile comes once.
+TEST(RingPlan, OneLaunchTilesComputeEachStepsBlockAndEveryTileOnce) {
+  for (int world = 1; world <= 8; ++world)
+    for (int tiles_per_block : {1, 2, 3, 4, 8, 16, 31})
+      for (int r = 0; r < world; ++r) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " rank " << r << " tiles per block "
+                                        << tiles_per_block);
+        // As GemmRs asks for it: first_row at the first step's block.
+        const int first_block = weft::schedule::ring_gemm_block(r, 0, world);
+        const int tiles = world * tiles_per_block;
+        std::vector<int> visits(tiles, 0);
+        for (int t = 0; t < tiles; ++t) {
+          const int step = t / tiles_per_block;
+          const int row_tile = weft::gemm_detail::descending_walk_row_tile(t, first_block, tiles_per_block, world);
+          ASSERT_GE(row_tile, 0) << "position " << t;
+          ASSERT_LT(row_tile, tiles) << "position " << t;
+          ++visits[row_tile];
+          const int expected = weft::schedule::ring_gemm_block(r, step, world);
+          EXPECT_EQ(row_tile / tiles_per_block, expected) << "position " << t << " step " << step;
+          EXPECT_EQ(weft::gemm_detail::descending_walk_block(t, first_block, tiles_per_block, world), expected)
+              << "position " << t;
+          EXPECT_EQ(ring_one_launch_block(r, world, t, tiles_per_block), expected) << "position " << t;
+          EXPECT_EQ(row_tile % tiles_per_block, t % tiles_per_block) << "a block's tiles ascend";
+        }
+        for (int tile = 0; tile < tiles; ++tile) EXPECT_EQ(visits[tile], 1) << "row tile " << tile;
+      }
+}
+
+// At 2 ranks the walk is the rotated one the way ran before: its tile order
+// there is unchanged.
+TEST(RingPlan, OneLaunchWalkAtTwoRanksIsTheRotatedOne) {
+  for (int tiles_per_block : {1, 2, 4, 16})
+    for (int r = 0; r < 2; ++r) {
+      const int first_block = weft::schedule::ring_gemm_block(r, 0, 2);
+      for (int t = 0; t < 2 * tiles_per_block; ++t)
+        EXPECT_EQ(weft::gemm_detail::descending_walk_row_tile(t, first_block, tiles_per_block, 2),
+                  weft::gemm_detail::rotated_row_tile(t, first_block * tiles_per_block, 2 * tiles_per_block))
+            << "rank " << r << " tiles per block " << tiles_per_block << " position " << t;
+    }
+}
+
+// CTAs of a cluster along M take consecutive positions from an even one; a
+// block of whole clusters keeps them on consecutive row tiles, from an even
+// one, so they go on sharing their B tile.
+TEST(TileWalk, DescendingWalkKeepsClustersTogether) {
+  for (int world = 1; world <= 8; ++world)
+    for (int tiles_per_block : {2, 4, 6, 16})
+      for (int first_block = 0; first_block < world; ++first_block)
+        for (int t = 0; t < world * tiles_per_block; t += 2) {
+          const int lead = weft::gemm_detail::descending_walk_row_tile(t, first_block, tiles_per_block, world);
+          EXPECT_EQ(lead % 2, 0) << "world " << world << " position " << t;
+          EXPECT_EQ(weft::gemm_detail::descending_walk_row_tile(t + 1, first_block, tiles_per_block, world), lead + 1)
+              << "world " << world << " position " << t;
+        }
+}
+
+// The other hooked plans keep the rotated walk (AllGather+GEMM from its own
+// shard, the adding way from the peer's block): every row tile once, from the
+// rotation on.
+TEST(TileWalk, RotatedWalkStartsAtItsRowTileAndVisitsEachOnce) {
+  for (int tiles_m : {1, 2, 5, 16, 64})
+    for (int rotate = 0; rotate < tiles_m; ++rotate) {
+      std::vector<int> visits(tiles_m, 0);
+      for (int t = 0; t < tiles_m; ++t) ++visits[weft::gemm_detail::rotated_row_tile(t, rotate, tiles_m)];
+      EXPECT_EQ(weft::gemm_detail::rotated_row_tile(0, rotate, tiles_m), rotate);
+      for (int tile = 0; tile < tiles_m; ++tile) EXPECT_EQ(visits[tile], 1) << tiles_m << " " << rotate << " " << tile;
+    }
 }

@@ -114,7 +114,8 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
   named.config = "no such tile";
   EXPECT_NE(error_of(named).find("available:"), std::string::npos);
   // Any tile order is for plans that only wait: a plan that reports stored
-  // rows is refused, and so is a run that rotates the order or reports.
+  // rows is refused, and so is a run that rotates the order, walks descending
+  // blocks or reports.
   GemmOptions reporting{1024, 1024, 512};
   reporting.hook = GemmHook::report_rows;
   reporting.any_tile_order = true;
@@ -126,12 +127,27 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
   void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // aligned; refused before any use
   std::uint64_t counters[8] = {};
   for (const GemmArgs& args : {GemmArgs{.a = fake, .b = fake, .c = fake, .first_row = 512},
+                               GemmArgs{.a = fake, .b = fake, .c = fake, .descending_block_rows = 512},
                                GemmArgs{.a = fake, .b = fake, .c = fake, .done = RowsDone{.counters = counters}}}) {
     try {
       any_order.run(args, test::stream());
       ADD_FAILURE() << "a run that rotates or reports was accepted by an any-order plan";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("can neither report stored rows"), std::string::npos) << e.what();
+    }
+  }
+  // A walk by descending blocks: blocks that tile M, first_row the first row of one.
+  GemmOptions hooked{1024, 1024, 512};
+  hooked.hook = GemmHook::report_rows;
+  Gemm reporting_plan(hooked);
+  const GemmArgs not_tiling_m{.a = fake, .b = fake, .c = fake, .descending_block_rows = 384};
+  const GemmArgs inside_a_block{.a = fake, .b = fake, .c = fake, .first_row = 256, .descending_block_rows = 512};
+  for (const GemmArgs& args : {not_tiling_m, inside_a_block}) {
+    try {
+      reporting_plan.run(args, test::stream());
+      ADD_FAILURE() << "a walk by blocks that do not tile M, or from inside a block, was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a walk by descending blocks"), std::string::npos) << e.what();
     }
   }
   // Rows without a source: whole row tiles, of a plan that adds one, not waited on.
@@ -299,6 +315,62 @@ TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {
     reference(cb.h, o, a, b, ref);
     EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << name;
   }
+  for (void* p : {a, b, c, static_cast<void*>(ref), static_cast<void*>(counters)}) cudaFree(p);
+}
+
+TEST(Gemm, ADescendingBlockWalkComputesAndReportsEveryTileOnce) {
+  // GemmArgs::descending_block_rows (GEMM+ReduceScatter's ring in one
+  // launch): 4 blocks of 512 rows walked from block 1 down (1, 0, 3, 2). Each
+  // reporting configuration, at each swizzle whose bands fit in a block:
+  // every band's counter ends at its rows x N, and the product is right.
+  Cublas cb;
+  cudaStream_t s = test::stream();
+  GemmOptions o{2048, 1032, 512};  // N not a multiple of any tile
+  o.hook = GemmHook::report_rows;
+  const std::int64_t block_rows = 512, per = 128, bands = o.m / per;
+  void *a, *b, *c;
+  float* ref;
+  std::uint64_t* counters;
+  WEFT_CUDA(cudaMalloc(&a, o.m * o.k * 2));
+  WEFT_CUDA(cudaMalloc(&b, o.n * o.k * 2));
+  WEFT_CUDA(cudaMalloc(&c, o.m * o.n * 2));
+  WEFT_CUDA(cudaMalloc(&ref, o.m * o.n * 4));
+  WEFT_CUDA(cudaMalloc(&counters, bands * 8));
+  cublasSetStream(cb.h, s);
+  bench::fill_uniform(a, o.m * o.k, "bf16", bench::fresh_seed(ctx().rank(), 41), s);
+  bench::fill_uniform(b, o.n * o.k, "bf16", bench::fresh_seed(ctx().rank(), 42), s);
+  reference(cb.h, o, a, b, ref);
+  Gemm probe(o);
+  int ran = 0;
+  for (const std::string& name : probe.configurations())
+    for (int swizzle : {1, 2}) {
+      if (name.find("pingpong") != std::string::npos) continue;  // they wait, but do not report
+      o.config = str(name, ", swizzle ", swizzle, " along N");
+      const GemmArgs args{.a = a,
+                          .b = b,
+                          .c = c,
+                          .done = RowsDone{.counters = counters, .rows_per_counter = per},
+                          .first_row = block_rows,
+                          .descending_block_rows = block_rows};
+      auto gemm = std::make_unique<Gemm>(o);
+      try {
+        gemm->prepare(args, s);
+      } catch (const Error& e) {  // a swizzle band taller than a block is refused, naming why
+        EXPECT_NE(std::string(e.what()).find("a walk by descending blocks"), std::string::npos) << e.what();
+        continue;
+      }
+      ++ran;
+      bench::poison(c, o.m * o.n * 2, 0xFF, s);
+      WEFT_CUDA(cudaMemsetAsync(counters, 0, bands * 8, s));
+      gemm->run(args, s);
+      std::vector<std::uint64_t> got(bands);
+      WEFT_CUDA(cudaMemcpyAsync(got.data(), counters, bands * 8, cudaMemcpyDeviceToHost, s));
+      WEFT_CUDA(cudaStreamSynchronize(s));
+      for (std::int64_t band = 0; band < bands; ++band)
+        EXPECT_EQ(got[band], static_cast<std::uint64_t>(per * o.n)) << o.config << ", band " << band;
+      EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << o.config;
+    }
+  EXPECT_GT(ran, 0) << "no reporting configuration walked descending blocks";
   for (void* p : {a, b, c, static_cast<void*>(ref), static_cast<void*>(counters)}) cudaFree(p);
 }
 

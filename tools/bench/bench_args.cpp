@@ -218,7 +218,7 @@ const OptionInfo kOptions[] = {
     {"--way", true, kAgGemm, "--way W",
      "the fused way: one_gemm or plain_steps (default: the plan times both and keeps the faster)"},
     {"--way", true, kGemmRs | kGemmAr, "--way W",
-     "the fused way: per_step, one_launch (2 ranks), plain_first or one_launch_add (2 ranks)\n"
+     "the fused way: per_step, one_launch, plain_first or one_launch_add (2 ranks)\n"
      "(default: the plan times every way it can run and keeps the fastest)"},
 };
 

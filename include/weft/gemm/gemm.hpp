@@ -110,6 +110,14 @@ struct GemmArgs {
   RowSignals signals{};          ///< hooked plans: what tiles wait for
   RowsDone done{};               ///< hooked plans: where tiles report their stored rows (optional)
   std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
+  /// Hooked plans, > 0: the rows are blocks of this many rows (M a multiple of
+  /// it), and tiles walk them whole from first_row's block down, wrapping:
+  /// block f, f - 1, ..., 0, B - 1, ..., f + 1, each block's row tiles in
+  /// ascending order (GEMM+ReduceScatter's ring in one launch computes its
+  /// blocks in the order the ring sends them). first_row is then a block's
+  /// first row. Only configurations whose swizzle band (swizzle x cluster x
+  /// tile rows) divides a block run it, so no band mixes two blocks.
+  std::int64_t descending_block_rows = 0;
   /// wait_source_rows: rows [no_source_begin, no_source_end) add no source
   /// (D = A x B there): their tiles neither load S nor add it. Both bounds are
   /// multiples of 256 (the tallest tile) or M; rows that signals wait on must

@@ -15,10 +15,11 @@
 // the last step the block is rank r's own and D is the output; that step sends
 // nothing on (unless GemmAr ships it), so its GEMM may walk its tiles in any
 // order (GemmOptions::any_tile_order), which the tuner times.
-// The ring runs as one GEMM launch per step ("fused"), or, at 2 ranks, as one
-// persistent GEMM over all M rows whose tiles walk the blocks in ring order
-// ("fused, one launch": the same waits and reports, without a kernel boundary and a
-// half-size GEMM per step; the first block's source rows are zeros). Either
+// The ring runs as one GEMM launch per step ("fused"), or as one persistent
+// GEMM over all M rows whose tiles walk whole blocks in ring order, from the
+// first step's block down ("fused, one launch": the same waits and reports,
+// without a kernel boundary and a half-size GEMM per step; the first block
+// adds no source). Either
 // way block b accumulates in the fixed order b+1, b+2, ..., b: repeated runs
 // are bitwise identical (each way with its own bits).
 // At 2 ranks there is also "fused, one launch, adding" (FusedWay::
@@ -59,7 +60,11 @@ class Overlap;
 enum class FusedWay {
   automatic,        ///< every way the plan can run, timed on the first run with the sequential paths
   ring_per_step,    ///< the ring, one GEMM per step over M / W rows
-  ring_one_launch,  ///< 2 ranks: the ring as one persistent GEMM over all M rows; needs M / 2 a multiple of 512
+  /// The ring as one persistent GEMM over all M rows, its tiles walking the
+  /// blocks in the ring's order; needs M / W a multiple of 512. Among
+  /// automatic's ways at 2 ranks; at 3 and more only when asked for, until
+  /// its GPU tests have passed there.
+  ring_one_launch,
   /// The ring per step, its first step a plain GEMM (any tile order, or
   /// cuBLAS: the fastest the tuner finds) whose block leaves once whole,
   /// under the next step's GEMM; needs 2 ranks or more.
@@ -136,9 +141,9 @@ class GemmRs {
   /// own); in one launch, its one GEMM's. "" before they are chosen.
   std::string fused_gemm_config(FusedWay way) const;
   /// True if the plan built this fused way (GemmRsOptions::way, and what the
-  /// shape allows: one launch needs exactly 2 ranks and M / 2 a multiple of
-  /// 512; a plain first step, 2 ranks or more; one launch adding, exactly 2
-  /// ranks and M / 2 a multiple of 512).
+  /// shape allows: one launch needs M / W a multiple of 512, and is built by
+  /// automatic at 2 ranks only; a plain first step, 2 ranks or more; one
+  /// launch adding, exactly 2 ranks and M / 2 a multiple of 512).
   bool builds(FusedWay way) const;
   /// The options as planned: `mode` is sequential where the shape left the
   /// fused paths out (K or N not a multiple of 8; logged at info).
