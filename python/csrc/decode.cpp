@@ -33,16 +33,23 @@ namespace {
 struct DecodeCall {
   weft::FlashDecodeOptions o;
   weft::FlashDecodeArgs a;
-  std::string key;
+  PlanKey key;
   at::Tensor out, lse;
 };
+
+/// A decode plan's key: every option it is built for (the scale by its bits).
+template <PlanKind K>
+PlanKey decode_key(const weft::FlashDecodeOptions& o, std::uint32_t scale_bits) {
+  return PlanKey::make<K>(o.layout, o.batch, o.q_heads, o.kv_heads, o.head_dim, o.dtype, o.max_kv_len,
+                          o.max_pages_per_seq, o.page_size, scale_bits);
+}
 
 /// Checks q, k, v, kv_lens, block_table and scale (each error names the op,
 /// the argument and what was expected), allocates out and lse, and fills in
 /// the plan's options and the run's pointers.
-DecodeCall decode_call(const char* op, Runtime& rt, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& block_table,
-                       std::optional<double> scale) {
+DecodeCall decode_call(PlanKind kind, const char* op, Runtime& rt, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const std::optional<at::Tensor>& kv_lens,
+                       const std::optional<at::Tensor>& block_table, std::optional<double> scale) {
   const bool paged = block_table.has_value();
   for (auto [arg, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     check_device(op, arg, *t, rt);
@@ -114,9 +121,8 @@ DecodeCall decode_call(const char* op, Runtime& rt, const at::Tensor& q, const a
   }
   std::uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s, sizeof s);
-  c.key = plan_key(op, " ", weft::to_string(o.layout), " b=", o.batch, " heads=", o.q_heads, "/", o.kv_heads,
-                   " d=", o.head_dim, " ", weft::to_string(o.dtype), " kv=", o.max_kv_len, " pages=",
-                   o.max_pages_per_seq, "x", o.page_size, " scale_bits=", scale_bits);
+  c.key = kind == PlanKind::flash_decode ? decode_key<PlanKind::flash_decode>(o, scale_bits)
+                                         : decode_key<PlanKind::dist_flash_decode>(o, scale_bits);
   c.out = at::empty_like(q, at::MemoryFormat::Contiguous);
   c.lse = at::empty({batch, q_heads}, q.options().dtype(at::kFloat));
   c.a.q = q.data_ptr();
@@ -136,7 +142,7 @@ std::tuple<at::Tensor, at::Tensor> flash_decode(const at::Tensor& q, const at::T
   const char* op = "flash_decode";
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
-    DecodeCall c = decode_call(op, rt, q, k, v, kv_lens, block_table, scale);
+    DecodeCall c = decode_call(PlanKind::flash_decode, op, rt, q, k, v, kv_lens, block_table, scale);
     if (c.o.batch == 0) return std::make_tuple(c.out, c.lse);
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
@@ -159,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> dist_flash_decode(const at::Tensor& q, const 
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
     check_group(op, group_name, rt);
-    DecodeCall c = decode_call(op, rt, q, k, v, kv_lens, block_table, scale);
+    DecodeCall c = decode_call(PlanKind::dist_flash_decode, op, rt, q, k, v, kv_lens, block_table, scale);
     if (c.o.batch == 0) return std::make_tuple(c.out, c.lse);
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
@@ -168,7 +174,7 @@ std::tuple<at::Tensor, at::Tensor> dist_flash_decode(const at::Tensor& q, const 
       // shards' capacity and block-table width too, which DistFlashDecode's
       // own check leaves out) must agree: otherwise a rank that already holds
       // a plan would run it while another builds one, and both would wait.
-      rt.ctx().verify_same_call(c.key);
+      rt.ctx().verify_same_call(c.key.str());
       auto p = std::make_unique<Plan<weft::DistFlashDecode>>();
       p->op = std::make_unique<weft::DistFlashDecode>(rt.ctx_ptr(), c.o);  // allocates its staging in the heap
       return p;

@@ -68,7 +68,7 @@ void all_reduce_into(Runtime& rt, const char* op, const at::Tensor& input, const
   c10::cuda::CUDAGuard guard(rt.device());
   cudaStream_t stream = current_stream(rt);
   const std::uint64_t count = input.numel(), bytes = input.nbytes();
-  const std::string key = plan_key("all_reduce ", count, " x ", weft::to_string(dtype));
+  const PlanKey key = PlanKey::make<PlanKind::all_reduce>(count, dtype);
   auto& plan = static_cast<Plan<weft::AllReduce>&>(rt.plan(op, key, stream, [&] {
     auto p = std::make_unique<Plan<weft::AllReduce>>();
     p->op = std::make_unique<weft::AllReduce>(rt.ctx_ptr(),
@@ -114,7 +114,7 @@ void all_gather_into(Runtime& rt, const char* op, const at::Tensor& input, const
   c10::cuda::CUDAGuard guard(rt.device());
   cudaStream_t stream = current_stream(rt);
   const std::uint64_t bytes = input.nbytes();
-  const std::string key = plan_key("all_gather ", bytes, " bytes per rank");
+  const PlanKey key = PlanKey::make<PlanKind::all_gather>(bytes);
   auto& plan = static_cast<Plan<weft::AllGather>&>(rt.plan(op, key, stream, [&] {
     auto p = std::make_unique<Plan<weft::AllGather>>();
     p->op = std::make_unique<weft::AllGather>(rt.ctx_ptr(),
@@ -187,7 +187,7 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, c10::string_view reduc
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
     const std::uint64_t count = out.numel();
-    const std::string key = plan_key("reduce_scatter ", count, " x ", weft::to_string(dtype), " per rank");
+    const PlanKey key = PlanKey::make<PlanKind::reduce_scatter>(count, dtype);
     auto& plan = static_cast<Plan<weft::ReduceScatter>&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<Plan<weft::ReduceScatter>>();
       p->op = std::make_unique<weft::ReduceScatter>(rt.ctx_ptr(),
@@ -278,7 +278,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
       for (const auto& b : Bs) outs.push_back(at::matmul(gathered, b));
     } else {
       const int64_t n0 = Bs[0].size(1);
-      const std::string key = plan_key("ag_gemm m=", rows * world, " n=", n0, " k=", k);
+      const PlanKey key = PlanKey::make<PlanKind::ag_gemm>(rows * world, n0, k);
       auto& plan = static_cast<Plan<weft::AgGemm>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::AgGemm>>();
         p->op = std::make_unique<weft::AgGemm>(
@@ -329,7 +329,7 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
     if (m > 0) {
       c10::cuda::CUDAGuard guard(rt.device());
       cudaStream_t stream = current_stream(rt);
-      const std::string key = plan_key("gemm_rs m=", m, " n=", n, " k=", k);
+      const PlanKey key = PlanKey::make<PlanKind::gemm_rs>(m, n, k);
       auto& plan = static_cast<Plan<weft::GemmRs>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::GemmRs>>();
         p->op = std::make_unique<weft::GemmRs>(
@@ -362,7 +362,7 @@ at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::stri
     if (m == 0) return at::empty(out_sizes, a.options());
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    const std::string key = plan_key("gemm_ar m=", m, " n=", n, " k=", k);
+    const PlanKey key = PlanKey::make<PlanKind::gemm_ar>(m, n, k);
     auto& plan = static_cast<Plan<weft::GemmAr>&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<Plan<weft::GemmAr>>();
       p->op = std::make_unique<weft::GemmAr>(

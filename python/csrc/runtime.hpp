@@ -10,16 +10,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
-#include <string_view>
-#include <type_traits>
+#include <unordered_map>
 #include <utility>
 
+#include "plan_key.hpp"
 #include "weft/core/error.hpp"
 #include "weft/runtime/context.hpp"
 
@@ -40,6 +39,8 @@ class Runtime {
  public:
   Runtime(std::shared_ptr<weft::Context> ctx, std::string group_name)
       : ctx_(std::move(ctx)), group_name_(std::move(group_name)) {}
+  /// Frees what close() has not (the plans in key order, then the Context).
+  ~Runtime();
 
   weft::Context& ctx() { return *ctx_; }
   const std::shared_ptr<weft::Context>& ctx_ptr() const { return ctx_; }
@@ -60,12 +61,17 @@ class Runtime {
   /// The plan `key` names, built by `make` (collective) if this process has
   /// none yet. Refused during CUDA graph capture: a plan allocates, checks
   /// the call across ranks and, for the overlapped operators, times its paths.
-  /// The lookup is inline and allocates nothing: it runs on every op call.
+  /// The lookup is inline and allocates nothing (a hash of the key's integers):
+  /// it runs on every op call.
   template <class Make>
-  AnyPlan& plan(const char* op, const std::string& key, cudaStream_t stream, Make&& make) {
-    auto it = plans_.find(key);
-    if (it != plans_.end()) return *it->second;
+  AnyPlan& plan(const char* op, const PlanKey& key, cudaStream_t stream, Make&& make) {
+    if (AnyPlan* found = find(key)) return *found;
     return build(op, key, stream, std::forward<Make>(make));
+  }
+  /// The plan `key` names, or nullptr.
+  AnyPlan* find(const PlanKey& key) {
+    auto it = plans_.find(key);
+    return it == plans_.end() ? nullptr : it->second.get();
   }
 
   /// Tears everything down (collective): the plans, then the Context and its
@@ -78,15 +84,18 @@ class Runtime {
 
  private:
   /// plan()'s first call for `key`: builds the plan with `make`.
-  AnyPlan& build(const char* op, const std::string& key, cudaStream_t stream,
+  AnyPlan& build(const char* op, const PlanKey& key, cudaStream_t stream,
                  const std::function<std::unique_ptr<AnyPlan>()>& make);
+  /// Frees the plans in key order, the same on every rank: a plan's symmetric
+  /// memory is freed collectively, buffer by buffer.
+  void drop_plans();
 
   std::shared_ptr<weft::Context> ctx_;
   std::string group_name_;
   std::mutex mu_;
   std::set<std::uint64_t> pending_;  // heap offsets released by this rank, not yet freed
   std::uint64_t live_ = 0;
-  std::map<std::string, std::unique_ptr<AnyPlan>> plans_;
+  std::unordered_map<PlanKey, std::unique_ptr<AnyPlan>, PlanKeyHash> plans_;
 };
 
 /// The process's runtime, or an error naming `op` when weft.init() was not called.
@@ -144,22 +153,6 @@ inline void check_contiguous(const char* op, const char* arg, const at::Tensor& 
   TORCH_CHECK_VALUE(t.is_contiguous(), "weft.", op, ": argument '", arg,
                     "' must be contiguous (call .contiguous() first); it has shape ", shape_of(t), " and strides ",
                     t.strides());
-}
-
-/// A plan's key, built on every call: appends and std::to_string, without the
-/// ostringstream of weft::str, whose construction alone is a sizeable share
-/// of a small collective's host time.
-inline void key_part(std::string& key, std::string_view s) { key += s; }
-template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-void key_part(std::string& key, I v) {
-  key += std::to_string(v);
-}
-template <class... Parts>
-std::string plan_key(const Parts&... parts) {
-  std::string key;
-  key.reserve(64);
-  (key_part(key, parts), ...);
-  return key;
 }
 
 inline cudaStream_t current_stream(Runtime& rt) { return at::cuda::getCurrentCUDAStream(rt.device()).stream(); }
