@@ -123,8 +123,8 @@ DecodeCall decode_call(PlanKind kind, const char* op, Runtime& rt, const at::Ten
   std::memcpy(&scale_bits, &s, sizeof s);
   c.key = kind == PlanKind::flash_decode ? decode_key<PlanKind::flash_decode>(o, scale_bits)
                                          : decode_key<PlanKind::dist_flash_decode>(o, scale_bits);
-  c.out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  c.lse = at::empty({batch, q_heads}, q.options().dtype(at::kFloat));
+  c.out = new_output(q.sizes(), q);
+  c.lse = new_output({batch, q_heads}, at::kFloat, q.device());
   c.a.q = q.data_ptr();
   c.a.k = k.data_ptr();
   c.a.v = v.data_ptr();

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
@@ -153,6 +154,21 @@ inline void check_contiguous(const char* op, const char* arg, const at::Tensor& 
   TORCH_CHECK_VALUE(t.is_contiguous(), "weft.", op, ": argument '", arg,
                     "' must be contiguous (call .contiguous() first); it has shape ", shape_of(t), " and strides ",
                     t.strides());
+}
+
+/// An op's output: a new contiguous tensor of `sizes` and `dtype` on CUDA
+/// device `device`, from torch's caching allocator directly, as ATen's own
+/// kernels make their outputs. at::empty_like would go through the dispatcher
+/// twice per call (empty_like, then the empty it calls), at::empty once; the
+/// only other thing they add is filling the tensor under
+/// torch.use_deterministic_algorithms' fill_uninitialized_memory, which
+/// no op here needs: each writes its whole output.
+inline at::Tensor new_output(c10::IntArrayRef sizes, at::ScalarType dtype, at::Device device) {
+  return at::detail::empty_cuda(sizes, dtype, device, at::MemoryFormat::Contiguous);
+}
+/// As above, with `like`'s dtype and device.
+inline at::Tensor new_output(c10::IntArrayRef sizes, const at::Tensor& like) {
+  return new_output(sizes, like.scalar_type(), like.device());
 }
 
 inline cudaStream_t current_stream(Runtime& rt) { return at::cuda::getCurrentCUDAStream(rt.device()).stream(); }
