@@ -28,7 +28,6 @@ namespace py = pybind11;
 
 namespace weft_torch {
 
-extern std::shared_ptr<Runtime> g_runtime;
 void bind_ep(py::module_& m);  // ep.cpp: the expert-parallel classes
 
 namespace {

@@ -16,11 +16,10 @@ std::shared_ptr<Runtime> g_runtime;  // set by weft.init (module.cpp)
 
 std::shared_ptr<Runtime> runtime_or_null() { return g_runtime && !g_runtime->closed() ? g_runtime : nullptr; }
 
-Runtime& runtime(const char* op) {
-  TORCH_CHECK(g_runtime && !g_runtime->closed(), "weft.", op,
+void not_initialised(const char* op) {
+  TORCH_CHECK(false, "weft.", op,
               ": weft is not initialised in this process: call weft.init() (inside torchrun, or after "
               "torch.distributed.init_process_group) first");
-  return *g_runtime;
 }
 
 void* Runtime::allocate(std::uint64_t bytes, const std::string& type) {

@@ -69,11 +69,15 @@ class Runtime {
     if (AnyPlan* found = find(key)) return *found;
     return build(op, key, stream, std::forward<Make>(make));
   }
-  /// The plan `key` names, or nullptr.
+  /// The plan `key` names, or nullptr: for an op that checks more before a
+  /// plan is built (build() then builds it).
   AnyPlan* find(const PlanKey& key) {
     auto it = plans_.find(key);
     return it == plans_.end() ? nullptr : it->second.get();
   }
+  /// plan()'s first call for `key`: builds the plan with `make`.
+  AnyPlan& build(const char* op, const PlanKey& key, cudaStream_t stream,
+                 const std::function<std::unique_ptr<AnyPlan>()>& make);
 
   /// Tears everything down (collective): the plans, then the Context and its
   /// heap. Tensors still alive in the heap must not be used afterwards.
@@ -84,9 +88,6 @@ class Runtime {
   std::uint64_t plan_count() const { return plans_.size(); }
 
  private:
-  /// plan()'s first call for `key`: builds the plan with `make`.
-  AnyPlan& build(const char* op, const PlanKey& key, cudaStream_t stream,
-                 const std::function<std::unique_ptr<AnyPlan>()>& make);
   /// Frees the plans in key order, the same on every rank: a plan's symmetric
   /// memory is freed collectively, buffer by buffer.
   void drop_plans();
@@ -99,8 +100,18 @@ class Runtime {
   std::unordered_map<PlanKey, std::unique_ptr<AnyPlan>, PlanKeyHash> plans_;
 };
 
+extern std::shared_ptr<Runtime> g_runtime;  // set by weft.init (module.cpp)
+
+/// The error of an op called before weft.init() (or after weft.shutdown()).
+[[noreturn]] void not_initialised(const char* op);
+
 /// The process's runtime, or an error naming `op` when weft.init() was not called.
-Runtime& runtime(const char* op);
+/// Inline: every op call starts here.
+inline Runtime& runtime(const char* op) {
+  Runtime* rt = g_runtime.get();
+  if (C10_UNLIKELY(rt == nullptr || rt->closed())) not_initialised(op);
+  return *rt;
+}
 /// The runtime if initialised, else nullptr.
 std::shared_ptr<Runtime> runtime_or_null();
 
