@@ -33,16 +33,25 @@ namespace {
 struct DecodeCall {
   weft::FlashDecodeOptions o;
   weft::FlashDecodeArgs a;
-  std::string key;
+  PlanKey key;
   at::Tensor out, lse;
 };
 
+/// A decode plan's key: every option it is built for (the scale by its bits).
+template <PlanKind K>
+PlanKey decode_key(const weft::FlashDecodeOptions& o, std::uint32_t scale_bits) {
+  return PlanKey::make<K>(o.layout, o.batch, o.q_heads, o.kv_heads, o.head_dim, o.dtype, o.max_kv_len,
+                          o.max_pages_per_seq, o.page_size, scale_bits);
+}
+
 /// Checks q, k, v, kv_lens, block_table and scale (each error names the op,
 /// the argument and what was expected), allocates out and lse, and fills in
-/// the plan's options and the run's pointers.
-DecodeCall decode_call(const char* op, Runtime& rt, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& block_table,
-                       std::optional<double> scale) {
+/// the plan's options and the run's pointers. The options' limits are
+/// checked where a plan is built (check_limits): they are a plan's, and the
+/// key holds every option.
+DecodeCall decode_call(PlanKind kind, const char* op, Runtime& rt, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const std::optional<at::Tensor>& kv_lens,
+                       const std::optional<at::Tensor>& block_table, std::optional<double> scale) {
   const bool paged = block_table.has_value();
   for (auto [arg, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     check_device(op, arg, *t, rt);
@@ -106,19 +115,12 @@ DecodeCall decode_call(const char* op, Runtime& rt, const at::Tensor& q, const a
   }
   const float s = scale ? static_cast<float>(*scale) : 0.f;
   o.softmax_scale = s;
-  // Limits of the plan (batch, heads, page size, ...), said in its own terms.
-  if (batch > 0) {
-    const std::string why = o.check();
-    TORCH_CHECK_VALUE(why.empty(), "weft.", op, ": ", why, " (q ", shape_of(q), ", k ", shape_of(k),
-                      paged ? ", block_table " + shape_of(*block_table) : std::string(), ")");
-  }
   std::uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s, sizeof s);
-  c.key = plan_key(op, " ", weft::to_string(o.layout), " b=", o.batch, " heads=", o.q_heads, "/", o.kv_heads,
-                   " d=", o.head_dim, " ", weft::to_string(o.dtype), " kv=", o.max_kv_len, " pages=",
-                   o.max_pages_per_seq, "x", o.page_size, " scale_bits=", scale_bits);
-  c.out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  c.lse = at::empty({batch, q_heads}, q.options().dtype(at::kFloat));
+  c.key = kind == PlanKind::flash_decode ? decode_key<PlanKind::flash_decode>(o, scale_bits)
+                                         : decode_key<PlanKind::dist_flash_decode>(o, scale_bits);
+  c.out = new_output(q.sizes(), q);
+  c.lse = new_output({batch, q_heads}, at::kFloat, q.device());
   c.a.q = q.data_ptr();
   c.a.k = k.data_ptr();
   c.a.v = v.data_ptr();
@@ -129,6 +131,16 @@ DecodeCall decode_call(const char* op, Runtime& rt, const at::Tensor& q, const a
   return c;
 }
 
+/// The limits of a plan for `o` (batch, heads, page size, ...), said in its own
+/// terms: checked before the plan for a new key is built, as the options are
+/// the key's, every later call with that key passes.
+void check_limits(const char* op, const weft::FlashDecodeOptions& o, const at::Tensor& q, const at::Tensor& k,
+                  const std::optional<at::Tensor>& block_table) {
+  const std::string why = o.check();
+  TORCH_CHECK_VALUE(why.empty(), "weft.", op, ": ", why, " (q ", shape_of(q), ", k ", shape_of(k),
+                    block_table ? ", block_table " + shape_of(*block_table) : std::string(), ")");
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 const std::optional<at::Tensor>& kv_lens,
                                                 const std::optional<at::Tensor>& block_table,
@@ -136,17 +148,21 @@ std::tuple<at::Tensor, at::Tensor> flash_decode(const at::Tensor& q, const at::T
   const char* op = "flash_decode";
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
-    DecodeCall c = decode_call(op, rt, q, k, v, kv_lens, block_table, scale);
+    DecodeCall c = decode_call(PlanKind::flash_decode, op, rt, q, k, v, kv_lens, block_table, scale);
     if (c.o.batch == 0) return std::make_tuple(c.out, c.lse);
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    // Local to this process: no symmetric memory, nothing checked across ranks.
-    auto& plan = static_cast<Plan<weft::FlashDecode>&>(rt.plan(op, c.key, stream, [&] {
-      auto p = std::make_unique<Plan<weft::FlashDecode>>();
-      p->op = std::make_unique<weft::FlashDecode>(c.o);
-      return p;
-    }));
-    plan.op->run(c.a, stream);
+    AnyPlan* found = rt.find(c.key);
+    if (!found) {
+      check_limits(op, c.o, q, k, block_table);
+      // Local to this process: no symmetric memory, nothing checked across ranks.
+      found = &rt.build(op, c.key, stream, [&] {
+        auto p = std::make_unique<Plan<weft::FlashDecode>>();
+        p->op = std::make_unique<weft::FlashDecode>(c.o);
+        return p;
+      });
+    }
+    static_cast<Plan<weft::FlashDecode>*>(found)->op->run(c.a, stream);
     return std::make_tuple(c.out, c.lse);
   });
 }
@@ -159,21 +175,25 @@ std::tuple<at::Tensor, at::Tensor> dist_flash_decode(const at::Tensor& q, const 
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
     check_group(op, group_name, rt);
-    DecodeCall c = decode_call(op, rt, q, k, v, kv_lens, block_table, scale);
+    DecodeCall c = decode_call(PlanKind::dist_flash_decode, op, rt, q, k, v, kv_lens, block_table, scale);
     if (c.o.batch == 0) return std::make_tuple(c.out, c.lse);
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    auto& plan = static_cast<Plan<weft::DistFlashDecode>&>(rt.plan(op, c.key, stream, [&] {
-      // Every rank builds the plan of one key together, so the whole key (the
-      // shards' capacity and block-table width too, which DistFlashDecode's
-      // own check leaves out) must agree: otherwise a rank that already holds
-      // a plan would run it while another builds one, and both would wait.
-      rt.ctx().verify_same_call(c.key);
-      auto p = std::make_unique<Plan<weft::DistFlashDecode>>();
-      p->op = std::make_unique<weft::DistFlashDecode>(rt.ctx_ptr(), c.o);  // allocates its staging in the heap
-      return p;
-    }));
-    plan.op->run(c.a, stream);
+    AnyPlan* found = rt.find(c.key);
+    if (!found) {
+      check_limits(op, c.o, q, k, block_table);
+      found = &rt.build(op, c.key, stream, [&] {
+        // Every rank builds the plan of one key together, so the whole key (the
+        // shards' capacity and block-table width too, which DistFlashDecode's
+        // own check leaves out) must agree: otherwise a rank that already holds
+        // a plan would run it while another builds one, and both would wait.
+        rt.ctx().verify_same_call(c.key.str());
+        auto p = std::make_unique<Plan<weft::DistFlashDecode>>();
+        p->op = std::make_unique<weft::DistFlashDecode>(rt.ctx_ptr(), c.o);  // allocates its staging in the heap
+        return p;
+      });
+    }
+    static_cast<Plan<weft::DistFlashDecode>*>(found)->op->run(c.a, stream);
     return std::make_tuple(c.out, c.lse);
   });
 }

@@ -88,7 +88,7 @@ struct EpHandlePy {
   weft::EpHandle h;
   at::Tensor topk_idx;        // the routing the plan's kernels read, kept alive until combine
   const EpPlan* plan = nullptr;
-  std::string plan_key;
+  PlanKey plan_key;  // its plan's, for the error of a handle passed to another plan (formatted only then)
 };
 
 class ExpertParallelPy {
@@ -99,8 +99,7 @@ class ExpertParallelPy {
     guarded(op, [&] {
       rt_ = live_runtime(op);
       c10::cuda::CUDAGuard guard(rt_->device());
-      key_ = plan_key("expert_parallel experts=", experts, " hidden=", hidden, " top_k=", top_k, " max_tokens=",
-                      max_tokens, " max_sms=", max_sms);
+      key_ = PlanKey::make<PlanKind::expert_parallel>(experts, hidden, top_k, max_tokens, max_sms);
       plan_ = &static_cast<EpPlan&>(rt_->plan(op, key_, current_stream(*rt_), [&] {
         auto p = std::make_unique<EpPlan>();
         p->op = std::make_unique<weft::ExpertParallel>(
@@ -148,8 +147,8 @@ class ExpertParallelPy {
       weft::ExpertParallel& ep = *plan_->op;
       const weft::EpHandle& h = handle.h;
       TORCH_CHECK_VALUE(handle.plan == plan_, "weft.", op, ": argument 'handle' belongs to another plan (",
-                        handle.plan_key, "), not this one (", key_, "): pass the handle this object's dispatch "
-                        "returned");
+                        handle.plan_key.str(), "), not this one (", key_.str(),
+                        "): pass the handle this object's dispatch returned");
       if (plan_->latest == 0 || h.id != plan_->latest) {
         const std::string since =
             plan_->latest ? "dispatch #" + std::to_string(plan_->latest) + " has" : "another dispatch has";
@@ -171,12 +170,12 @@ class ExpertParallelPy {
   int local_experts() const { return plan_->op->local_experts(); }
   std::int64_t recv_capacity() const { return plan_->op->recv_capacity(); }
   int blocks() const { return plan_->op->blocks(); }
-  const std::string& key() const { return key_; }
+  std::string key() const { return key_.str(); }
 
  private:
   std::shared_ptr<Runtime> rt_;
   EpPlan* plan_ = nullptr;  // owned by the runtime's plan cache
-  std::string key_;
+  PlanKey key_;
 };
 
 // ---- low-latency mode ---------------------------------------------------------------
@@ -189,8 +188,7 @@ class LowLatencyPy {
     guarded(op, [&] {
       rt_ = live_runtime(op);
       c10::cuda::CUDAGuard guard(rt_->device());
-      key_ = plan_key("expert_parallel_low_latency experts=", experts, " hidden=", hidden, " top_k=", top_k,
-                      " max_tokens=", max_tokens, " max_sms=", max_sms);
+      key_ = PlanKey::make<PlanKind::expert_parallel_low_latency>(experts, hidden, top_k, max_tokens, max_sms);
       plan_ = &static_cast<LlPlan&>(rt_->plan(op, key_, current_stream(*rt_), [&] {
         auto p = std::make_unique<LlPlan>();
         p->op = std::make_unique<weft::ExpertParallelLowLatency>(
@@ -267,12 +265,12 @@ class LowLatencyPy {
   }
 
   int local_experts() const { return per_; }
-  const std::string& key() const { return key_; }
+  std::string key() const { return key_.str(); }
 
  private:
   std::shared_ptr<Runtime> rt_;
   LlPlan* plan_ = nullptr;  // owned by the runtime's plan cache
-  std::string key_;
+  PlanKey key_;
   int world_ = 1, per_ = 0;
   std::int64_t slots_ = 0;  // W x max_tokens: the rows of each local expert's block
 };

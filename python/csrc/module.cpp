@@ -3,6 +3,7 @@
 // the expert-parallel classes (ep.cpp) and ag_moe_check_errors (moe_tp.cpp).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/extension.h>
 #include <torch/headeronly/version.h>
@@ -27,7 +28,6 @@ namespace py = pybind11;
 
 namespace weft_torch {
 
-extern std::shared_ptr<Runtime> g_runtime;
 void bind_ep(py::module_& m);      // ep.cpp: the expert-parallel classes
 void bind_moe_tp(py::module_& m);  // moe_tp.cpp: ag_moe_check_errors
 
@@ -160,6 +160,21 @@ py::dict info() {
   return d;
 }
 
+/// weft._C._PlanKey(kind, fields): the key an op's plan is cached under, for the
+/// CPU tests (which plans share a key, its hash and its text) where no plan
+/// can be built.
+PlanKey plan_key_of(const std::string& kind, const std::vector<std::int64_t>& fields) {
+  const auto k = plan_kind_named(kind);
+  if (!k) throw py::value_error("weft._C._PlanKey: no plan kind \"" + kind + "\"");
+  const int want = kind_info(*k).fields;
+  if (static_cast<int>(fields.size()) != want)
+    throw py::value_error(weft::str("weft._C._PlanKey: a ", kind, " key has ", want, " fields, got ", fields.size()));
+  PlanKey key;
+  key.kind = *k;
+  for (int i = 0; i < want; ++i) key.fields[i] = fields[i];
+  return key;
+}
+
 }  // namespace
 }  // namespace weft_torch
 
@@ -176,5 +191,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("info", &info);
   bind_ep(m);
   bind_moe_tp(m);
+  py::class_<PlanKey>(m, "_PlanKey", "The key an op's plan is cached under (for tests): its kind and integers")
+      .def(py::init(&plan_key_of), py::arg("kind"), py::arg("fields"))
+      .def("__eq__", [](const PlanKey& a, const PlanKey& b) { return a == b; }, py::is_operator())
+      .def("__hash__", [](const PlanKey& k) { return k.hash(); })
+      .def_property_readonly("hash", [](const PlanKey& k) { return k.hash(); })
+      .def("__str__", &PlanKey::str)
+      .def("__repr__", [](const PlanKey& k) { return "_PlanKey(" + k.str() + ")"; });
   m.attr("torch_version") = WEFT_TORCH_VERSION;
 }

@@ -34,8 +34,6 @@ namespace py = pybind11;
 namespace weft_torch {
 namespace {
 
-constexpr const char* kUpPlan = "ag_moe ";  // the AgMoe plans' keys start so (ag_moe_check_errors finds them)
-
 // A plan is keyed on what every rank agrees on (building one is collective); the slice of F,
 // which may differ by rank, selects one of its grouped GEMMs locally (use_slice), and
 // `slices` records the widths already set up, so a new one under graph capture is refused.
@@ -146,9 +144,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
     // n_local may differ by rank: not in the key (see AgMoePlan).
-    const std::string key = plan_key(kUpPlan, "experts=", o.experts, " hidden=", o.hidden,
-                                     " top_k=", o.top_k, " cap=", o.max_tokens_per_rank, " ", weft::to_string(dtype),
-                                     " max_sms=", o.max_sms);
+    const PlanKey key = PlanKey::make<PlanKind::ag_moe>(o.experts, o.hidden, o.top_k, o.max_tokens_per_rank, dtype,
+                                                         o.max_sms);
     auto& plan = static_cast<AgMoePlan&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<AgMoePlan>();
       p->op = std::make_unique<weft::AgMoe>(rt.ctx_ptr(), o);
@@ -230,9 +227,8 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
     // k_local may differ by rank: not in the key (see MoeRsPlan).
-    const std::string key = plan_key("moe_rs experts=", o.experts, " hidden=", o.hidden,
-                                     " top_k=", o.top_k, " cap=", o.max_tokens_per_rank, " ",
-                                     weft::to_string(dtype), " max_sms=", o.max_sms);
+    const PlanKey key = PlanKey::make<PlanKind::moe_rs>(o.experts, o.hidden, o.top_k, o.max_tokens_per_rank, dtype,
+                                                         o.max_sms);
     auto& plan = static_cast<MoeRsPlan&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<MoeRsPlan>();
       p->op = std::make_unique<weft::MoeRs>(rt.ctx_ptr(), o);
@@ -293,7 +289,7 @@ void ag_moe_check_errors() {
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
     py::gil_scoped_release nogil;
-    for (AnyPlan* p : rt.plans_named(kUpPlan)) static_cast<AgMoePlan*>(p)->op->check_errors(stream);
+    for (AnyPlan* p : rt.plans_of(PlanKind::ag_moe)) static_cast<AgMoePlan*>(p)->op->check_errors(stream);
   });
 }
 

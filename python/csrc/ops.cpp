@@ -68,7 +68,7 @@ void all_reduce_into(Runtime& rt, const char* op, const at::Tensor& input, const
   c10::cuda::CUDAGuard guard(rt.device());
   cudaStream_t stream = current_stream(rt);
   const std::uint64_t count = input.numel(), bytes = input.nbytes();
-  const std::string key = plan_key("all_reduce ", count, " x ", weft::to_string(dtype));
+  const PlanKey key = PlanKey::make<PlanKind::all_reduce>(count, dtype);
   auto& plan = static_cast<Plan<weft::AllReduce>&>(rt.plan(op, key, stream, [&] {
     auto p = std::make_unique<Plan<weft::AllReduce>>();
     p->op = std::make_unique<weft::AllReduce>(rt.ctx_ptr(),
@@ -90,7 +90,7 @@ void all_reduce_into(Runtime& rt, const char* op, const at::Tensor& input, const
 at::Tensor all_reduce(const at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
   return guarded("all_reduce", [&] {
     Runtime& rt = runtime("all_reduce");
-    auto out = at::empty_like(input, at::MemoryFormat::Contiguous);
+    auto out = new_output(input.sizes(), input);
     all_reduce_into(rt, "all_reduce", input, out, reduce_op, group_name);
     return out;
   });
@@ -114,7 +114,7 @@ void all_gather_into(Runtime& rt, const char* op, const at::Tensor& input, const
   c10::cuda::CUDAGuard guard(rt.device());
   cudaStream_t stream = current_stream(rt);
   const std::uint64_t bytes = input.nbytes();
-  const std::string key = plan_key("all_gather ", bytes, " bytes per rank");
+  const PlanKey key = PlanKey::make<PlanKind::all_gather>(bytes);
   auto& plan = static_cast<Plan<weft::AllGather>&>(rt.plan(op, key, stream, [&] {
     auto p = std::make_unique<Plan<weft::AllGather>>();
     p->op = std::make_unique<weft::AllGather>(rt.ctx_ptr(),
@@ -140,9 +140,9 @@ at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t group_size, c
     Runtime& rt = runtime("all_gather_into_tensor");
     TORCH_CHECK_VALUE(input.dim() >= 1, "weft.all_gather_into_tensor: argument 'input' must have at least one "
                       "dimension (it is gathered along dimension 0)");
-    auto sizes = input.sizes().vec();
+    at::DimVector sizes(input.sizes());
     sizes[0] *= group_size;
-    auto out = at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+    auto out = new_output(sizes, input);
     all_gather_into(rt, "all_gather_into_tensor", input, out, group_size, group_name);
     return out;
   });
@@ -180,14 +180,14 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, c10::string_view reduc
     TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(0) % group_size == 0, "weft.", op,
                       ": argument 'input' must have a first dimension divisible by group_size (", group_size,
                       "), got shape ", shape_of(input));
-    auto sizes = input.sizes().vec();
+    at::DimVector sizes(input.sizes());
     sizes[0] /= group_size;
-    auto out = at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous));
+    auto out = new_output(sizes, input);
     if (out.numel() == 0) return out;
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
     const std::uint64_t count = out.numel();
-    const std::string key = plan_key("reduce_scatter ", count, " x ", weft::to_string(dtype), " per rank");
+    const PlanKey key = PlanKey::make<PlanKind::reduce_scatter>(count, dtype);
     auto& plan = static_cast<Plan<weft::ReduceScatter>&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<Plan<weft::ReduceScatter>>();
       p->op = std::make_unique<weft::ReduceScatter>(rt.ctx_ptr(),
@@ -246,7 +246,7 @@ at::Tensor a_rows(const char* op, const at::Tensor& a, int64_t& dim, Runtime& rt
   const int64_t k = a.size(-1);
   TORCH_CHECK_VALUE(k > 0 && k % 8 == 0, "weft.", op,
                     ": argument 'A' must have its last dimension (K) a positive multiple of 8, got shape ", shape_of(a));
-  return a.movedim(dim, 0).contiguous();
+  return dim == 0 ? a.contiguous() : a.movedim(dim, 0).contiguous();
 }
 
 /// out_moved [rows..., N] (dimension 0 the moved one) back into A's order.
@@ -269,7 +269,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
     const BOperand b0 = b_operand(op, "Bs", Bs[0], k, rt);
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    auto gathered_sizes = a.sizes().vec();
+    at::DimVector gathered_sizes(a.sizes());
     gathered_sizes[0] *= world;
     std::vector<at::Tensor> outs;
     at::Tensor gathered;
@@ -278,7 +278,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
       for (const auto& b : Bs) outs.push_back(at::matmul(gathered, b));
     } else {
       const int64_t n0 = Bs[0].size(1);
-      const std::string key = plan_key("ag_gemm m=", rows * world, " n=", n0, " k=", k);
+      const PlanKey key = PlanKey::make<PlanKind::ag_gemm>(rows * world, n0, k);
       auto& plan = static_cast<Plan<weft::AgGemm>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::AgGemm>>();
         p->op = std::make_unique<weft::AgGemm>(
@@ -286,7 +286,7 @@ std::tuple<std::optional<at::Tensor>, std::vector<at::Tensor>> fused_all_gather_
             weft::AgGemmOptions{.m = rows * world, .n = n0, .k = k, .b_layout = weft::BLayout::nk});
         return p;
       }));
-      auto c0 = at::empty({rows * world, n0}, a.options());
+      auto c0 = new_output({rows * world, n0}, a);
       plan.op->run(a.data_ptr(), b0.ptr, c0.data_ptr(), stream);
       // The plan's gathered A, valid on this stream until its next run: the other B's read it now
       // (torch.mm, cuBLAS: only the first B overlaps with the gather).
@@ -322,14 +322,14 @@ at::Tensor fused_matmul_reduce_scatter(const at::Tensor& A, const at::Tensor& B,
     const int64_t k = a.size(-1), m = a.numel() / k;
     BOperand b = b_operand(op, "B", B, k, rt);
     const int64_t n = B.size(1);
-    auto out_sizes = a.sizes().vec();
+    at::DimVector out_sizes(a.sizes());
     out_sizes[0] /= world;
     out_sizes.back() = n;
-    auto out = at::empty(out_sizes, a.options());
+    auto out = new_output(out_sizes, a);
     if (m > 0) {
       c10::cuda::CUDAGuard guard(rt.device());
       cudaStream_t stream = current_stream(rt);
-      const std::string key = plan_key("gemm_rs m=", m, " n=", n, " k=", k);
+      const PlanKey key = PlanKey::make<PlanKind::gemm_rs>(m, n, k);
       auto& plan = static_cast<Plan<weft::GemmRs>&>(rt.plan(op, key, stream, [&] {
         auto p = std::make_unique<Plan<weft::GemmRs>>();
         p->op = std::make_unique<weft::GemmRs>(
@@ -357,12 +357,12 @@ at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::stri
                       ") must be divisible by the world size (", world, "), got shape ", shape_of(A));
     BOperand b = b_operand(op, "B", B, k, rt);
     const int64_t n = B.size(1);
-    auto out_sizes = A.sizes().vec();
+    at::DimVector out_sizes(A.sizes());
     out_sizes.back() = n;
-    if (m == 0) return at::empty(out_sizes, a.options());
+    if (m == 0) return new_output(out_sizes, a);
     c10::cuda::CUDAGuard guard(rt.device());
     cudaStream_t stream = current_stream(rt);
-    const std::string key = plan_key("gemm_ar m=", m, " n=", n, " k=", k);
+    const PlanKey key = PlanKey::make<PlanKind::gemm_ar>(m, n, k);
     auto& plan = static_cast<Plan<weft::GemmAr>&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<Plan<weft::GemmAr>>();
       p->op = std::make_unique<weft::GemmAr>(
@@ -373,7 +373,7 @@ at::Tensor matmul_all_reduce(const at::Tensor& A, const at::Tensor& B, c10::stri
       return p;
     }));
     plan.op->run(a.data_ptr(), b.ptr, plan.staging.get(), stream);
-    auto out = at::empty({m, n}, a.options());
+    auto out = new_output({m, n}, a);
     copy(out.data_ptr(), plan.staging.get(), out.nbytes(), stream);
     return out.view(out_sizes);
   });

@@ -16,11 +16,10 @@ std::shared_ptr<Runtime> g_runtime;  // set by weft.init (module.cpp)
 
 std::shared_ptr<Runtime> runtime_or_null() { return g_runtime && !g_runtime->closed() ? g_runtime : nullptr; }
 
-Runtime& runtime(const char* op) {
-  TORCH_CHECK(g_runtime && !g_runtime->closed(), "weft.", op,
+void not_initialised(const char* op) {
+  TORCH_CHECK(false, "weft.", op,
               ": weft is not initialised in this process: call weft.init() (inside torchrun, or after "
               "torch.distributed.init_process_group) first");
-  return *g_runtime;
 }
 
 void* Runtime::allocate(std::uint64_t bytes, const std::string& type) {
@@ -73,9 +72,9 @@ void Runtime::collect() {
   }
 }
 
-AnyPlan& Runtime::build(const char* op, const std::string& key, cudaStream_t stream,
+AnyPlan& Runtime::build(const char* op, const PlanKey& key, cudaStream_t stream,
                         const std::function<std::unique_ptr<AnyPlan>()>& make) {
-  TORCH_CHECK(!capturing(stream), "weft.", op, ": the first call for ", key,
+  TORCH_CHECK(!capturing(stream), "weft.", op, ": the first call for ", key.str(),
               " is being captured into a CUDA graph, but it builds the operator's plan (collectively: it allocates "
               "in the symmetric heap, checks the call across ranks and tunes or times its paths), which cannot be "
               "captured. Call the op once with these shapes before capturing (a warm-up run).");
@@ -89,11 +88,22 @@ AnyPlan& Runtime::build(const char* op, const std::string& key, cudaStream_t str
   return *slot;
 }
 
+void Runtime::drop_plans() {
+  std::vector<std::pair<PlanKey, std::unique_ptr<AnyPlan>>> ordered;
+  ordered.reserve(plans_.size());
+  for (auto& [key, plan] : plans_) ordered.emplace_back(key, std::move(plan));
+  plans_.clear();
+  std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& entry : ordered) entry.second.reset();
+}
+
+Runtime::~Runtime() { drop_plans(); }
+
 void Runtime::close() {
   if (!ctx_) return;
   try {
     WEFT_CUDA(cudaDeviceSynchronize());
-    plans_.clear();
+    drop_plans();
   } catch (const std::exception& e) {
     WEFT_LOG(warn, "weft.shutdown: ", e.what());
   }

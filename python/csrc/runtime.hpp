@@ -4,23 +4,23 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
-#include <string_view>
-#include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "plan_key.hpp"
 #include "weft/core/error.hpp"
 #include "weft/runtime/context.hpp"
 
@@ -41,6 +41,8 @@ class Runtime {
  public:
   Runtime(std::shared_ptr<weft::Context> ctx, std::string group_name)
       : ctx_(std::move(ctx)), group_name_(std::move(group_name)) {}
+  /// Frees what close() has not (the plans in key order, then the Context).
+  ~Runtime();
 
   weft::Context& ctx() { return *ctx_; }
   const std::shared_ptr<weft::Context>& ctx_ptr() const { return ctx_; }
@@ -61,21 +63,33 @@ class Runtime {
   /// The plan `key` names, built by `make` (collective) if this process has
   /// none yet. Refused during CUDA graph capture: a plan allocates, checks
   /// the call across ranks and, for the overlapped operators, times its paths.
-  /// The lookup is inline and allocates nothing: it runs on every op call.
+  /// The lookup is inline and allocates nothing (a hash of the key's integers):
+  /// it runs on every op call.
   template <class Make>
-  AnyPlan& plan(const char* op, const std::string& key, cudaStream_t stream, Make&& make) {
-    auto it = plans_.find(key);
-    if (it != plans_.end()) return *it->second;
+  AnyPlan& plan(const char* op, const PlanKey& key, cudaStream_t stream, Make&& make) {
+    if (AnyPlan* found = find(key)) return *found;
     return build(op, key, stream, std::forward<Make>(make));
   }
+  /// The plan `key` names, or nullptr: for an op that checks more before a
+  /// plan is built (build() then builds it).
+  AnyPlan* find(const PlanKey& key) {
+    auto it = plans_.find(key);
+    return it == plans_.end() ? nullptr : it->second.get();
+  }
+  /// plan()'s first call for `key`: builds the plan with `make`.
+  AnyPlan& build(const char* op, const PlanKey& key, cudaStream_t stream,
+                 const std::function<std::unique_ptr<AnyPlan>()>& make);
 
-  /// The plans whose keys start with `prefix`, in key order: for a call that
-  /// concerns every plan of one operator (ag_moe_check_errors).
-  std::vector<AnyPlan*> plans_named(std::string_view prefix) const {
-    std::vector<AnyPlan*> found;
-    for (auto it = plans_.lower_bound(std::string(prefix)); it != plans_.end() && it->first.starts_with(prefix); ++it)
-      found.push_back(it->second.get());
-    return found;
+  /// Every plan of one operator, in key order (the same on every rank): for a
+  /// call that concerns them all (ag_moe_check_errors).
+  std::vector<AnyPlan*> plans_of(PlanKind kind) const {
+    std::vector<std::pair<PlanKey, AnyPlan*>> found;
+    for (const auto& [key, plan] : plans_)
+      if (key.kind == kind) found.emplace_back(key, plan.get());
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<AnyPlan*> plans;
+    for (const auto& [key, plan] : found) plans.push_back(plan);
+    return plans;
   }
 
   /// Tears everything down (collective): the plans, then the Context and its
@@ -87,20 +101,30 @@ class Runtime {
   std::uint64_t plan_count() const { return plans_.size(); }
 
  private:
-  /// plan()'s first call for `key`: builds the plan with `make`.
-  AnyPlan& build(const char* op, const std::string& key, cudaStream_t stream,
-                 const std::function<std::unique_ptr<AnyPlan>()>& make);
+  /// Frees the plans in key order, the same on every rank: a plan's symmetric
+  /// memory is freed collectively, buffer by buffer.
+  void drop_plans();
 
   std::shared_ptr<weft::Context> ctx_;
   std::string group_name_;
   std::mutex mu_;
   std::set<std::uint64_t> pending_;  // heap offsets released by this rank, not yet freed
   std::uint64_t live_ = 0;
-  std::map<std::string, std::unique_ptr<AnyPlan>> plans_;
+  std::unordered_map<PlanKey, std::unique_ptr<AnyPlan>, PlanKeyHash> plans_;
 };
 
+extern std::shared_ptr<Runtime> g_runtime;  // set by weft.init (module.cpp)
+
+/// The error of an op called before weft.init() (or after weft.shutdown()).
+[[noreturn]] void not_initialised(const char* op);
+
 /// The process's runtime, or an error naming `op` when weft.init() was not called.
-Runtime& runtime(const char* op);
+/// Inline: every op call starts here.
+inline Runtime& runtime(const char* op) {
+  Runtime* rt = g_runtime.get();
+  if (C10_UNLIKELY(rt == nullptr || rt->closed())) not_initialised(op);
+  return *rt;
+}
 /// The runtime if initialised, else nullptr.
 std::shared_ptr<Runtime> runtime_or_null();
 
@@ -156,20 +180,19 @@ inline void check_contiguous(const char* op, const char* arg, const at::Tensor& 
                     t.strides());
 }
 
-/// A plan's key, built on every call: appends and std::to_string, without the
-/// ostringstream of weft::str, whose construction alone is a sizeable share
-/// of a small collective's host time.
-inline void key_part(std::string& key, std::string_view s) { key += s; }
-template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-void key_part(std::string& key, I v) {
-  key += std::to_string(v);
+/// An op's output: a new contiguous tensor of `sizes` and `dtype` on CUDA
+/// device `device`, from torch's caching allocator directly, as ATen's own
+/// kernels make their outputs. at::empty_like would go through the dispatcher
+/// twice per call (empty_like, then the empty it calls), at::empty once; the
+/// only other thing they add is filling the tensor under
+/// torch.use_deterministic_algorithms' fill_uninitialized_memory, which
+/// no op here needs: each writes its whole output.
+inline at::Tensor new_output(c10::IntArrayRef sizes, at::ScalarType dtype, at::Device device) {
+  return at::detail::empty_cuda(sizes, dtype, device, at::MemoryFormat::Contiguous);
 }
-template <class... Parts>
-std::string plan_key(const Parts&... parts) {
-  std::string key;
-  key.reserve(64);
-  (key_part(key, parts), ...);
-  return key;
+/// As above, with `like`'s dtype and device.
+inline at::Tensor new_output(c10::IntArrayRef sizes, const at::Tensor& like) {
+  return new_output(sizes, like.scalar_type(), like.device());
 }
 
 inline cudaStream_t current_stream(Runtime& rt) { return at::cuda::getCurrentCUDAStream(rt.device()).stream(); }
