@@ -11,7 +11,6 @@
 
 #include <vector>
 
-#include "../gemm/tile_walk.hpp"
 #include "schedule.hpp"
 
 namespace weft::ops_detail {
@@ -70,27 +69,6 @@ inline RingPlan ring_per_step_plan(int rank, int world, bool plain_first, bool c
     plan.steps.push_back(step);
   }
   return plan;
-}
-
-/// The block the tile at position `position` of one launch's walk computes
-/// (FusedWay::ring_one_launch), its blocks `tiles_per_block` row tiles each.
-/// GemmRs runs that GEMM with GemmArgs::first_row at the first step's block
-/// and descending_block_rows = M / W, so the hooked scheduler walks whole
-/// blocks down from it (gemm/tile_walk.hpp): the block the ring sends at step
-/// s, (r - 1 - s) mod W, is the one its tiles compute at step s. (An ascending
-/// walk agreed with the sends at 1 and 2 ranks only; from 3 on each rank's
-/// GEMM reached last the block its side stream had to send second, and the
-/// ranks waited on each other in a cycle.)
-inline int ring_one_launch_block(int rank, int world, int position, int tiles_per_block) {
-  return gemm_detail::descending_walk_block(position, schedule::ring_gemm_block(rank, 0, world), tiles_per_block,
-                                            world);
-}
-
-/// The blocks one launch's tiles walk, in order, a block per step.
-inline std::vector<int> ring_one_launch_walk(int rank, int world) {
-  std::vector<int> blocks;
-  for (int step = 0; step < world; ++step) blocks.push_back(ring_one_launch_block(rank, world, step, 1));
-  return blocks;
 }
 
 }  // namespace weft::ops_detail

@@ -14,6 +14,27 @@ using namespace weft::ops_detail;
 
 namespace {
 
+/// The block the tile at position `position` of one launch's walk computes
+/// (FusedWay::ring_one_launch), its blocks `tiles_per_block` row tiles each.
+/// GemmRs runs that GEMM with GemmArgs::first_row at the first step's block
+/// and descending_block_rows = M / W, so the hooked scheduler walks whole
+/// blocks down from it (src/gemm/tile_walk.hpp): the block the ring sends at step
+/// s, (r - 1 - s) mod W, is the one its tiles compute at step s. (An ascending
+/// walk agreed with the sends at 1 and 2 ranks only; from 3 on each rank's
+/// GEMM reached last the block its side stream had to send second, and the
+/// ranks waited on each other in a cycle.)
+int ring_one_launch_block(int rank, int world, int position, int tiles_per_block) {
+  return weft::gemm_detail::descending_walk_block(position, weft::schedule::ring_gemm_block(rank, 0, world),
+                                                  tiles_per_block, world);
+}
+
+/// The blocks one launch's tiles walk, in order, a block per step.
+std::vector<int> ring_one_launch_walk(int rank, int world) {
+  std::vector<int> blocks;
+  for (int step = 0; step < world; ++step) blocks.push_back(ring_one_launch_block(rank, world, step, 1));
+  return blocks;
+}
+
 std::vector<RingPlan> plans(int world, bool plain_first, bool caller_ships) {
   std::vector<RingPlan> all;
   for (int r = 0; r < world; ++r) all.push_back(ring_per_step_plan(r, world, plain_first, caller_ships));
