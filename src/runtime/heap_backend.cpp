@@ -149,5 +149,12 @@ std::unique_ptr<SymmetricHeap> make_nvshmem_heap(Store&, const Team&, std::uint6
 std::string nvshmem_host_library() {
   WEFT_FAIL("this weft was built without NVSHMEM, so it opens no NVSHMEM library. ", kHowToBuild, ".");
 }
+void nvshmem_init_device_library(void*) {
+  WEFT_FAIL("this weft was built without NVSHMEM, so it has no NVSHMEM device state to set. ", kHowToBuild, ".");
+}
+void nvshmem_finalize_device_library(void*) noexcept {}
+void* nvshmem_host_function(const char*) {
+  WEFT_FAIL("this weft was built without NVSHMEM, so it opens no NVSHMEM library. ", kHowToBuild, ".");
+}
 }  // namespace weft
 #endif

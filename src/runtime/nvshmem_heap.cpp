@@ -49,7 +49,11 @@ struct NvshmemApi {
   decltype(&nvshmem_free) free = nullptr;
   decltype(&nvshmem_ptr) ptr = nullptr;
   decltype(&nvshmemx_vendor_get_version_info) version = nullptr;
-  std::string path;  // the library that was opened
+  // Device-library state (weft::internode only): optional, resolved where the library has them.
+  decltype(&nvshmemx_culibrary_init) culibrary_init = nullptr;
+  decltype(&nvshmemx_culibrary_finalize) culibrary_finalize = nullptr;
+  std::string path;      // the library that was opened
+  void* handle = nullptr;  // its dlopen handle
 };
 
 template <class F>
@@ -83,6 +87,7 @@ const NvshmemApi& nvshmem_api() {
     WEFT_REQUIRE(lib, "the NVSHMEM heap backend cannot open NVSHMEM's host library; tried:", tried,
                  "\nInstall it (python3 -m pip install nvidia-nvshmem-cu13, as torch does) or set WEFT_NVSHMEM_LIBRARY "
                  "to the path of libnvshmem_host.so.3; or use WEFT_HEAP_BACKEND=native on one node.");
+    a.handle = lib;
     resolve(lib, a.path, "nvshmemx_get_uniqueid", &a.get_uniqueid);
     resolve(lib, a.path, "nvshmemx_set_attr_uniqueid_args", &a.set_attr_uniqueid_args);
     resolve(lib, a.path, "nvshmemx_hostlib_init_attr", &a.hostlib_init_attr);
@@ -94,6 +99,8 @@ const NvshmemApi& nvshmem_api() {
     resolve(lib, a.path, "nvshmem_free", &a.free);
     resolve(lib, a.path, "nvshmem_ptr", &a.ptr);
     resolve(lib, a.path, "nvshmemx_vendor_get_version_info", &a.version);
+    a.culibrary_init = reinterpret_cast<decltype(a.culibrary_init)>(::dlsym(lib, "nvshmemx_culibrary_init"));
+    a.culibrary_finalize = reinterpret_cast<decltype(a.culibrary_finalize)>(::dlsym(lib, "nvshmemx_culibrary_finalize"));
     return a;
   }();
   return api;
@@ -257,6 +264,42 @@ std::string nvshmem_host_library() {
 
 std::unique_ptr<SymmetricHeap> make_nvshmem_heap(Store& store, const Team& team, std::uint64_t capacity) {
   return std::make_unique<NvshmemHeap>(store, team, capacity);
+}
+
+void nvshmem_init_device_library(void* library) {
+  const NvshmemApi& api = nvshmem_api();
+  int major = 0, minor = 0, patch = 0;
+  api.version(&major, &minor, &patch);
+  WEFT_REQUIRE(api.culibrary_init && api.culibrary_finalize, "NVSHMEM ", major, ".", minor, ".", patch, " (",
+               api.path, ") lacks nvshmemx_culibrary_init, which sets NVSHMEM's device state in weft::internode's ",
+               "device code: use NVSHMEM 3.4 or newer (pip nvidia-nvshmem-cu13)");
+  WEFT_REQUIRE(api.init_status() >= NVSHMEM_STATUS_IS_INITIALIZED, "NVSHMEM's device state can be set only once ",
+               "NVSHMEM is initialised (by the NVSHMEM heap: WEFT_HEAP_BACKEND=nvshmem); its status is ",
+               init_status_name(api.init_status()));
+  const int rc = api.culibrary_init(static_cast<CUlibrary>(library));
+  WEFT_REQUIRE(rc == 0, "nvshmemx_culibrary_init returned ", rc, " (NVSHMEM ", major, ".", minor, ".", patch, ", ",
+               api.path, "): the program's device code holds no NVSHMEM device state, or one of another NVSHMEM ",
+               "version. It must be device-linked with the libnvshmem_device.a of the same NVSHMEM (CMake target ",
+               "weft::internode); NVSHMEM_DEBUG=INFO prints NVSHMEM's reasons");
+}
+
+void* nvshmem_host_function(const char* name) {
+  const NvshmemApi& api = nvshmem_api();
+  void* fn = ::dlsym(api.handle, name);
+  WEFT_REQUIRE(fn, "NVSHMEM library ", api.path, " lacks ", name, ", which libnvshmem_device.a calls: the device ",
+               "library and the host library come from different NVSHMEM versions");
+  return fn;
+}
+
+void nvshmem_finalize_device_library(void* library) noexcept {
+  try {
+    const NvshmemApi& api = nvshmem_api();
+    if (!api.culibrary_finalize || api.init_status() < NVSHMEM_STATUS_IS_INITIALIZED) return;
+    if (const int rc = api.culibrary_finalize(static_cast<CUlibrary>(library)); rc != 0)
+      WEFT_LOG(warn, "nvshmemx_culibrary_finalize returned ", rc, "; NVSHMEM keeps a stale device-state pointer");
+  } catch (const std::exception& e) {
+    WEFT_LOG(warn, "NVSHMEM's device state was not released: ", e.what());
+  }
 }
 
 }  // namespace weft

@@ -27,4 +27,18 @@ std::unique_ptr<SymmetricHeap> make_nvshmem_heap(Store& store, const Team& team,
 /// function, when it cannot; a build without NVSHMEM always throws.
 std::string nvshmem_host_library();
 
+/// Sets NVSHMEM's device state (its PE, heap and transports, as the host
+/// library holds them) in `library`, a CUlibrary of this program's device code
+/// that was device-linked with libnvshmem_device.a: nvshmemx_culibrary_init,
+/// from the host library the heap opened. NVSHMEM must be initialised (an
+/// NVSHMEM heap exists). Throws naming NVSHMEM's status. For weft::internode
+/// (weft/internode/remote_peers.hpp); libweft has no NVSHMEM device code.
+void nvshmem_init_device_library(void* library);
+/// The address of `name` in the NVSHMEM host library the heap opens (dlsym).
+/// Throws naming the library when it lacks the function.
+void* nvshmem_host_function(const char* name);
+/// Undoes nvshmem_init_device_library (nvshmemx_culibrary_finalize), before
+/// NVSHMEM is finalised. Never throws: a failure is logged.
+void nvshmem_finalize_device_library(void* library) noexcept;
+
 }  // namespace weft
