@@ -16,7 +16,8 @@ namespace weft {
 /// initialises it from a unique id that rank 0 creates and the store
 /// broadcasts, checks that NVSHMEM's PE numbers are weft's ranks, reserves
 /// `capacity` bytes (rounded up to 2 MiB) of NVSHMEM's symmetric heap on every
-/// rank and maps each peer that nvshmem_ptr reaches. Host API only: no device
+/// rank and maps each peer of this rank's node that nvshmem_ptr reaches (peers
+/// of other nodes, virtual ones included, stay unmapped). Host API only: no device
 /// code of NVSHMEM's is linked, so nothing here needs relocatable device code.
 /// Throws, on every rank alike where it can, naming what failed.
 std::unique_ptr<SymmetricHeap> make_nvshmem_heap(Store& store, const Team& team, std::uint64_t capacity);
