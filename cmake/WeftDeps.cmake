@@ -33,6 +33,12 @@ if(NOT _weft_nvshmem STREQUAL "OFF")
     set(WEFT_HAVE_NVSHMEM ON)
     message(STATUS "weft: NVSHMEM ${WEFT_NVSHMEM_VERSION} heap backend (headers ${WEFT_NVSHMEM_INCLUDE_DIR}, "
                    "library ${WEFT_NVSHMEM_HOST_LIBRARY}, opened at run time)")
+    if(WEFT_NVSHMEM_DEVICE_LIBRARY)
+      message(STATUS "weft: weft::internode, NVSHMEM's device path (${WEFT_NVSHMEM_DEVICE_LIBRARY}, relocatable "
+                     "device code in that target and its consumers only)")
+    else()
+      message(STATUS "weft: no weft::internode: ${WEFT_NVSHMEM_HOST_LIBRARY}'s directory holds no libnvshmem_device.a")
+    endif()
   elseif(_weft_nvshmem STREQUAL "ON")
     message(FATAL_ERROR "WEFT_NVSHMEM=ON: ${WEFT_NVSHMEM_ERROR}")
   else()

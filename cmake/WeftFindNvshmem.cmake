@@ -12,6 +12,9 @@
 #      /usr/lib/<arch>/nvshmem/13).
 # Sets WEFT_NVSHMEM_INCLUDE_DIR, WEFT_NVSHMEM_HOST_LIBRARY, WEFT_NVSHMEM_VERSION
 # and <error_var> "" when found; else <error_var> says where it looked and how to install it.
+# Also WEFT_NVSHMEM_DEVICE_LIBRARY: libnvshmem_device.a beside the host library
+# (NVSHMEM's device API, device-linked into weft::internode's consumers only,
+# docs/decisions/0061), or "" where that install has none.
 function(weft_find_nvshmem error_var)
   set(${error_var} "" PARENT_SCOPE)
   set(roots ${NVSHMEM_HOME} $ENV{NVSHMEM_HOME} ${ARGN})
@@ -82,4 +85,11 @@ initialisation by unique id). python3 -m pip install nvidia-nvshmem-cu13, or set
   set(WEFT_NVSHMEM_INCLUDE_DIR "${inc}" CACHE PATH "directory holding nvshmem.h" FORCE)
   set(WEFT_NVSHMEM_HOST_LIBRARY "${lib}" CACHE FILEPATH "NVSHMEM's host library, opened at run time" FORCE)
   set(WEFT_NVSHMEM_VERSION "${version}" CACHE STRING "NVSHMEM version found" FORCE)
+  get_filename_component(libdir "${lib}" DIRECTORY)
+  set(device_lib "")
+  if(EXISTS "${libdir}/libnvshmem_device.a")
+    set(device_lib "${libdir}/libnvshmem_device.a")
+  endif()
+  set(WEFT_NVSHMEM_DEVICE_LIBRARY "${device_lib}" CACHE FILEPATH
+      "NVSHMEM's device library (libnvshmem_device.a), device-linked by weft::internode's consumers" FORCE)
 endfunction()

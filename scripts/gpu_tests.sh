@@ -5,6 +5,9 @@
 #   - where weft was built with NVSHMEM (WEFT_NVSHMEM), the whole suite again on
 #     the NVSHMEM heap (WEFT_HEAP_BACKEND=nvshmem) at world sizes 1, 2 and 4, and
 #     every collective's result digest compared with the native heap's run;
+#   - where weft::internode is built (NVSHMEM with its device library), its
+#     test (weft_internode_tests) on the NVSHMEM heap with virtual nodes
+#     (WEFT_VIRTUAL_NODES): world 4 as 2 nodes of 2, world 8 as 2 x 4 and 4 x 2;
 #   - the overlapped operators at world 2 and 4 with one hardware queue per rank
 #     (CUDA_DEVICE_MAX_CONNECTIONS=1);
 #   - the provoked hangs: a rank that skips an AllReduce at world 4, named by
@@ -18,7 +21,7 @@
 #
 # One line per step; the last line counts the test cases (from rank 0's
 # GoogleTest summary at each world size) and the steps:
-#   GPU: P passed, F failed, S skipped test cases (world sizes 1 2 4 8[, on NVSHMEM 1 2 4]); steps: N ok, M failed
+#   GPU: P passed, F failed, S skipped test cases (world sizes 1 2 4 8[, on NVSHMEM 1 2 4][, virtual nodes 4/2 8/2 8/4]); steps: N ok, M failed
 # Exit status 0 iff every step passed. scripts/test.sh runs it on GPU machines,
 # scripts/gpu_session.sh in its gpu stage.
 set -uo pipefail
@@ -135,6 +138,42 @@ else
   say "suite on NVSHMEM" "not run: $BUILD was built without NVSHMEM (WEFT_NVSHMEM=ON, scripts/setup.sh fetches it)"
 fi
 
+# ---- NVSHMEM's device path between virtual nodes (weft::internode) ------------------------
+# WEFT_VIRTUAL_NODES splits the job's ranks into nodes: peers in another node
+# are reached through NVSHMEM's put-with-signal and get (over its P2P transport
+# on one machine), peers in the same node by load and store. Every case of
+# weft_internode_tests must run (none skipped) and find every byte
+# (docs/decisions/0061).
+vn_runs=""
+INTERNODE_TESTS="$BUILD/tests/weft_internode_tests"
+if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null && [ -x "$INTERNODE_TESTS" ]; then
+  for run in 4/2 8/2 8/4; do
+    n=${run%/*} nodes=${run#*/}
+    args=$(ranks "$n") || continue
+    log="$LOGS/internode_w${n}_n${nodes}.log"
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    WEFT_HEAP_BACKEND=nvshmem WEFT_VIRTUAL_NODES=$nodes "$WEFTRUN" $args --tag-output --timeout 600 -- \
+      "$INTERNODE_TESTS" >"$log" 2>&1
+    rc=$?
+    p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
+    s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
+    f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+    passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
+    [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))  # no summary: the binary died
+    left=$(no_mps_left)
+    vn_runs="$vn_runs $run"
+    ok=1
+    [ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$s" ] && [ -z "$left" ] && ok=0
+    verdict "internode, world $n as $nodes virtual nodes ($args)" $ok \
+      "rc=$rc, ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped, $((SECONDS - t0)) s${left:+; $left}$(
+        grep -oE ', [0-9]+ of its hops through NVSHMEM' "$log" | head -n 1)"
+    suite_cases "$log"
+  done
+else
+  say "internode (virtual nodes)" "not run: $BUILD has no weft::internode (NVSHMEM with libnvshmem_device.a)"
+fi
+
 # ---- the overlapped operators with one hardware queue per rank ---------------------------
 # CUDA_DEVICE_MAX_CONNECTIONS=1 (as Megatron-LM sets it): every stream of a
 # rank shares one queue, run in the order work was enqueued. A stream wait
@@ -226,5 +265,5 @@ rc=$?
 verdict "CUDA_VISIBLE_DEVICES empty" $([ "$rc" -eq 77 ] && grep -q 'SKIPPED' "$log"; echo $?) \
   "rc=$rc: $(grep -m 1 -o 'SKIPPED.*' "$log" | cut -c1-100)"
 
-echo "GPU: $passed passed, $failed failed, $skipped skipped test cases (world sizes$worlds${nv_worlds:+, on NVSHMEM$nv_worlds}); steps: $steps_ok ok, $steps_failed failed"
+echo "GPU: $passed passed, $failed failed, $skipped skipped test cases (world sizes$worlds${nv_worlds:+, on NVSHMEM$nv_worlds}${vn_runs:+, virtual nodes$vn_runs}); steps: $steps_ok ok, $steps_failed failed"
 [ "$steps_failed" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -21,6 +21,7 @@ const char* path_name(AgWay way) {
 
 AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
+  ctx_->require_direct_peers("AgGemm");  // its kernels load and store every peer's heap
   const int world = ctx_->world_size();
   const AgGemmOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);

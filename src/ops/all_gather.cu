@@ -181,6 +181,7 @@ AllGatherVariant parse_all_gather_variant(const std::string& name) {
 AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& options)
     : ctx_(std::move(ctx)), bytes_(options.bytes_per_rank), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "AllGather needs a Context");
+  ctx_->require_direct_peers("AllGather");  // its kernels load and store every peer's heap
   WEFT_REQUIRE(bytes_ > 0, "AllGather: bytes_per_rank must be positive");
   WEFT_REQUIRE(options.max_sms >= 0, "AllGather: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
   // Chosen from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008): LL up to 1 MB, SM

@@ -149,6 +149,7 @@ AllReduceVariant parse_all_reduce_variant(const std::string& name) {
 AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& options)
     : ctx_(std::move(ctx)), count_(options.count), dtype_(options.dtype), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "AllReduce needs a Context");
+  ctx_->require_direct_peers("AllReduce");  // its kernels load and store every peer's heap
   WEFT_REQUIRE(count_ > 0, "AllReduce: count must be positive (elements per rank)");
   WEFT_REQUIRE(options.max_sms >= 0, "AllReduce: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
   const std::uint64_t bytes = this->bytes();

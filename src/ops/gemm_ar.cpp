@@ -12,6 +12,7 @@ using ops_detail::Overlap;
 
 GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
+  ctx_->require_direct_peers("GemmAr");  // its kernels load and store every peer's heap
   const int world = ctx_->world_size();
   const GemmArOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);

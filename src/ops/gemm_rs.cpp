@@ -65,6 +65,7 @@ FusedWay ops_detail::fused_way_of(const std::string& path) {
 
 GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
+  ctx_->require_direct_peers("GemmRs");  // its kernels load and store every peer's heap
   const int world = ctx_->world_size();
   const GemmRsOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);

@@ -141,6 +141,7 @@ ReduceScatterVariant parse_reduce_scatter_variant(const std::string& name) {
 ReduceScatter::ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOptions& options)
     : ctx_(std::move(ctx)), count_(options.count), dtype_(options.dtype), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "ReduceScatter needs a Context");
+  ctx_->require_direct_peers("ReduceScatter");  // its kernels load and store every peer's heap
   WEFT_REQUIRE(count_ > 0, "ReduceScatter: count must be positive (output elements per rank)");
   WEFT_REQUIRE(options.max_sms >= 0, "ReduceScatter: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
   const std::uint64_t bytes = count_ * dtype_size(dtype_);

@@ -16,6 +16,7 @@ BlockHeap::BlockHeap(Store& store, const Team& team, std::uint64_t capacity, std
       world_(team.world_size),
       capacity_((capacity + alignment - 1) / alignment * alignment),
       bases_(team.world_size, nullptr),
+      reach_(team.world_size, std::vector<bool>(team.world_size, true)),
       allocator_(capacity_, 256) {}
 
 bool BlockHeap::meet_peers_at_teardown() {
@@ -42,9 +43,17 @@ void BlockHeap::check_same_capacity() {
                  " bytes but rank ", r, " has ", sizes[r], " bytes (set WEFT_HEAP_SIZE the same on every rank)");
 }
 
-void BlockHeap::publish_bases() {
+void BlockHeap::publish_bases(bool exchange) {
   if (!d_bases_) WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_bases_), sizeof(char*) * world_));
   WEFT_CUDA(cudaMemcpy(d_bases_, bases_.data(), sizeof(char*) * world_, cudaMemcpyHostToDevice));
+  if (!exchange) return;
+  std::string row;
+  for (int pe = 0; pe < world_; ++pe) row += bases_[pe] ? '1' : '0';
+  auto rows = store_.all_gather(row, "heap reachability");
+  for (int from = 0; from < world_; ++from) {
+    WEFT_REQUIRE(static_cast<int>(rows[from].size()) == world_, "corrupt reachability row from rank ", from);
+    for (int to = 0; to < world_; ++to) reach_[from][to] = rows[from][to] == '1';
+  }
 }
 
 std::vector<HeapRequest> BlockHeap::exchange(const HeapRequest& req, const char* what) {
@@ -92,8 +101,8 @@ void* BlockHeap::peer_ptr(const void* p, int pe) const {
   WEFT_REQUIRE(offset >= 0 && static_cast<std::uint64_t>(offset) < capacity_, "peer_ptr: ", p,
                " is not in the symmetric heap");
   WEFT_REQUIRE(bases_[pe], "peer_ptr: rank ", pe, "'s ", to_string(backend()), " heap is not mapped into rank ", rank_,
-               " (no direct path: another node, or no peer access); such peers are reached through NVSHMEM's ",
-               "put/get, not by address");
+               " (no direct path: another node, another virtual node, or no peer access); such peers are reached ",
+               "through NVSHMEM's put/get (weft/device/remote.cuh), not by address");
   return bases_[pe] + offset;
 }
 

@@ -23,6 +23,7 @@ class BlockHeap : public SymmetricHeap {
   bool contains(const void* p, std::uint64_t bytes) const override;
   std::string describe_offset(std::uint64_t offset) const override;
   bool peer_reachable(int pe) const override { return pe >= 0 && pe < world_ && bases_[pe] != nullptr; }
+  const Reachability& reachability() const override { return reach_; }
   char* base() const override { return bases_[rank_]; }
   std::uint64_t capacity() const override { return capacity_; }
   char* const* peer_bases_device() const override { return d_bases_; }
@@ -33,8 +34,11 @@ class BlockHeap : public SymmetricHeap {
   BlockHeap(Store& store, const Team& team, std::uint64_t capacity, std::uint64_t alignment);
   /// Checks that every rank reserves the same capacity (collective; throws naming WEFT_HEAP_SIZE).
   void check_same_capacity();
-  /// Copies bases_ (this rank's at rank_, nullptr for peers not mapped here) into the device array.
-  void publish_bases();
+  /// Copies bases_ (this rank's at rank_, nullptr for peers not mapped here)
+  /// into the device array. With `exchange`, also gathers every rank's row of
+  /// mapped peers into reach_ (collective); without, reach_ stays all true
+  /// (a backend that maps every peer or throws).
+  void publish_bases(bool exchange = false);
   /// A backend's destructor, before it releases its block: finishes local
   /// work, then meets the peers, which may still be reading or writing it.
   /// Skipped while an exception unwinds (the peers may never arrive). False
@@ -45,6 +49,7 @@ class BlockHeap : public SymmetricHeap {
   int rank_, world_;
   std::uint64_t capacity_;
   std::vector<char*> bases_;  // per rank: where its block is mapped in this process, or nullptr
+  Reachability reach_;        // [from][to]: rank `from` maps rank `to`'s block (the same on every rank)
 
  private:
   std::vector<HeapRequest> exchange(const HeapRequest& req, const char* what);

@@ -47,14 +47,15 @@ std::shared_ptr<Context> Context::create(const LaunchEnv& launch, std::unique_pt
   ctx->env_ = launch;
   set_rank_for_messages(ctx->env_.rank, ctx->env_.world_size);
   ctx->store_ = std::move(store);
-  ctx->team_ = Team::discover(ctx->env_, *ctx->store_);
+  ctx->team_ = Team::discover(ctx->env_, *ctx->store_, options.virtual_nodes);
 
   std::uint64_t heap_bytes = options.heap_bytes ? options.heap_bytes
                                                 : env_bytes(env, "WEFT_HEAP_SIZE", std::uint64_t{1} << 30);
-  const HeapBackend backend =
-      agree_heap_backend(options.heap_backend, env, ctx->team_.num_nodes, nvshmem_built(), *ctx->store_);
+  const HeapBackend backend = agree_heap_backend(options.heap_backend, env, ctx->team_.num_nodes, nvshmem_built(),
+                                                 *ctx->store_, ctx->team_.virtual_nodes);
   ctx->heap_ = backend == HeapBackend::nvshmem ? make_nvshmem_heap(*ctx->store_, ctx->team_, heap_bytes)
                                                : make_native_heap(*ctx->store_, ctx->team_, heap_bytes);
+  ctx->all_peers_direct_ = unreachable_pairs(ctx->heap_->reachability()).empty();
 
   if (options.create_nccl && ctx->team_.shares_gpus()) {
     WEFT_LOG(info, "no NCCL communicator: ranks share a GPU (", ctx->team_.ranks_per_gpu,
@@ -120,7 +121,14 @@ ncclComm_t Context::nccl() const {
   return nccl_;
 }
 
-void Context::barrier(cudaStream_t stream) { launch_barrier_kernel(world_, stream); }
+void Context::barrier(cudaStream_t stream) {
+  if (!all_peers_direct_) require_direct_peers("Context::barrier");
+  launch_barrier_kernel(world_, stream);
+}
+
+void Context::require_direct_peers(const std::string& who) const {
+  if (!all_peers_direct_) weft::require_direct_peers(who, heap_->reachability(), heap_->backend());
+}
 
 void Context::host_barrier(const std::string& what) { store_->barrier(what); }
 

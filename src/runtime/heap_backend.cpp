@@ -48,7 +48,21 @@ constexpr const char* kHowToBuild =
     "-DWEFT_NVSHMEM=ON (WEFT_NVSHMEM=ON bash scripts/build.sh)";
 }  // namespace
 
-HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built_with_nvshmem) {
+HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built_with_nvshmem, int virtual_nodes) {
+  if (virtual_nodes > 1) {
+    // One machine split into nodes: peers in another node are reached only
+    // through NVSHMEM, which only the NVSHMEM heap brings.
+    WEFT_REQUIRE(requested != HeapBackend::native, "WEFT_VIRTUAL_NODES=", virtual_nodes, " splits this machine's ",
+                 "ranks into ", virtual_nodes, " nodes, whose peers in other nodes weft reaches only through NVSHMEM; ",
+                 "the native heap (WEFT_HEAP_BACKEND=native) maps every peer by address and has no such path: use ",
+                 "WEFT_HEAP_BACKEND=nvshmem or auto",
+                 built_with_nvshmem ? "" : str(" with a weft built with NVSHMEM. ", kHowToBuild), ", or unset ",
+                 "WEFT_VIRTUAL_NODES");
+    WEFT_REQUIRE(built_with_nvshmem, "WEFT_VIRTUAL_NODES=", virtual_nodes, " needs the NVSHMEM heap backend ",
+                 "(peers in other virtual nodes are reached through NVSHMEM), but this weft was built without ",
+                 "NVSHMEM. ", kHowToBuild, "; or unset WEFT_VIRTUAL_NODES.");
+    return HeapBackend::nvshmem;
+  }
   HeapBackend chosen = requested;
   if (chosen == HeapBackend::automatic)
     chosen = num_nodes > 1 && built_with_nvshmem ? HeapBackend::nvshmem : HeapBackend::native;
@@ -67,7 +81,7 @@ HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built
 }
 
 HeapBackend agree_heap_backend(std::optional<HeapBackend> option, const EnvMap& env, int num_nodes,
-                               bool built_with_nvshmem, Store& store) {
+                               bool built_with_nvshmem, Store& store, int virtual_nodes) {
   HeapBackend requested = HeapBackend::automatic;
   std::string source = "the default";
   std::exception_ptr parse_error;  // raised after the exchange, so no peer waits for this rank
@@ -89,10 +103,37 @@ HeapBackend agree_heap_backend(std::optional<HeapBackend> option, const EnvMap& 
     if (all[r] != all[0]) differ += str(", rank ", r, " asked for ", all[r] == "?" ? "a malformed value" : all[r]);
   WEFT_REQUIRE(differ.empty(), "ranks disagree on the heap backend: rank 0 asked for ",
                all[0] == "?" ? "a malformed value" : all[0], differ, " (set WEFT_HEAP_BACKEND the same on every rank)");
-  HeapBackend chosen = choose_heap_backend(requested, num_nodes, built_with_nvshmem);
+  HeapBackend chosen = choose_heap_backend(requested, num_nodes, built_with_nvshmem, virtual_nodes);
   WEFT_LOG(info, "heap backend ", to_string(chosen), " (", to_string(requested), " from ", source, "; ", num_nodes,
-           " node", num_nodes == 1 ? "" : "s", ", NVSHMEM ", built_with_nvshmem ? "built in" : "not built in", ")");
+           " node", num_nodes == 1 ? "" : "s", virtual_nodes > 1 ? " (virtual)" : "", ", NVSHMEM ",
+           built_with_nvshmem ? "built in" : "not built in", ")");
   return chosen;
+}
+
+std::string unreachable_pairs(const Reachability& reach) {
+  std::string out;
+  for (std::size_t from = 0; from < reach.size(); ++from) {
+    std::string pes;
+    for (std::size_t to = 0; to < reach[from].size(); ++to)
+      if (!reach[from][to]) pes += str(pes.empty() ? "" : ", ", to);
+    if (!pes.empty()) out += str(out.empty() ? "" : "\n", "rank ", from, " cannot address rank(s) ", pes);
+  }
+  return out;
+}
+
+void require_direct_peers(const std::string& who, const Reachability& reach, HeapBackend backend) {
+  const std::string pairs = unreachable_pairs(reach);
+  if (pairs.empty()) return;
+  std::string indented;
+  for (char c : "  " + pairs) {
+    indented += c;
+    if (c == '\n') indented += "  ";
+  }
+  WEFT_FAIL(who, " reaches every peer by load and store (World::symm_at) or by copy engine, but on the ",
+            to_string(backend), " heap some ranks have no direct path to others:\n", indented,
+            "\nPeers on another node (or another virtual node, WEFT_VIRTUAL_NODES) are reached only through ",
+            "NVSHMEM's put/get (weft/device/remote.cuh), which ", who, " does not use yet. Run it with every rank ",
+            "on one node (and WEFT_VIRTUAL_NODES unset).");
 }
 
 }  // namespace weft
@@ -106,6 +147,13 @@ std::unique_ptr<SymmetricHeap> make_nvshmem_heap(Store&, const Team&, std::uint6
   WEFT_FAIL("this weft was built without NVSHMEM, so it has no NVSHMEM heap. ", kHowToBuild, ".");
 }
 std::string nvshmem_host_library() {
+  WEFT_FAIL("this weft was built without NVSHMEM, so it opens no NVSHMEM library. ", kHowToBuild, ".");
+}
+void nvshmem_init_device_library(void*) {
+  WEFT_FAIL("this weft was built without NVSHMEM, so it has no NVSHMEM device state to set. ", kHowToBuild, ".");
+}
+void nvshmem_finalize_device_library(void*) noexcept {}
+void* nvshmem_host_function(const char*) {
   WEFT_FAIL("this weft was built without NVSHMEM, so it opens no NVSHMEM library. ", kHowToBuild, ".");
 }
 }  // namespace weft

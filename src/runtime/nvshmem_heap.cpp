@@ -49,7 +49,11 @@ struct NvshmemApi {
   decltype(&nvshmem_free) free = nullptr;
   decltype(&nvshmem_ptr) ptr = nullptr;
   decltype(&nvshmemx_vendor_get_version_info) version = nullptr;
-  std::string path;  // the library that was opened
+  // Device-library state (weft::internode only): optional, resolved where the library has them.
+  decltype(&nvshmemx_culibrary_init) culibrary_init = nullptr;
+  decltype(&nvshmemx_culibrary_finalize) culibrary_finalize = nullptr;
+  std::string path;      // the library that was opened
+  void* handle = nullptr;  // its dlopen handle
 };
 
 template <class F>
@@ -83,6 +87,7 @@ const NvshmemApi& nvshmem_api() {
     WEFT_REQUIRE(lib, "the NVSHMEM heap backend cannot open NVSHMEM's host library; tried:", tried,
                  "\nInstall it (python3 -m pip install nvidia-nvshmem-cu13, as torch does) or set WEFT_NVSHMEM_LIBRARY "
                  "to the path of libnvshmem_host.so.3; or use WEFT_HEAP_BACKEND=native on one node.");
+    a.handle = lib;
     resolve(lib, a.path, "nvshmemx_get_uniqueid", &a.get_uniqueid);
     resolve(lib, a.path, "nvshmemx_set_attr_uniqueid_args", &a.set_attr_uniqueid_args);
     resolve(lib, a.path, "nvshmemx_hostlib_init_attr", &a.hostlib_init_attr);
@@ -94,6 +99,8 @@ const NvshmemApi& nvshmem_api() {
     resolve(lib, a.path, "nvshmem_free", &a.free);
     resolve(lib, a.path, "nvshmem_ptr", &a.ptr);
     resolve(lib, a.path, "nvshmemx_vendor_get_version_info", &a.version);
+    a.culibrary_init = reinterpret_cast<decltype(a.culibrary_init)>(::dlsym(lib, "nvshmemx_culibrary_init"));
+    a.culibrary_finalize = reinterpret_cast<decltype(a.culibrary_finalize)>(::dlsym(lib, "nvshmemx_culibrary_finalize"));
     return a;
   }();
   return api;
@@ -147,35 +154,32 @@ NvshmemHeap::NvshmemHeap(Store& store, const Team& team, std::uint64_t capacity)
                " on rank(s) ", failed, " (NVSHMEM_SYMMETRIC_SIZE=", set_size ? set_size : "unset",
                "). Lower WEFT_HEAP_SIZE, raise NVSHMEM_SYMMETRIC_SIZE, or free GPU memory.");
 
-  // Peers NVSHMEM maps into this process (NVLink, the same GPU) get a base; the others stay nullptr.
-  std::string row;
+  // Peers NVSHMEM maps into this process (NVLink, the same GPU) get a base;
+  // the others stay nullptr. So do peers in another node of this team even
+  // where nvshmem_ptr maps them: under virtual nodes (WEFT_VIRTUAL_NODES)
+  // another virtual node is another node, reached through NVSHMEM only, which
+  // on one machine travels over NVSHMEM's P2P transport.
+  int hidden = 0;
   for (int pe = 0; pe < world_; ++pe) {
     bases_[pe] = static_cast<char*>(api_.ptr(block_, pe));
-    row += bases_[pe] ? '1' : '0';
+    if (bases_[pe] && team.node_of[pe] != team.node_id) {
+      bases_[pe] = nullptr;
+      ++hidden;
+    }
   }
   WEFT_REQUIRE(bases_[rank_] == block_, "nvshmem_ptr of rank ", rank_, "'s own block is not the block (",
                static_cast<void*>(bases_[rank_]), " against ", static_cast<void*>(block_), ")");
-  publish_bases();
-  // weft's kernels load and store peers' memory through World::symm_at, so
-  // every peer must be mapped. A peer nvshmem_ptr does not reach (another
-  // node) would need NVSHMEM's device put/signal path, not built yet: it is
-  // refused here, on every rank alike, rather than faulting in a kernel. (The
-  // native heap maps every peer or throws.)
-  auto rows = store_.all_gather(row, "nvshmem heap reachability");
-  std::string missing;
-  for (int r = 0; r < world_; ++r) {
-    std::string pes;
-    for (int pe = 0; pe < world_; ++pe)
-      if (rows[r][pe] == '0') pes += str(pes.empty() ? "" : ", ", pe);
-    if (!pes.empty()) missing += str("\n  rank ", r, " cannot address rank(s) ", pes);
-  }
-  WEFT_REQUIRE(missing.empty(), "the nvshmem heap maps some peers only through NVSHMEM's transports, not by ",
-               "address:", missing, "\nweft's kernels reach peers by load and store (World::symm_at); the device ",
-               "put/signal path for peers without a direct address is not built yet. Run ranks whose GPUs reach ",
-               "each other by NVLink or peer access.");
+  // Every rank learns every pair. Unmapped peers are no error here: operators
+  // that reach every peer by load and store refuse them, naming the pairs
+  // (Context::require_direct_peers); kernels on weft/device/remote.cuh reach
+  // them through NVSHMEM's device API.
+  publish_bases(/*exchange=*/true);
   store_.barrier("nvshmem heap mapped");
-  WEFT_LOG(info, "NVSHMEM symmetric heap: ", format_bytes(capacity_), " per rank, ", world_,
-           " ranks, every pair mapped by nvshmem_ptr");
+  const std::string unmapped = unreachable_pairs(reach_);
+  WEFT_LOG(info, "NVSHMEM symmetric heap: ", format_bytes(capacity_), " per rank, ", world_, " ranks, ",
+           unmapped.empty() ? std::string("every pair mapped by nvshmem_ptr")
+                            : str("pairs without an address reached through NVSHMEM only (", hidden,
+                                  " of this rank's peers are in another virtual node)"));
 }
 
 void NvshmemHeap::init(const Team& team) {
@@ -200,12 +204,12 @@ void NvshmemHeap::init(const Team& team) {
     //   unset (a cap does not keep spinning grids resident: decision 0012) and
     //   sizes every waiting grid from its SM share instead, so NVSHMEM's full
     //   multi-PE-per-GPU mode is asked for without the cap;
-    // - a job on one node needs no network transport.
+    // - a job on one machine (virtual nodes included: P2P carries them) needs no network transport.
     default_env("NVSHMEM_SYMMETRIC_SIZE", std::to_string(capacity_ + kNvshmemReserve));
     default_env("NVSHMEM_DISABLE_NVLS", "1");
     default_env("NVSHMEM_DISABLE_NCCL", "1");
     if (team.shares_gpus()) default_env("NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "1");
-    if (team.single_node()) default_env("NVSHMEM_REMOTE_TRANSPORT", "none");
+    if (team.single_host()) default_env("NVSHMEM_REMOTE_TRANSPORT", "none");
 
     nvshmemx_uniqueid_t id = NVSHMEMX_UNIQUEID_INITIALIZER;
     int rc = 0;
@@ -260,6 +264,42 @@ std::string nvshmem_host_library() {
 
 std::unique_ptr<SymmetricHeap> make_nvshmem_heap(Store& store, const Team& team, std::uint64_t capacity) {
   return std::make_unique<NvshmemHeap>(store, team, capacity);
+}
+
+void nvshmem_init_device_library(void* library) {
+  const NvshmemApi& api = nvshmem_api();
+  int major = 0, minor = 0, patch = 0;
+  api.version(&major, &minor, &patch);
+  WEFT_REQUIRE(api.culibrary_init && api.culibrary_finalize, "NVSHMEM ", major, ".", minor, ".", patch, " (",
+               api.path, ") lacks nvshmemx_culibrary_init, which sets NVSHMEM's device state in weft::internode's ",
+               "device code: use NVSHMEM 3.4 or newer (pip nvidia-nvshmem-cu13)");
+  WEFT_REQUIRE(api.init_status() >= NVSHMEM_STATUS_IS_INITIALIZED, "NVSHMEM's device state can be set only once ",
+               "NVSHMEM is initialised (by the NVSHMEM heap: WEFT_HEAP_BACKEND=nvshmem); its status is ",
+               init_status_name(api.init_status()));
+  const int rc = api.culibrary_init(static_cast<CUlibrary>(library));
+  WEFT_REQUIRE(rc == 0, "nvshmemx_culibrary_init returned ", rc, " (NVSHMEM ", major, ".", minor, ".", patch, ", ",
+               api.path, "): the program's device code holds no NVSHMEM device state, or one of another NVSHMEM ",
+               "version. It must be device-linked with the libnvshmem_device.a of the same NVSHMEM (CMake target ",
+               "weft::internode); NVSHMEM_DEBUG=INFO prints NVSHMEM's reasons");
+}
+
+void* nvshmem_host_function(const char* name) {
+  const NvshmemApi& api = nvshmem_api();
+  void* fn = ::dlsym(api.handle, name);
+  WEFT_REQUIRE(fn, "NVSHMEM library ", api.path, " lacks ", name, ", which libnvshmem_device.a calls: the device ",
+               "library and the host library come from different NVSHMEM versions");
+  return fn;
+}
+
+void nvshmem_finalize_device_library(void* library) noexcept {
+  try {
+    const NvshmemApi& api = nvshmem_api();
+    if (!api.culibrary_finalize || api.init_status() < NVSHMEM_STATUS_IS_INITIALIZED) return;
+    if (const int rc = api.culibrary_finalize(static_cast<CUlibrary>(library)); rc != 0)
+      WEFT_LOG(warn, "nvshmemx_culibrary_finalize returned ", rc, "; NVSHMEM keeps a stale device-state pointer");
+  } catch (const std::exception& e) {
+    WEFT_LOG(warn, "NVSHMEM's device state was not released: ", e.what());
+  }
 }
 
 }  // namespace weft

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <sstream>
 
 #include "weft/core/driver.hpp"
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/gpu_diagnosis.hpp"
 #include "weft/core/log.hpp"
@@ -17,13 +19,60 @@
 namespace weft {
 
 std::string PeerLink::describe() const {
-  if (!same_node) return "other node";
-  if (performance_rank == -2) return "self";
-  if (same_gpu) return "same GPU";
-  if (nvlinks > 0) return str("NV", nvlinks);
-  if (nvlinks_via_switch > 0 && peer_access) return str("NV", nvlinks_via_switch, " via NVSwitch");
-  if (peer_access) return "P2P (PCIe)";
-  return "no P2P";
+  if (!same_host) return "other node";
+  std::string link;
+  if (performance_rank == -2) link = "self";
+  else if (same_gpu) link = "same GPU";
+  else if (nvlinks > 0) link = str("NV", nvlinks);
+  else if (nvlinks_via_switch > 0 && peer_access) link = str("NV", nvlinks_via_switch, " via NVSwitch");
+  else if (peer_access) link = "P2P (PCIe)";
+  else link = "no P2P";
+  return same_node ? link : str("other virtual node (", link, ")");
+}
+
+int parse_virtual_nodes(std::optional<int> option, const EnvMap& env) {
+  if (option) {
+    WEFT_REQUIRE(*option >= 1, "ContextOptions::virtual_nodes=", *option, " is not a node count: use 1 (no split) ",
+                 "or N >= 2 to split this machine's ranks into N nodes");
+    return *option;
+  }
+  const std::int64_t n = env_int(env, "WEFT_VIRTUAL_NODES", 1);
+  WEFT_REQUIRE(n >= 1 && n <= (1 << 20), "WEFT_VIRTUAL_NODES=", n, " is not a node count: use 1 (no split) or N >= 2 ",
+               "to split this machine's ranks into N nodes of contiguous ranks");
+  return static_cast<int>(n);
+}
+
+std::vector<int> virtual_node_of(int world_size, int virtual_nodes, int hosts) {
+  WEFT_REQUIRE(virtual_nodes >= 1, "virtual nodes: ", virtual_nodes, " nodes asked for; expected 1 or more");
+  WEFT_REQUIRE(hosts == 1 || virtual_nodes == 1, "WEFT_VIRTUAL_NODES=", virtual_nodes, " splits the ranks of one ",
+               "machine into nodes, but this job's ", world_size, " ranks already run on ", hosts,
+               " machines: unset WEFT_VIRTUAL_NODES (real nodes take the inter-node paths by themselves)");
+  if (world_size % virtual_nodes != 0) {
+    std::string divisors;
+    for (int d = 1; d <= world_size; ++d)
+      if (world_size % d == 0) divisors += str(divisors.empty() ? "" : ", ", d);
+    WEFT_FAIL("WEFT_VIRTUAL_NODES=", virtual_nodes, " does not divide the job's ", world_size, " ranks: virtual nodes ",
+              "are blocks of world_size / N contiguous ranks, so N must be one of ", divisors);
+  }
+  const int per_node = world_size / virtual_nodes;
+  std::vector<int> node_of(world_size);
+  for (int r = 0; r < world_size; ++r) node_of[r] = r / per_node;
+  return node_of;
+}
+
+void split_into_virtual_nodes(Team& t, int virtual_nodes) {
+  t.node_of.resize(t.world_size, 0);
+  std::vector<int> node_of = virtual_node_of(t.world_size, virtual_nodes, t.hosts);
+  t.virtual_nodes = virtual_nodes;
+  if (virtual_nodes == 1) return;
+  t.node_of = std::move(node_of);
+  t.num_nodes = virtual_nodes;
+  t.node_id = t.node_of[t.rank];
+  t.local_ranks.clear();
+  for (int r = 0; r < t.world_size; ++r)
+    if (t.node_of[r] == t.node_id) t.local_ranks.push_back(r);
+  t.local_world_size = static_cast<int>(t.local_ranks.size());
+  t.local_rank = t.rank - t.local_ranks.front();
 }
 
 namespace {
@@ -82,7 +131,7 @@ void check_shared_gpus(const Team& t, const GpuRanks& by_gpu, const std::vector<
 
 }  // namespace
 
-Team Team::discover(const LaunchEnv& env, Store& store) {
+Team Team::discover(const LaunchEnv& env, Store& store, std::optional<int> virtual_nodes) {
   Team t;
   t.rank = env.rank;
   t.world_size = env.world_size;
@@ -119,8 +168,18 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   WEFT_CU(driver().cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, cu_dev));
   t.mps_client = mps != 0;
 
-  auto all = store.all_gather(join_fields({host, bus, prop.name, std::to_string(t.device), std::to_string(mps)}),
-                              "team discovery");
+  // The virtual-node split each rank asks for travels with its record, so a
+  // malformed or differing request fails every rank alike instead of leaving
+  // the others waiting.
+  std::string split = "?";
+  std::exception_ptr split_error;
+  try {
+    split = std::to_string(parse_virtual_nodes(virtual_nodes, penv));
+  } catch (const Error&) {
+    split_error = std::current_exception();
+  }
+  auto all = store.all_gather(
+      join_fields({host, bus, prop.name, std::to_string(t.device), std::to_string(mps), split}), "team discovery");
   t.hostname.resize(t.world_size);
   t.pci_bus_id.resize(t.world_size);
   t.gpu_name.resize(t.world_size);
@@ -129,7 +188,7 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   std::vector<std::string> nodes;
   for (int r = 0; r < t.world_size; ++r) {
     auto f = split_fields(all[r]);
-    WEFT_REQUIRE(f.size() == 5, "corrupt team record from rank ", r);
+    WEFT_REQUIRE(f.size() == 6, "corrupt team record from rank ", r);
     t.hostname[r] = f[0];
     t.pci_bus_id[r] = f[1];
     t.gpu_name[r] = f[2];
@@ -140,12 +199,29 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
     if (it == nodes.end()) nodes.push_back(f[0]);
   }
   t.num_nodes = static_cast<int>(nodes.size());
+  t.hosts = t.num_nodes;
   t.node_id = t.node_of[t.rank];
   for (int r = 0; r < t.world_size; ++r)
     if (t.node_of[r] == t.node_id) t.local_ranks.push_back(r);
   WEFT_REQUIRE(static_cast<int>(t.local_ranks.size()) == t.local_world_size, "the launcher says ",
                t.local_world_size, " ranks run on this node (", host, ") but ", t.local_ranks.size(),
                " ranks reported this host name");
+  const std::vector<int> host_of = t.node_of;  // physical: what the links below are measured over
+
+  // Virtual nodes: every rank asked for the same split, which must fit the job.
+  if (split_error) std::rethrow_exception(split_error);
+  const std::string first = split_fields(all[0])[5];
+  std::string differ;
+  for (int r = 1; r < t.world_size; ++r) {
+    const std::string asked = split_fields(all[r])[5];
+    if (asked != first) differ += str(", rank ", r, " asked for ", asked == "?" ? "a malformed value" : asked);
+  }
+  WEFT_REQUIRE(differ.empty(), "ranks disagree on virtual nodes: rank 0 asked for ",
+               first == "?" ? "a malformed value" : first, differ, " (set WEFT_VIRTUAL_NODES the same on every rank)");
+  split_into_virtual_nodes(t, std::stoi(split));
+  if (t.virtual_nodes > 1 && t.rank == 0)
+    WEFT_LOG(info, "virtual nodes: ", t.world_size, " ranks on one machine split into ", t.num_nodes, " nodes of ",
+             t.local_world_size, " (WEFT_VIRTUAL_NODES); peers in another node are reached through NVSHMEM only");
   GpuRanks by_gpu;
   for (int r = 0; r < t.world_size; ++r) by_gpu[{t.hostname[r], t.pci_bus_id[r]}].push_back(r);
   check_shared_gpus(t, by_gpu, mps_of);
@@ -162,7 +238,8 @@ Team Team::discover(const LaunchEnv& env, Store& store) {
   for (int r = 0; r < t.world_size; ++r) {
     PeerLink& l = t.links[r];
     l.same_node = t.node_of[r] == t.node_id;
-    if (!l.same_node) continue;
+    l.same_host = host_of[r] == host_of[t.rank];
+    if (!l.same_host) continue;
     if (r == t.rank) {
       l.same_gpu = true;
       l.peer_access = true;

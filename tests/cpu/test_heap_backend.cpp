@@ -140,10 +140,19 @@ TEST(HeapBackend, NvshmemHostLibraryOpensWithEveryFunctionTheHeapCalls) {
   if (!nvshmem_built()) {
     std::string e = error_of([] { nvshmem_host_library(); });
     EXPECT_TRUE(has(e, "built without NVSHMEM")) << e;
+    e = error_of([] { nvshmem_host_function("nvshmemx_culibrary_init"); });
+    EXPECT_TRUE(has(e, "built without NVSHMEM")) << e;
     GTEST_SKIP() << "this weft was built without NVSHMEM (WEFT_NVSHMEM=OFF, or NVSHMEM not found)";
   }
   std::string lib = nvshmem_host_library();  // throws naming what is missing
   EXPECT_TRUE(has(lib, "libnvshmem_host.so.3")) << lib;
   EXPECT_TRUE(has(lib, "(NVSHMEM 3.")) << lib;
   std::printf("[ info ] %s\n", lib.c_str());
+  // What weft::internode asks of the same library: the device state's setup, and
+  // the three functions libnvshmem_device.a's host half calls (docs/decisions/0061).
+  for (const char* f : {"nvshmemx_culibrary_init", "nvshmemx_culibrary_finalize", "nvshmemid_hostlib_init_attr",
+                        "nvshmemid_hostlib_finalize", "nvshmemid_init_status"})
+    EXPECT_NE(nvshmem_host_function(f), nullptr) << f;
+  std::string e = error_of([] { nvshmem_host_function("nvshmemx_no_such_function"); });
+  EXPECT_TRUE(has(e, "lacks nvshmemx_no_such_function")) << e;
 }

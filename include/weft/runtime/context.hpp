@@ -37,6 +37,12 @@ struct ContextOptions {
   /// for the same; asking for nvshmem from a build without it throws, saying
   /// how to build it.
   std::optional<HeapBackend> heap_backend;
+  /// Virtual nodes, for tests of the inter-node paths on one machine: the
+  /// job's ranks (all on one machine) split into this many nodes of contiguous
+  /// ranks (Team::virtual_nodes). Unset: WEFT_VIRTUAL_NODES, else 1 (no split).
+  /// Must divide the world size; needs the NVSHMEM heap (auto takes it;
+  /// native throws), which leaves peers in other virtual nodes unmapped.
+  std::optional<int> virtual_nodes;
   /// Create the NCCL communicator (needed for baselines and host collectives).
   /// Never created where ranks share a GPU: NCCL refuses two ranks on one GPU.
   bool create_nccl = true;
@@ -86,8 +92,20 @@ class Context {
   /// Enqueues a barrier across all ranks on `stream`: work after it on any
   /// rank's stream starts only once every rank's stream reached it, and puts
   /// issued before it are complete. A one-block kernel; calls on one rank must
-  /// not run concurrently on two streams.
+  /// not run concurrently on two streams. It stores to every peer's flags, so
+  /// it needs every peer mapped (require_direct_peers).
   void barrier(cudaStream_t stream);
+
+  /// True when every rank maps every peer's heap (World::reachable(pe) holds
+  /// for every pe on every rank): always on the native heap; on the NVSHMEM
+  /// heap, when the job has one node and no virtual nodes.
+  bool all_peers_direct() const { return all_peers_direct_; }
+  /// Throws, on every rank alike, naming `who` and each pair of ranks without
+  /// a direct path, unless all_peers_direct(). Every operator whose kernels
+  /// load or store peers' memory through World::symm_at, or copy to it by
+  /// copy engine, calls it before its first collective step; kernels written
+  /// on weft/device/remote.cuh handle unreachable peers and need not.
+  void require_direct_peers(const std::string& who) const;
   /// Host barrier through the rendezvous store (not ordered with GPU work).
   void host_barrier(const std::string& what);
 
@@ -127,6 +145,7 @@ class Context {
   std::uint64_t* barrier_epoch_ = nullptr;  // device memory
   std::chrono::milliseconds wait_timeout_{0};
   bool check_calls_ = false;
+  bool all_peers_direct_ = true;
   std::uint64_t calls_verified_ = 0;
 };
 

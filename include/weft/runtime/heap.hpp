@@ -42,14 +42,30 @@ bool nvshmem_built();
 /// on every rank for the same inputs. Throws weft::Error, saying how to get
 /// what was asked for: nvshmem without a build that has it (how to build one),
 /// native for a job that spans nodes, or a job that spans nodes with no NVSHMEM.
-HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built_with_nvshmem);
+/// `virtual_nodes` > 1 (WEFT_VIRTUAL_NODES: one machine's ranks split into
+/// nodes, Team::virtual_nodes) needs NVSHMEM: automatic takes it, and native,
+/// or a build without NVSHMEM, throws naming the setting.
+HeapBackend choose_heap_backend(HeapBackend requested, int num_nodes, bool built_with_nvshmem, int virtual_nodes = 1);
 /// Collective (through `store`): the backend of the job. Each rank's request
 /// is `option` if set, else WEFT_HEAP_BACKEND from `env`, else automatic; the
 /// ranks' requests are compared first, so ranks that disagree all throw,
 /// naming each request, instead of building different heaps; then
 /// choose_heap_backend decides, identically on every rank. Context::create calls it.
 HeapBackend agree_heap_backend(std::optional<HeapBackend> option, const EnvMap& env, int num_nodes,
-                               bool built_with_nvshmem, Store& store);
+                               bool built_with_nvshmem, Store& store, int virtual_nodes = 1);
+
+/// Which rank maps which rank's heap: [from][to], true where rank `from` may
+/// load and store rank `to`'s heap (SymmetricHeap::peer_reachable as `from`
+/// sees it). Every rank holds the same matrix.
+using Reachability = std::vector<std::vector<bool>>;
+/// "" when every pair is mapped, else one line per rank that misses peers:
+/// "rank 0 cannot address rank(s) 2, 3". Pure.
+std::string unreachable_pairs(const Reachability& reach);
+/// Throws weft::Error unless every rank maps every peer, naming `who` (the
+/// operator that needs it), the backend and each pair without a direct path.
+/// Pure: every rank, holding the same matrix, reaches the same verdict.
+/// Context::require_direct_peers calls it.
+void require_direct_peers(const std::string& who, const Reachability& reach, HeapBackend backend);
 
 /// The offset bookkeeping of a heap: first-fit over a sorted free list with
 /// coalescing. Pure CPU logic; every rank runs an identical copy, so identical
@@ -138,8 +154,12 @@ class SymmetricHeap {
   /// True when rank `pe`'s heap is mapped into this process, so peer_ptr and
   /// World::symm_at give addresses loads and stores can use: every peer under
   /// the native heap; under NVSHMEM, the peers nvshmem_ptr reaches (NVLink,
-  /// the same GPU). The device array peer_bases_device() holds nullptr for the others.
+  /// the same GPU) of this rank's node. The device array peer_bases_device() holds nullptr for the others.
   virtual bool peer_reachable(int pe) const = 0;
+  /// peer_reachable for every pair of ranks, exchanged when the heap was built
+  /// (the same on every rank): all true under the native heap; under NVSHMEM,
+  /// false for peers on another node, or another virtual node (Team::virtual_nodes).
+  virtual const Reachability& reachability() const = 0;
 
   virtual char* base() const = 0;                 ///< this rank's heap
   virtual std::uint64_t capacity() const = 0;     ///< bytes per rank

@@ -38,7 +38,8 @@ struct LaunchEpoch {
 };
 
 /// The device-side handle of a job: the same under either heap backend (with
-/// NVSHMEM, peer_base holds nvshmem_ptr's addresses; nullptr for peers it does not reach).
+/// NVSHMEM, peer_base holds nvshmem_ptr's addresses; nullptr for peers it does
+/// not reach and for peers of another node).
 struct World {
   std::int32_t rank;                 ///< this process's rank
   std::int32_t size;                 ///< number of ranks
@@ -68,9 +69,10 @@ struct World {
 
   /// True when rank pe's heap is mapped here, so symm_at(p, pe) may be
   /// dereferenced: every peer under the native heap; under NVSHMEM, the peers
-  /// nvshmem_ptr reaches (NVLink, the same GPU). The NVSHMEM heap refuses a job with
-  /// any other peer for now; the seam for NVSHMEM's device put/signal path to
-  /// such peers is here. Reads peer_base[pe]; does not block.
+  /// of this rank's node that nvshmem_ptr reaches (NVLink, the same GPU; not
+  /// another virtual node's, WEFT_VIRTUAL_NODES). weft/device/remote.cuh
+  /// branches here: loads and stores where true, NVSHMEM's device API where
+  /// false (docs/decisions/0061). Reads peer_base[pe]; does not block.
   WEFT_DEVICE bool reachable(int pe) const { return peer_base[pe] != nullptr; }
 
   /// The heap offset of `p` for reports, or ~0 if p is outside this rank's heap.

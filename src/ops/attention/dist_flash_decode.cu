@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs
 DistFlashDecode::DistFlashDecode(std::shared_ptr<Context> ctx, const FlashDecodeOptions& local) : ctx_(std::move(ctx)) {
   using namespace attention_detail;
   WEFT_REQUIRE(ctx_ != nullptr, "DistFlashDecode: the Context must not be null");
+  ctx_->require_direct_peers("DistFlashDecode");  // its kernels load and store every peer's heap
   FlashDecodeOptions o = local;
   if (o.sm_count == 0) o.sm_count = ctx_->team().sm_count;  // ranks sharing a GPU split its SMs
   local_ = std::unique_ptr<FlashDecode>(new FlashDecode(o, true));

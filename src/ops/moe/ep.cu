@@ -448,6 +448,7 @@ const char* row_error_name(std::int64_t code) {
 ExpertParallel::ExpertParallel(std::shared_ptr<Context> ctx, const EpOptions& options)
     : ctx_(std::move(ctx)), opt_(options) {
   WEFT_REQUIRE(ctx_, "ExpertParallel needs a Context");
+  ctx_->require_direct_peers("ExpertParallel");  // its kernels load and store every peer's heap
   const int W = ctx_->world_size();
   const char* placement = moe_detail::placement_error(opt_.experts, W);
   WEFT_REQUIRE(*placement == 0, "ExpertParallel: experts = ", opt_.experts, " on ", W, " ranks: ", placement);

@@ -267,6 +267,7 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
 ExpertParallelLowLatency::ExpertParallelLowLatency(std::shared_ptr<Context> ctx, const EpLowLatencyOptions& options)
     : ctx_(std::move(ctx)), opt_(options) {
   WEFT_REQUIRE(ctx_, "ExpertParallelLowLatency needs a Context");
+  ctx_->require_direct_peers("ExpertParallelLowLatency");  // its kernels load and store every peer's heap
   const int W = ctx_->world_size();
   const char* placement = moe_detail::placement_error(opt_.experts, W);
   WEFT_REQUIRE(*placement == 0, "ExpertParallelLowLatency: experts = ", opt_.experts, " on ", W, " ranks: ",

@@ -1,0 +1,55 @@
+// weft/internode/remote_peers.hpp - NVSHMEM's device path, made ready for the
+// kernels written on weft/device/remote.cuh (CMake target weft::internode).
+//
+//   auto ctx = weft::Context::from_env();      // the NVSHMEM heap (WEFT_HEAP_BACKEND=nvshmem)
+//   weft::RemotePeers remote(ctx);             // before the first kernel that calls weft::remote::*
+//   my_kernel<<<...>>>(ctx->world(), ...);     // put_signal_block / get_block / signal_wait_until
+//
+// NVSHMEM's device calls read a device-side state (NVSHMEM's own __constant__
+// block: its PE, its heap, its transports) that lives in the program's device
+// code, device-linked with libnvshmem_device.a, not in libweft. weft
+// initialises NVSHMEM through its host library only (docs/decisions/0057), so
+// that state is set here, once NVSHMEM is up: nvshmemx_culibrary_init on the
+// device-link image holding weft::internode's code and the program's kernels.
+// docs/decisions/0061.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/runtime/context.hpp"
+
+namespace weft {
+
+class RemotePeers {
+ public:
+  /// Collective: every rank constructs one, after its Context and before it
+  /// launches a kernel that may take remote.cuh's NVSHMEM branch. Under the
+  /// NVSHMEM heap: sets NVSHMEM's device state in this program's device code,
+  /// then checks it on the device (a kernel reads NVSHMEM's PE and PE count,
+  /// which must be this rank and the world size); every rank learns every
+  /// rank's outcome, so a failure throws on all of them, naming the ranks and
+  /// why. Under the native heap every peer is mapped, remote.cuh never calls
+  /// NVSHMEM, and nothing is set (active() is false).
+  explicit RemotePeers(std::shared_ptr<Context> ctx);
+  /// Releases the device state (nvshmemx_culibrary_finalize) while the
+  /// Context, which it holds, still has NVSHMEM up. Not collective.
+  ~RemotePeers();
+  RemotePeers(const RemotePeers&) = delete;
+  RemotePeers& operator=(const RemotePeers&) = delete;
+
+  /// True when NVSHMEM's device state was set (the NVSHMEM heap).
+  bool active() const { return library_ != nullptr; }
+  /// The ranks this rank reaches only through NVSHMEM (World::reachable false), in order.
+  const std::vector<int>& remote_ranks() const { return remote_; }
+  /// One line for logs: "NVSHMEM device state set (PE 1 of 4); ranks 2, 3 through NVSHMEM".
+  std::string describe() const;
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  void* library_ = nullptr;  // the CUlibrary whose NVSHMEM state was set
+  std::vector<int> remote_;
+};
+
+}  // namespace weft
