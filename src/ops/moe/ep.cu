@@ -63,7 +63,12 @@ using moe_detail::ExpertPlacement;
 
 constexpr int kChunk = 128;           // tokens per warp in the count kernel
 constexpr int kCountWarps = 4;        // warps per count block
-constexpr int kEpThreads = 256;       // threads per dispatch / combine block
+// Threads per dispatch / combine block, one block per SM of the budget (so a
+// grid of max_sms blocks stays on max_sms SMs). A warp keeps about 2 KiB of
+// loads in flight (row_sums.cuh); covering HBM's latency at 4.8 TB/s over 132
+// SMs takes some 25 KiB per SM, so 16 warps, where 8 left the combine's reads
+// latency-bound. Both kernels fit 128 registers a thread, a whole SM's file.
+constexpr int kEpThreads = 512;
 constexpr int kEpWarps = kEpThreads / 32;
 constexpr int kExchangeThreads = 1024;
 constexpr int kMaxExperts = 1024;  // at most kExchangeThreads: the exchange scans one expert a thread
@@ -334,12 +339,25 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
       const unsigned here = __ballot_sync(0xffffffffu, owner == r);
       if (r == me) {
         // This rank's own experts: straight into recv_x, one row per pair; the staging keeps the meta only.
-        for (unsigned left = here; left != 0; left &= left - 1) {
-          const std::int32_t prow = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
-          dev::copy_warp(a.recv_x + static_cast<std::int64_t>(prow) * vecs, src, static_cast<std::size_t>(vecs) * 16);
-          if (a.scales)
-            copy_scales(a.recv_scales + static_cast<std::int64_t>(prow) * a.scales, a.x_scales + t * a.scales);
+        // The token's row is read once, four vectors a lane at a time, and stored to each pair's row.
+        for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * 4) {  // every lane runs every step (the shuffles)
+          const std::int64_t v = v0 + lane;
+          uint4 val[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (v + 32 * u < vecs) val[u] = src[v + 32 * u];
+          for (unsigned left = here; left != 0; left &= left - 1) {
+            uint4* dst = a.recv_x + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1)) * vecs;
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+              if (v + 32 * u < vecs) dst[v + 32 * u] = val[u];
+          }
         }
+        if (a.scales)
+          for (unsigned left = here; left != 0; left &= left - 1) {
+            const std::int32_t prow = __shfl_sync(0xffffffffu, pair_row, __ffs(left) - 1);
+            copy_scales(a.recv_scales + static_cast<std::int64_t>(prow) * a.scales, a.x_scales + t * a.scales);
+          }
       } else {
         uint4* dst = a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(row) * stride;
         dev::copy_warp(dst, src, static_cast<std::size_t>(vecs) * 16);
@@ -398,7 +416,7 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kEpWarps + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kEpWarps;
-  const int W = a.world, k = a.k, mstride = 2 + 2 * k;
+  const int W = a.world, k = a.k, mstride = 2 + 2 * k, me = a.w.rank;
   const std::int64_t vecs = a.hidden / 8;
 
   // Reduce: partial = sum over the staged token's pairs, in slot order, of w x y.
@@ -411,6 +429,14 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
     auto row_at = [&](int p) { return a.y + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, prow, p)) * vecs; };
     auto weight = [&](int p) { return __shfl_sync(0xffffffffu, pw, p); };
     uint4* dst = a.staging + i * vecs;
+    if (i >= a.self_lo && i < a.self_hi) {
+      // One of this rank's own tokens. If it went to no other rank, its partial
+      // is its output, bit for bit (the gather would add one bf16 row to zero in
+      // fp32 and round it again): store it there, and the gather skips it.
+      const std::int64_t t = __ldcg(m);
+      const std::int32_t row_r = lane < W ? a.s.token_rows[t * W + lane] : -1;
+      if (__ballot_sync(0xffffffffu, row_r >= 0) == 1u << me) dst = a.out + t * vecs;
+    }
     for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * moe_detail::kRowSumVecs) {  // every lane runs every step
       moe_detail::RowSumAcc acc{};  // fp32 sums, rounded once
       moe_detail::add_rows<true>(acc, pairs, row_at, weight, v0 + lane, vecs);
@@ -424,6 +450,7 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
   for (std::int64_t t = warp0; t < a.tokens; t += warps) {
     const std::int32_t my_row = lane < W ? a.s.token_rows[t * W + lane] : -1;
     const unsigned sent = __ballot_sync(0xffffffffu, my_row >= 0);
+    if (sent == 1u << me) continue;  // went to this rank only: the reduce stored its output
     auto row_at = [&](int r) {
       return a.w.symm_at(a.staging, r) + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, my_row, r)) * vecs;
     };
@@ -654,6 +681,8 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
   WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(y) | reinterpret_cast<std::uintptr_t>(out)) % 16 == 0,
                "ExpertParallel::combine: y and out must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel combine #", h.id));
+  std::int64_t self_lo = 0;  // this rank's own tokens are staged after those of lower ranks
+  for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
   const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
   MoveArgs a{.w = ctx_->world(),
              .experts = opt_.experts,
@@ -664,8 +693,8 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
              .scales = 0,
              .tokens = tokens_,
              .recv_tokens = h.recv_tokens,
-             .self_lo = 0,
-             .self_hi = 0,
+             .self_lo = self_lo,
+             .self_hi = self_lo + h.tokens_from[ctx_->rank()],
              .topk = topk_,
              .weights = nullptr,
              .x = nullptr,
