@@ -70,8 +70,8 @@ constexpr int kDefaultStages = D == 128 ? 3 : 6;
 //     blocks of 1024 keys, 2 tiles (64 KB) in flight per block, 128 KB per
 //     SM; the HBM stays busy down to about 200 running blocks (78 %).
 //   4 stages: 128 KB, one block per SM, 132 slots: 16 splits, 128 blocks of
-//     2048 keys, 3 tiles (96 KB) in flight per block and per SM: a third less
-//     per SM, so every one of the 128 blocks must run to keep the HBM busy.
+//     2048 keys, 3 tiles (96 KB) in flight per block and per SM, a quarter
+//     less: 4.25 TB/s would take about 133 such blocks, more than there are.
 //   6 stages: 192 KB, one block per SM: 16 splits, 5 tiles (160 KB) in
 //     flight per block and SM, 2.5x a default block's reach: the HBM stays
 //     busy down to about 80 running blocks (63 %), a shorter tail - at 4
