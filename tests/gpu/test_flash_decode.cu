@@ -405,7 +405,8 @@ TEST(FlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
   Problem pr({.name = "batch 4, 32/8", .q_heads = 32, .kv_heads = 8, .page_size = 16, .lens = {8191, 33, 20000, 1}});
   // The default kernel, then the variants [0064]: the last_block merge's arrival counters must come
   // back to zero after every run and every replay, or a later run would merge early or never.
-  for (const Variant& v : {Variant{.name = "default"}, Variant{.name = "merge last_block", .merge = DecodeMerge::last_block},
+  for (const Variant& v : {Variant{.name = "default"},
+                           Variant{.name = "merge last_block", .merge = DecodeMerge::last_block},
                            Variant{.name = "stages 4, pages per warp", .stages = 4, .lookup = PageLookup::per_warp},
                            Variant{.name = "stages 6, pages per warp, last_block", .stages = 6,
                                    .merge = DecodeMerge::last_block, .lookup = PageLookup::per_warp}}) {

@@ -36,7 +36,8 @@ namespace weft::bench {
 namespace {
 
 DecodeMerge merge_of(const std::string& name) {
-  return name == "launch" ? DecodeMerge::launch : name == "last_block" ? DecodeMerge::last_block : DecodeMerge::automatic;
+  if (name == "launch") return DecodeMerge::launch;
+  return name == "last_block" ? DecodeMerge::last_block : DecodeMerge::automatic;
 }
 PageLookup lookup_of(const std::string& name) {
   return name == "row" ? PageLookup::per_row : name == "warp" ? PageLookup::per_warp : PageLookup::automatic;
@@ -68,13 +69,14 @@ std::vector<std::pair<std::string, FlashDecodeOptions>> sweep_variants(const Fla
   const bool paged = base.layout == KvLayout::paged;
   add("default", [](FlashDecodeOptions&) {});
   if (splits > 1) add(str("splits ", splits / 2, " (/2)"), [&](FlashDecodeOptions& o) { o.splits = splits / 2; });
-  add(str("splits ", std::min(128, 2 * splits), " (x2)"), [&](FlashDecodeOptions& o) { o.splits = std::min(128, 2 * splits); });
+  const int twice = std::min(128, 2 * splits);
+  add(str("splits ", twice, " (x2)"), [&](FlashDecodeOptions& o) { o.splits = twice; });
   if (splits > 1 && splits <= 4) add("splits 1", [](FlashDecodeOptions& o) { o.splits = 1; });
   add("stages 4", [](FlashDecodeOptions& o) { o.stages = 4; });
   add("stages 6", [](FlashDecodeOptions& o) { o.stages = 6; });
   add("last_block", [](FlashDecodeOptions& o) { o.merge = DecodeMerge::last_block; });
-  add(str("splits ", std::min(128, 2 * splits), ", last_block"), [&](FlashDecodeOptions& o) {
-    o.splits = std::min(128, 2 * splits);
+  add(str("splits ", twice, ", last_block"), [&](FlashDecodeOptions& o) {
+    o.splits = twice;
     o.merge = DecodeMerge::last_block;
   });
   add("stages 6, last_block", [](FlashDecodeOptions& o) {
@@ -108,6 +110,8 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
     int splits;
     double us, copy_us, kv_bytes, rel_err, lse_err;
     double dist_us = 0, combine_us = 0;  // --dist: the distributed call over the same shard, its combine alone
+    int stages = 0;                      // the plan's kernel: stages, merge, page lookup
+    std::string merge, pages;
   };
   struct SweepRow {  // --sweep: one variant of one case
     std::size_t case_index;
@@ -221,7 +225,8 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
       std::vector<std::string> names;
       for (const auto& [name, options] : sweep_variants(defaults, op.splits())) {
         auto plan = std::make_unique<FlashDecode>(options);
-        const bool same = std::any_of(plans.begin(), plans.end(), [&](const auto& p) { return resolved(*p) == resolved(*plan); });
+        const bool same =
+            std::any_of(plans.begin(), plans.end(), [&](const auto& p) { return resolved(*p) == resolved(*plan); });
         if (same) continue;
         plans.push_back(std::move(plan));
         names.push_back(name);
@@ -238,7 +243,8 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
       for (std::size_t i = 0; i < plans.size(); ++i)
         sweep_rows.push_back({rows.size(), names[i], plans[i]->splits(), plans[i]->stages(), merge_label(*plans[i]),
                               pages_label(*plans[i]), us[i], errors[i].first, errors[i].second});
-      rows.push_back({c, op.splits(), us[0], us.back(), double(kv_bytes), errors[0].first, errors[0].second});
+      rows.push_back({c, op.splits(), us[0], us.back(), double(kv_bytes), errors[0].first, errors[0].second, 0.0, 0.0,
+                      op.stages(), merge_label(op), pages_label(op)});
     } else {
       const auto [rel_err, lse_err] = check(op);
       std::vector<std::function<void()>> contenders = {[&] { op.run(run_args, stream); }, copy};
@@ -252,7 +258,7 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
       const std::vector<double> us =
           time_interleaved(ctx, stream, contenders, calls, args.samples, args.warmup, args.hold, args.order);
       rows.push_back({c, op.splits(), us[0], us[1], double(kv_bytes), rel_err, lse_err, args.dist ? us[2] : 0.0,
-                      args.dist ? us[3] : 0.0});
+                      args.dist ? us[3] : 0.0, op.stages(), merge_label(op), pages_label(op)});
       dist.reset();
     }
     for (void* p : {kv, copy_dst, q, out, static_cast<void*>(lse), static_cast<void*>(lens), static_cast<void*>(dtable),
@@ -303,13 +309,15 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
     } else if (args.json) {
       for (const Row& r : rows)
         std::printf("{\"op\":\"decode\",\"batch\":%lld,\"q_heads\":%lld,\"kv_heads\":%lld,\"kv_len\":%lld,"
-                    "\"page_size\":%lld,\"dtype\":\"%s\",\"splits\":%d,\"us\":%.2f,\"kv_tbps\":%.3f,"
-                    "\"copy_us\":%.2f,\"copy_tbps\":%.3f,\"vs_copy\":%.3f,\"rel_err\":%.2e,\"lse_err\":%.2e,"
+                    "\"page_size\":%lld,\"dtype\":\"%s\",\"splits\":%d,\"stages\":%d,\"merge\":\"%s\","
+                    "\"pages\":\"%s\",\"us\":%.2f,\"kv_tbps\":%.3f,\"copy_us\":%.2f,\"copy_tbps\":%.3f,"
+                    "\"vs_copy\":%.3f,\"rel_err\":%.2e,\"lse_err\":%.2e,"
                     "\"world\":%d,\"dist_us\":%.2f,\"exchange_us\":%.2f,\"combine_us\":%.2f,\"shared_gpu\":%s}\n",
                     static_cast<long long>(r.c.batch), static_cast<long long>(r.c.q_heads),
                     static_cast<long long>(r.c.kv_heads), static_cast<long long>(r.c.kv_len),
-                    static_cast<long long>(r.c.page_size), args.dtype.c_str(), r.splits, r.us, tbps(r.kv_bytes, r.us),
-                    r.copy_us, tbps(2 * r.kv_bytes, r.copy_us), tbps(r.kv_bytes, r.us) / tbps(2 * r.kv_bytes, r.copy_us),
+                    static_cast<long long>(r.c.page_size), args.dtype.c_str(), r.splits, r.stages, r.merge.c_str(),
+                    r.pages.c_str(), r.us, tbps(r.kv_bytes, r.us), r.copy_us, tbps(2 * r.kv_bytes, r.copy_us),
+                    tbps(r.kv_bytes, r.us) / tbps(2 * r.kv_bytes, r.copy_us),
                     r.rel_err, r.lse_err, ctx.world_size(), r.dist_us, args.dist ? r.dist_us - r.us : 0.0,
                     r.combine_us, shared ? "true" : "false");
     } else {

@@ -36,9 +36,11 @@
 // tiny launch merges the partials by their log-sum-exp in a fixed order
 // (attention_detail::LseMerge), or, with DecodeMerge::last_block, the last
 // block of each (sequence, KV head) to finish merges them in the same
-// launch. With one split the first launch writes the result itself. Runs are bitwise repeatable, allocate nothing, never
-// synchronise the host and can be captured in a CUDA graph; the workspace
-// for the partials is allocated once, by the constructor.
+// launch. With one split the first launch writes the result itself. Runs
+// are bitwise repeatable, allocate nothing, never synchronise the host and
+// can be captured in a CUDA graph; the workspace for the partials is
+// allocated once, by the constructor. The kernel variant (stage count,
+// merge, page lookup) is an option of the plan [0064].
 #pragma once
 
 #include <cuda_runtime_api.h>

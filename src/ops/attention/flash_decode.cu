@@ -600,7 +600,8 @@ struct Variant {
 Variant variant_of(const FlashDecodeOptions& o) {
   Variant v{o.dtype, o.head_dim, o.stages, Cache::contiguous};
   if (v.stages == 0) v.stages = o.head_dim == 128 ? kDefaultStages<128> : kDefaultStages<64>;
-  if (o.layout == KvLayout::paged) v.cache = o.page_lookup == PageLookup::per_warp ? Cache::paged_warp : Cache::paged_rows;
+  if (o.layout == KvLayout::paged)
+    v.cache = o.page_lookup == PageLookup::per_warp ? Cache::paged_warp : Cache::paged_rows;
   return v;
 }
 
