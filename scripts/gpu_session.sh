@@ -11,6 +11,8 @@
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds;
 #    MOE_ROUTINGS the moe stage's routings, default "uniform zipf";
 #    EP_TEST_WORLDS the ep stage's world sizes for the EP GPU tests, default "1 2 4 8";
+#    DECODE_DTYPES, DECODE_ARGS, DECODE_SWEEP_ARGS the decode stage's types, weft-bench decode's extra
+#    arguments, and its --sweep's (e.g. "--dtype fp16" or "--cases ...");
 #    PYTHON_WORLDS the python stage's multi-rank world sizes, default "2 4", and PYTHON_WAIT_S its
 #    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
@@ -448,7 +450,8 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
       --timeout 900 -- "$BUILD/tests/weft_gpu_tests" --gtest_filter="$filter"
     grep -E "PASSED|FAILED|Failure" "$OUT/decode_tests_$n.log" | head -n 20
   done
-  # The distributed call's exchange and combine: at 1 rank, and at 2 sharing the GPU (checks, not figures).
+  # The distributed call's exchange and combine (dist us, exchange us = dist - the shard's FlashDecode,
+  # combine us = DistFlashDecode::combine alone): at 1 rank, and at 2 sharing the GPU (not figures).
   dist_cases="1,96,12,32768;1,32,8,131072;8,32,8,32768,16;32,32,8,32768,16"
   run_logged "weft-bench decode --dist, 1 rank" decode_dist_1.txt "$BUILD/weftrun" -n 1 --timeout 300 -- \
     "$BUILD/weft-bench" decode --dist --check --cases "$dist_cases"
@@ -456,6 +459,11 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
   run_logged "weft-bench decode --dist, 2 ranks sharing a GPU" decode_dist_2.txt "$BUILD/weftrun" -n 2 --share-gpu \
     --timeout 300 -- "$BUILD/weft-bench" decode --dist --cases "$dist_cases"
   grep -v '^\[weft-bench\]' "$OUT/decode_dist_2.txt"
+  # The kernel variants [0064] (split counts, 4 and 6 stages, the last_block merge, pages per warp), each
+  # case's in turn with its default and checked, so one run says which wins where; SDPA below, same shapes.
+  run_logged "weft-bench decode --sweep" decode_sweep.txt "$BUILD/weftrun" -n 1 --timeout 600 -- \
+    "$BUILD/weft-bench" decode --sweep --check ${DECODE_SWEEP_ARGS:-}
+  grep -v '^\[weft-bench\]' "$OUT/decode_sweep.txt"
   for dtype in ${DECODE_DTYPES:-bf16 fp16}; do
     run_logged "weft-bench decode $dtype" "decode_$dtype.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
       "$BUILD/weft-bench" decode --dtype "$dtype" --check ${DECODE_ARGS:-}

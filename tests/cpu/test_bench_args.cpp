@@ -205,6 +205,23 @@ TEST(BenchArgs, DecodeCasesDefaultToThePerfTableAndParse) {
   EXPECT_NE(error_of({"decode", "--dtype", "fp32"}).find("decode takes --dtype bf16 or fp16"), std::string::npos);
   EXPECT_NE(error_of({"decode", "--splits", "129"}).find("--splits expects a whole number from 0 to 128"),
             std::string::npos);
+  // The kernel variants, forced or swept [0064].
+  EXPECT_EQ(d.stages, 0);
+  EXPECT_EQ(d.merge, "auto");
+  EXPECT_EQ(d.page_lookup, "auto");
+  EXPECT_FALSE(d.sweep);
+  const BenchArgs v = parse_bench_args({"weft-bench", "decode", "--stages", "6", "--merge", "last_block",
+                                        "--page-lookup", "warp", "--sweep"});
+  EXPECT_EQ(v.stages, 6);
+  EXPECT_EQ(v.merge, "last_block");
+  EXPECT_EQ(v.page_lookup, "warp");
+  EXPECT_TRUE(v.sweep);
+  EXPECT_NE(error_of({"decode", "--merge", "fused"}).find("--merge takes launch, last_block or auto, got 'fused'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"decode", "--page-lookup", "page"}).find("--page-lookup takes row, warp or auto"),
+            std::string::npos);
+  EXPECT_NE(error_of({"decode", "--sweep", "--dist"}).find("--sweep and --dist time different things"),
+            std::string::npos);
 }
 
 TEST(BenchArgs, SoakIsForTheGemmAndOverlappedOperatorsInWholeSeconds) {
@@ -371,7 +388,8 @@ TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
       {"--config", "c"},        {"--hook", "none"},        {"--any-order", ""},     {"--no-source-rows", "0,256"},
       {"--m", "8"},             {"--n", "8"},              {"--k", "8"},            {"--cases", "1,8,1,64"},
       {"--splits", "2"},        {"--dist", ""},            {"--enqueue", ""},       {"--experts", "8"},
-      {"--routing", "zipf"},    {"--layout", "kn"}};
+      {"--routing", "zipf"},    {"--layout", "kn"},        {"--stages", "4"},       {"--merge", "launch"},
+      {"--page-lookup", "row"}, {"--sweep", ""}};
   for (const std::string& op : kAllOps) {
     const std::string h = help_of({op, "--help"});
     EXPECT_EQ(h, bench_usage(op));

@@ -182,6 +182,7 @@ TEST(DecodeSplit, EmptyPartsContributeNothing) {
 namespace {
 
 using weft::attention_detail::decode_splits;
+using weft::attention_detail::FastDiv;
 
 TEST(DecodeSplit, SplitCountFillsTheLastWave) {
   // 132 SMs, 2 blocks each: batch 1 with 12 KV heads fills 252 of 264 slots with 21 splits, 8 heads 256 with 32.
@@ -198,6 +199,16 @@ TEST(DecodeSplit, SplitCountFillsTheLastWave) {
   EXPECT_EQ(decode_splits(12, 264, 0), 1);
   // The SM count is the caller's (a rank's share under MPS), never a constant: fewer SMs, fewer splits.
   EXPECT_EQ(decode_splits(12, 66, 128), 11);
+  // Above one wave, the last wave counts the same way [0064]: batch 32 at 12 KV heads (384 blocks) in one
+  // split leaves a second wave of 120 (45 %); two splits make 768, two full waves and one of 240.
+  EXPECT_EQ(decode_splits(384, 264, 128), 2);
+  EXPECT_EQ(decode_splits(384, 264, 1), 1);     // no room to split: one
+  EXPECT_EQ(decode_splits(480, 264, 128), 1);   // a last wave of 216 (82 %): one split
+  EXPECT_EQ(decode_splits(528, 264, 128), 1);   // whole waves
+  EXPECT_EQ(decode_splits(300, 264, 128), 6);   // 36 left over: 6 splits, 1800 blocks in 7 waves (97 %)
+  // One block per SM (the 4- and 6-stage kernels): 132 slots; batch 1 at 8 KV heads takes 16 splits.
+  EXPECT_EQ(decode_splits(8, 132, 128), 16);
+  EXPECT_EQ(decode_splits(384, 132, 128), 1);   // 2.9 waves, the last 120 of 132 (91 %)
   // Whatever the inputs, the choice is within [1, cap] and its last wave at least 95 % as full as the best.
   for (std::int64_t units : {1, 3, 12, 96, 100, 257})
     for (std::int64_t slots : {16, 66, 132, 264})
@@ -206,6 +217,23 @@ TEST(DecodeSplit, SplitCountFillsTheLastWave) {
         ASSERT_GE(s, 1);
         ASSERT_LE(s, std::max<std::int64_t>(cap, 1));
       }
+}
+
+TEST(DecodeSplit, FastDivisionByThePageSizeIsExact) {
+  // Every page size the paged layout takes (16 to 256), against the hardware division, on key positions
+  // near every multiple of the divisor up to 2^20, near 2^31 (the largest position: keys < 2^31) and at
+  // random below it.
+  std::mt19937_64 rng(0x5eed);
+  std::uniform_int_distribution<std::uint32_t> any(0, (std::uint32_t{1} << 31) - 1);
+  for (std::uint32_t d = 2; d <= 256; ++d) {
+    const FastDiv f = FastDiv::make(d);
+    ASSERT_EQ(f.d, d);
+    auto check = [&](std::uint32_t n) { ASSERT_EQ(f.div(n), n / d) << n << " / " << d; };
+    for (std::uint32_t m = 0; m <= (std::uint32_t{1} << 20); m += d)
+      for (std::uint32_t n : {m, m + 1, m + d - 1}) check(n);
+    for (std::uint32_t back = 0; back < 4 * d; ++back) check((std::uint32_t{1} << 31) - 1 - back);
+    for (int i = 0; i < 20000; ++i) check(any(rng));
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // a contiguous shard of each sequence's KV cache (ceil(length / world) keys
 // each, so sequences shorter than the world leave ranks with empty shards),
 // and every rank's result must match FlashDecode over the whole cache on one
-// GPU; repeated runs and CUDA-graph replays give the same bits.
+// GPU (the local attention with the default kernel and the 6-stage one);
+// repeated runs, CUDA-graph replays and the combine step run alone give the
+// same bits; combine() before any run() is refused.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -123,14 +125,20 @@ TEST(DistFlashDecode, EveryRankGetsTheAttentionOverTheWholeCache) {
   // Lengths 1 and 3 leave ranks with empty shards at world 2 and more; 0 leaves every rank empty.
   for (const std::vector<int>& lens : {std::vector<int>{5000, 1, 3, 777}, std::vector<int>{0, 20000, 64, 2}}) {
     Sharded sh(lens);
-    DistFlashDecode op(test::ctx_ptr(), sh.local_options());
-    cudaStream_t s = test::stream();
-    sh.poison(s);
-    op.run(sh.local_args(), s);
-    WEFT_CUDA(cudaStreamSynchronize(s));
-    const std::string bad = sh.compare();
-    EXPECT_EQ(bad, "") << "lengths " << lens[0] << ", " << lens[1] << ", " << lens[2] << ", " << lens[3];
-    EXPECT_TRUE(test::all_ranks(bad.empty())) << "some rank's result is off";
+    // The local attention with the default kernel, then with the 6-stage one [0064].
+    for (int stages : {0, 6}) {
+      FlashDecodeOptions local = sh.local_options();
+      local.stages = stages;
+      DistFlashDecode op(test::ctx_ptr(), local);
+      cudaStream_t s = test::stream();
+      sh.poison(s);
+      op.run(sh.local_args(), s);
+      WEFT_CUDA(cudaStreamSynchronize(s));
+      const std::string bad = sh.compare();
+      EXPECT_EQ(bad, "") << "lengths " << lens[0] << ", " << lens[1] << ", " << lens[2] << ", " << lens[3]
+                         << ", local stages " << stages;
+      EXPECT_TRUE(test::all_ranks(bad.empty())) << "some rank's result is off";
+    }
   }
 }
 
@@ -170,6 +178,28 @@ TEST(DistFlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
   EXPECT_EQ(host[0], 0u) << "output bytes that differed from the first run, over 20 runs and 100 replays";
   EXPECT_EQ(host[1], 0u) << "lse bytes that differed from the first run";
   EXPECT_EQ(sh.compare(), "");
+  // The combine step alone (what weft-bench decode --dist times) over the partials the last run left:
+  // the same bits, 20 times.
+  WEFT_CUDA(cudaMemsetAsync(mismatches, 0, 2 * sizeof(unsigned long long), s));
+  for (int i = 0; i < 20; ++i) {
+    sh.poison(s);
+    op.combine(sh.local_args(), s);
+    bench::accumulate_mismatches(sh.out, first_out, out_bytes, mismatches, s);
+    bench::accumulate_mismatches(sh.lse, first_lse, lse_bytes, mismatches + 1, s);
+  }
+  WEFT_CUDA(cudaMemcpyAsync(host, mismatches, sizeof(host), cudaMemcpyDeviceToHost, s));
+  WEFT_CUDA(cudaStreamSynchronize(s));
+  EXPECT_EQ(host[0], 0u) << "output bytes of combine() alone that differed from run()'s";
+  EXPECT_EQ(host[1], 0u) << "lse bytes of combine() alone that differed from run()'s";
+  // combine() before any run() has no partials to merge: refused on every rank.
+  DistFlashDecode fresh(test::ctx_ptr(), sh.local_options());
+  try {
+    fresh.combine(sh.local_args(), s);
+    ADD_FAILURE() << "combine() before run() was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DistFlashDecode::combine: run() must come first"), std::string::npos)
+        << e.what();
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   for (void* p : {first_out, first_lse, static_cast<void*>(mismatches)}) cudaFree(p);

@@ -4,8 +4,13 @@
 // heads 96/12 and 32/8, one KV head, groups wider than one tile of 16 heads,
 // ragged lengths (0, 1, 17, 4097, 131071), the log-sum-exp; cache rows that
 // belong to no sequence hold NaNs, so a read past a sequence's end shows.
+// Every case runs with every kernel variant [0064] (stage counts 3, 4, 6;
+// the launch and last_block merges; pages per row and per warp; all changed
+// at once), each against the reference, and the stage counts and page
+// lookups give the same bits as the default kernel at the same split count.
 // Then: 100 runs give the same bits, a CUDA graph's replays equal the eager
-// run, and bad options or arguments are refused naming what was expected.
+// run (the default and the variants), and bad options or arguments are
+// refused naming what was expected.
 // Every rank runs each test on its own (any world size, ranks may share a GPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -147,24 +152,19 @@ struct Problem {
   }
 };
 
-/// Runs the case and compares with a float64 attention; returns "" or what is wrong.
-std::string check_against_reference(const Case& cs) {
-  Problem pr(cs);
-  cudaStream_t s = test::stream();
-  FlashDecode op(pr.o);
-  pr.poison_outputs(s);
-  op.run(pr.args(), s);
-  std::vector<std::uint16_t> out(pr.q.size());
-  std::vector<float> lse(std::size_t(pr.batch) * cs.q_heads);
-  WEFT_CUDA(cudaMemcpyAsync(out.data(), pr.dout, out.size() * 2, cudaMemcpyDeviceToHost, s));
-  WEFT_CUDA(cudaMemcpyAsync(lse.data(), pr.dlse, lse.size() * 4, cudaMemcpyDeviceToHost, s));
-  WEFT_CUDA(cudaStreamSynchronize(s));
+/// The attention of a case in float64 on the CPU: out [batch, q_heads, D], lse [batch, q_heads].
+struct Reference {
+  std::vector<double> out, lse;
+};
+Reference reference(const Problem& pr) {
+  const Case& cs = pr.c;
   const double scale = cs.scale > 0 ? cs.scale : 1.0 / std::sqrt(double(pr.D));
-  std::string bad;
-  std::vector<double> qd(pr.D), score, ref(pr.D);
+  Reference ref;
+  ref.out.assign(pr.q.size(), 0.0);
+  ref.lse.assign(std::size_t(pr.batch) * cs.q_heads, -INFINITY);
+  std::vector<double> qd(pr.D), score;
   for (int b = 0; b < pr.batch; ++b) {
     const int len = cs.lens[b];
-    double err2 = 0, ref2 = 0, lse_err = 0;
     for (int hq = 0; hq < cs.q_heads; ++hq) {
       const int h = hq / pr.group;
       const std::size_t qo = (std::size_t(b) * cs.q_heads + hq) * pr.D;
@@ -179,33 +179,149 @@ std::string check_against_reference(const Case& cs) {
         mx = std::max(mx, score[t]);
       }
       double sum = 0;
-      std::fill(ref.begin(), ref.end(), 0.0);
       for (int t = 0; t < len; ++t) {
         const double w = std::exp(score[t] - mx);
         sum += w;
         const std::uint16_t* vr = &pr.v[pr.row(b, h, t)];
-        for (int d = 0; d < pr.D; ++d) ref[d] += w * half_bits_to_float(vr[d], cs.dtype);
+        for (int d = 0; d < pr.D; ++d) ref.out[qo + d] += w * half_bits_to_float(vr[d], cs.dtype);
       }
-      const double ref_lse = len > 0 ? mx + std::log(sum) : -INFINITY;
+      for (int d = 0; d < pr.D && len > 0; ++d) ref.out[qo + d] /= sum;
+      if (len > 0) ref.lse[std::size_t(b) * cs.q_heads + hq] = mx + std::log(sum);
+    }
+  }
+  return ref;
+}
+
+/// One run's results, copied to the host.
+struct Outputs {
+  std::vector<std::uint16_t> out;
+  std::vector<float> lse;
+  int splits = 0;
+  bool operator==(const Outputs& o) const {
+    return out == o.out && std::memcmp(lse.data(), o.lse.data(), lse.size() * 4) == 0;  // bits, NaN or not
+  }
+};
+Outputs run_plan(const Problem& pr, const FlashDecodeOptions& o) {
+  cudaStream_t s = test::stream();
+  FlashDecode op(o);
+  pr.poison_outputs(s);
+  op.run(pr.args(), s);
+  Outputs r;
+  r.splits = op.splits();
+  r.out.resize(pr.q.size());
+  r.lse.resize(std::size_t(pr.batch) * pr.c.q_heads);
+  WEFT_CUDA(cudaMemcpyAsync(r.out.data(), pr.dout, r.out.size() * 2, cudaMemcpyDeviceToHost, s));
+  WEFT_CUDA(cudaMemcpyAsync(r.lse.data(), pr.dlse, r.lse.size() * 4, cudaMemcpyDeviceToHost, s));
+  WEFT_CUDA(cudaStreamSynchronize(s));
+  return r;
+}
+
+/// "" if a run's output is within 1e-2 (relative, per sequence) of the reference and its lse within
+/// 1e-2 (relative above 1), else what is wrong per sequence.
+std::string compare(const Problem& pr, const Reference& ref, const Outputs& got) {
+  const Case& cs = pr.c;
+  std::string bad;
+  for (int b = 0; b < pr.batch; ++b) {
+    const int len = cs.lens[b];
+    double err2 = 0, ref2 = 0, lse_err = 0;
+    for (int hq = 0; hq < cs.q_heads; ++hq) {
+      const std::size_t qo = (std::size_t(b) * cs.q_heads + hq) * pr.D;
       for (int d = 0; d < pr.D; ++d) {
-        const double r = len > 0 ? ref[d] / sum : 0.0;
-        const double got = half_bits_to_float(out[qo + d], cs.dtype);
-        err2 += std::isfinite(got) ? (got - r) * (got - r) : INFINITY;
+        const double r = ref.out[qo + d];
+        const double g = half_bits_to_float(got.out[qo + d], cs.dtype);
+        err2 += std::isfinite(g) ? (g - r) * (g - r) : INFINITY;
         ref2 += r * r;
       }
-      const double got_lse = lse[std::size_t(b) * cs.q_heads + hq];
+      const std::size_t at = std::size_t(b) * cs.q_heads + hq;
+      const double got_lse = got.lse[at], ref_lse = ref.lse[at];
       if (len == 0) {
         if (got_lse != -INFINITY) lse_err = INFINITY;
       } else {
-        lse_err = std::max(lse_err, std::isfinite(got_lse) ? std::fabs(got_lse - ref_lse) / std::max(1.0, std::fabs(ref_lse))
-                                                           : INFINITY);
+        lse_err = std::max(lse_err, std::isfinite(got_lse)
+                                        ? std::fabs(got_lse - ref_lse) / std::max(1.0, std::fabs(ref_lse))
+                                        : INFINITY);
       }
     }
     const double rel = len > 0 ? std::sqrt(err2 / ref2) : (err2 == 0 ? 0.0 : INFINITY);
     if (!(rel <= 1e-2) || !(lse_err <= 1e-2))
       bad += str(" [sequence ", b, " of ", len, " keys: output relative error ", rel, ", lse error ", lse_err, "]");
   }
-  if (!bad.empty()) bad = str(cs.name, " (", op.splits(), " splits):", bad);
+  return bad;
+}
+
+/// A kernel variant [0064]: the options it sets over a case's (0 and automatic: the case's own).
+struct Variant {
+  std::string name;
+  int stages = 0;
+  DecodeMerge merge = DecodeMerge::automatic;
+  PageLookup lookup = PageLookup::automatic;
+  int splits = 0;
+};
+
+/// The variants built for a case's head dim and layout: every stage count, both merges (the
+/// last_block one also at 7 splits forced, so it runs where the plan's own choice is one split),
+/// both page lookups, and all three changed at once.
+std::vector<Variant> variants_for(const Case& c) {
+  const bool paged = c.layout == KvLayout::paged, d128 = c.head_dim == 128;
+  std::vector<Variant> v = {{.name = "default"}};
+  if (d128) {
+    v.push_back({.name = "stages 3", .stages = 3});
+    v.push_back({.name = "stages 4", .stages = 4});
+    v.push_back({.name = "stages 6", .stages = 6});
+  }
+  v.push_back({.name = "merge launch", .merge = DecodeMerge::launch});
+  v.push_back({.name = "merge last_block", .merge = DecodeMerge::last_block});
+  v.push_back({.name = "merge last_block, 7 splits", .merge = DecodeMerge::last_block, .splits = 7});
+  if (paged) {
+    v.push_back({.name = "pages per row", .lookup = PageLookup::per_row});
+    v.push_back({.name = "pages per warp", .lookup = PageLookup::per_warp});
+  }
+  v.push_back({.name = "all changed", .stages = d128 ? 6 : 0, .merge = DecodeMerge::last_block,
+               .lookup = paged ? PageLookup::per_warp : PageLookup::automatic});
+  return v;
+}
+
+FlashDecodeOptions with(FlashDecodeOptions o, const Variant& v) {
+  o.stages = v.stages;
+  o.merge = v.merge;
+  o.page_lookup = v.lookup;
+  if (v.splits) o.splits = v.splits;
+  return o;
+}
+
+/// Runs the case with every kernel variant and compares each with a float64 attention (computed
+/// once); returns "" or what is wrong. Then, at the default plan's split count forced, the stage
+/// counts and page lookups must give the same bits as the default kernel with the same merge: they
+/// change where bytes come from and when, not the arithmetic.
+std::string check_against_reference(const Case& cs) {
+  Problem pr(cs);
+  const Reference ref = reference(pr);
+  std::string bad;
+  const std::vector<Variant> variants = variants_for(cs);
+  int default_splits = 0;
+  for (const Variant& v : variants) {
+    const Outputs got = run_plan(pr, with(pr.o, v));
+    if (v.name == "default") default_splits = got.splits;
+    const std::string why = compare(pr, ref, got);
+    if (!why.empty()) bad += str("\n  ", cs.name, ", ", v.name, " (", got.splits, " splits):", why);
+  }
+  for (DecodeMerge merge : {DecodeMerge::launch, DecodeMerge::last_block}) {
+    // A merge needs more than one split: at one, the last_block variants run at 2.
+    FlashDecodeOptions base = pr.o;
+    base.splits = pr.o.splits ? pr.o.splits : default_splits;
+    if (merge == DecodeMerge::last_block && base.splits == 1) base.splits = 2;
+    base.merge = merge;
+    const Outputs first = run_plan(pr, base);
+    for (const Variant& v : variants) {
+      if (v.stages == 0 && v.lookup == PageLookup::automatic) continue;
+      FlashDecodeOptions o = with(base, v);
+      o.merge = merge;
+      o.splits = base.splits;
+      if (!(run_plan(pr, o) == first))
+        bad += str("\n  ", cs.name, ", ", v.name, " at ", base.splits, " splits, merge ", to_string(merge),
+                   ": not the same bits as the default kernel's");
+    }
+  }
   return bad;
 }
 
@@ -276,52 +392,65 @@ TEST(FlashDecode, GroupsWiderThanOneTileHeadDim64AndForcedSplits) {
       EXPECT_EQ(check_against_reference({.name = str("head dim 64, ", to_string(t), ", ", to_string(layout)),
                                          .dtype = t, .q_heads = 32, .kv_heads = 8, .head_dim = 64,
                                          .layout = layout, .page_size = 32, .lens = {5000, 33, 1}}), "");
+  // Every variant at each forced count (check_against_reference runs them all): 128 splits fill the
+  // last_block merge's weights in shared memory to the limit.
   for (int splits : {1, 2, 7, 128})
     EXPECT_EQ(check_against_reference({.name = str(splits, " splits forced"), .q_heads = 32, .kv_heads = 8,
                                        .lens = {9000, 100, 1}, .splits = splits}), "");
+  EXPECT_EQ(check_against_reference({.name = "96/12 heads, 128 splits forced, page 16", .q_heads = 96, .kv_heads = 12,
+                                     .lens = {9000, 4097}, .splits = 128}), "");
 }
 
 TEST(FlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
   Problem pr({.name = "batch 4, 32/8", .q_heads = 32, .kv_heads = 8, .page_size = 16, .lens = {8191, 33, 20000, 1}});
-  cudaStream_t s = test::stream();
-  FlashDecode op(pr.o);
-  ASSERT_GT(op.splits(), 1) << "the test wants the merge launch";
-  const std::size_t out_bytes = pr.q.size() * 2, lse_bytes = std::size_t(pr.batch) * pr.c.q_heads * 4;
-  void *first_out, *first_lse;
-  unsigned long long* mismatches;
-  WEFT_CUDA(cudaMalloc(&first_out, out_bytes));
-  WEFT_CUDA(cudaMalloc(&first_lse, lse_bytes));
-  WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&mismatches), 2 * sizeof(unsigned long long)));
-  WEFT_CUDA(cudaMemsetAsync(mismatches, 0, 2 * sizeof(unsigned long long), s));
-  pr.poison_outputs(s);
-  op.run(pr.args(), s);
-  WEFT_CUDA(cudaMemcpyAsync(first_out, pr.dout, out_bytes, cudaMemcpyDeviceToDevice, s));
-  WEFT_CUDA(cudaMemcpyAsync(first_lse, pr.dlse, lse_bytes, cudaMemcpyDeviceToDevice, s));
-  for (int i = 0; i < 100; ++i) {
+  // The default kernel, then the variants [0064]: the last_block merge's arrival counters must come
+  // back to zero after every run and every replay, or a later run would merge early or never.
+  for (const Variant& v : {Variant{.name = "default"},
+                           Variant{.name = "merge last_block", .merge = DecodeMerge::last_block},
+                           Variant{.name = "stages 4, pages per warp", .stages = 4, .lookup = PageLookup::per_warp},
+                           Variant{.name = "stages 6, pages per warp, last_block", .stages = 6,
+                                   .merge = DecodeMerge::last_block, .lookup = PageLookup::per_warp}}) {
+    SCOPED_TRACE(v.name);
+    cudaStream_t s = test::stream();
+    FlashDecode op(with(pr.o, v));
+    ASSERT_GT(op.splits(), 1) << "the test wants the merge";
+    const std::size_t out_bytes = pr.q.size() * 2, lse_bytes = std::size_t(pr.batch) * pr.c.q_heads * 4;
+    void *first_out, *first_lse;
+    unsigned long long* mismatches;
+    WEFT_CUDA(cudaMalloc(&first_out, out_bytes));
+    WEFT_CUDA(cudaMalloc(&first_lse, lse_bytes));
+    WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&mismatches), 2 * sizeof(unsigned long long)));
+    WEFT_CUDA(cudaMemsetAsync(mismatches, 0, 2 * sizeof(unsigned long long), s));
+    pr.poison_outputs(s);
+    op.run(pr.args(), s);
+    WEFT_CUDA(cudaMemcpyAsync(first_out, pr.dout, out_bytes, cudaMemcpyDeviceToDevice, s));
+    WEFT_CUDA(cudaMemcpyAsync(first_lse, pr.dlse, lse_bytes, cudaMemcpyDeviceToDevice, s));
+    for (int i = 0; i < 100; ++i) {
+      pr.poison_outputs(s);
+      op.run(pr.args(), s);
+      bench::accumulate_mismatches(pr.dout, first_out, out_bytes, mismatches, s);
+      bench::accumulate_mismatches(pr.dlse, first_lse, lse_bytes, mismatches + 1, s);
+    }
+    // The same calls captured once, replayed 1000 times: each replay equals the eager run.
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     pr.poison_outputs(s);
     op.run(pr.args(), s);
     bench::accumulate_mismatches(pr.dout, first_out, out_bytes, mismatches, s);
     bench::accumulate_mismatches(pr.dlse, first_lse, lse_bytes, mismatches + 1, s);
+    WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+    WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 1000; ++i) WEFT_CUDA(cudaGraphLaunch(exec, s));
+    unsigned long long host[2];
+    WEFT_CUDA(cudaMemcpyAsync(host, mismatches, sizeof(host), cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA(cudaStreamSynchronize(s));
+    EXPECT_EQ(host[0], 0u) << "output bytes that differed from the first run, over 100 runs and 1000 replays";
+    EXPECT_EQ(host[1], 0u) << "lse bytes that differed from the first run, over 100 runs and 1000 replays";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    for (void* p : {first_out, first_lse, static_cast<void*>(mismatches)}) cudaFree(p);
   }
-  // The same calls captured once, replayed 1000 times: each replay equals the eager run.
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  pr.poison_outputs(s);
-  op.run(pr.args(), s);
-  bench::accumulate_mismatches(pr.dout, first_out, out_bytes, mismatches, s);
-  bench::accumulate_mismatches(pr.dlse, first_lse, lse_bytes, mismatches + 1, s);
-  WEFT_CUDA(cudaStreamEndCapture(s, &graph));
-  WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 1000; ++i) WEFT_CUDA(cudaGraphLaunch(exec, s));
-  unsigned long long host[2];
-  WEFT_CUDA(cudaMemcpyAsync(host, mismatches, sizeof(host), cudaMemcpyDeviceToHost, s));
-  WEFT_CUDA(cudaStreamSynchronize(s));
-  EXPECT_EQ(host[0], 0u) << "output bytes that differed from the first run, over 100 runs and 1000 replays";
-  EXPECT_EQ(host[1], 0u) << "lse bytes that differed from the first run, over 100 runs and 1000 replays";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  for (void* p : {first_out, first_lse, static_cast<void*>(mismatches)}) cudaFree(p);
 }
 
 TEST(FlashDecode, RefusesBadOptionsAndArgumentsNamingWhy) {
@@ -358,6 +487,10 @@ TEST(FlashDecode, RefusesBadOptionsAndArgumentsNamingWhy) {
        "max_pages_per_seq = 0 must be positive"},
       {with([](auto& o) { o.splits = 1000; }), "splits = 1000 must be 0"},
       {with([](auto& o) { o.softmax_scale = -1; }), "softmax_scale = -1 must be finite"},
+      {with([](auto& o) { o.stages = 5; }), "stages = 5 is not built at head_dim = 128: expected 0"},
+      {with([](auto& o) { o.stages = 4; o.head_dim = 64; }), "stages = 4 is not built at head_dim = 64"},
+      {with([](auto& o) { o.page_lookup = PageLookup::per_warp; }),
+       "page_lookup = warp is for KvLayout::paged; the contiguous layout takes PageLookup::automatic"},
   };
   for (const auto& c : cases) EXPECT_NE(c.error.find(c.expected), std::string::npos) << c.error;
 

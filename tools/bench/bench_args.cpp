@@ -213,6 +213,15 @@ const OptionInfo kOptions[] = {
      "every sequence; reports FlashDecode over the shard alone, the distributed call, and their\n"
      "difference, the exchange and combine (default off)"},
     {"--splits", true, kDecode, "--splits N", "KV splits per (sequence, KV head), 0 to 128; 0: the plan chooses (default 0)"},
+    {"--stages", true, kDecode, "--stages N",
+     "the kernel's pipeline stages: 3, 4 or 6 at head dim 128; 0: the default (3) (default 0)"},
+    {"--merge", true, kDecode, "--merge M", "how splits merge: launch, last_block or auto (default auto: launch)"},
+    {"--page-lookup", true, kDecode, "--page-lookup L",
+     "paged cases: how a tile finds its pages: row, warp or auto (default auto: row)"},
+    {"--sweep", false, kDecode, "--sweep",
+     "per case, time every kernel variant (split counts, stage counts, merges, page lookups)\n"
+     "against the default, in turn with it, and print each one's TB/s beside the default's\n"
+     "(--splits, --stages, --merge and --page-lookup do not apply) (default off)"},
     {"--chunks", true, kOverlap, "--chunks N",
      "copy and signal chunks per rank's rows, 1 to 4096 (default: the plan's)"},
     {"--way", true, kAgGemm, "--way W",
@@ -599,6 +608,10 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--cases") args.decode_cases = parse_decode_cases(v);
     else if (a == "--dist") args.dist = true;
     else if (a == "--splits") args.splits = parse_int(a, v, 0, 128);
+    else if (a == "--stages") args.stages = parse_int(a, v, 0, 6);
+    else if (a == "--merge") args.merge = v;
+    else if (a == "--page-lookup") args.page_lookup = v;
+    else if (a == "--sweep") args.sweep = true;
     else if (a == "--shapes") {
       args.shapes = parse_shapes(v);
       shapes_given = true;
@@ -693,6 +706,11 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
                                            "32,32,8,32768,16");
   WEFT_REQUIRE(args.op != "decode" || args.dtype == "bf16" || args.dtype == "fp16",
                "decode takes --dtype bf16 or fp16, got '", args.dtype, "'");
+  WEFT_REQUIRE(args.merge == "auto" || args.merge == "launch" || args.merge == "last_block",
+               "--merge takes launch, last_block or auto, got '", args.merge, "'");
+  WEFT_REQUIRE(args.page_lookup == "auto" || args.page_lookup == "row" || args.page_lookup == "warp",
+               "--page-lookup takes row, warp or auto, got '", args.page_lookup, "'");
+  WEFT_REQUIRE(!args.sweep || !args.dist, "--sweep and --dist time different things: give one");
   const int elem = dtype_bytes(args.dtype);
   if (args.op == "gemm") {
     WEFT_REQUIRE(args.dtype != "fp32", "gemm takes --dtype bf16 or fp16, got 'fp32'");

@@ -48,18 +48,27 @@ class DistFlashDecode {
   /// (optional), the attention over every rank's keys, on every rank.
   void run(const FlashDecodeArgs& local, cudaStream_t stream);
 
+  /// Collective. Step 2 alone: the exchange and merge over the partials the
+  /// last run() left in the local plan's workspace (the same q, shard and
+  /// lengths), writing out and lse as that run did - the same bits. What the
+  /// combine step costs on its own (weft-bench decode --dist); run() first.
+  void combine(const FlashDecodeArgs& local, cudaStream_t stream);
+
   /// The local attention's plan (its split count).
   const FlashDecode& local() const { return *local_; }
   /// Thread blocks of the exchange kernel.
   int exchange_blocks() const { return blocks_; }
 
  private:
+  void launch_exchange(const FlashDecodeArgs& local, cudaStream_t stream);
+
   std::shared_ptr<Context> ctx_;
   std::unique_ptr<FlashDecode> local_;
   int blocks_ = 1;
   SymmetricBuffer staging_;
   SignalArray signals_;
   std::uint64_t runs_ = 0;
+  bool ran_ = false;  // run() has filled the local partials once
 };
 
 }  // namespace weft

@@ -34,10 +34,13 @@
 // every head of a group shares one read of K and V. Each block keeps an
 // online softmax in fp32 and writes its partial (output, lse); a second,
 // tiny launch merges the partials by their log-sum-exp in a fixed order
-// (attention_detail::LseMerge). With one split the first launch writes the
-// result itself. Runs are bitwise repeatable, allocate nothing, never
-// synchronise the host and can be captured in a CUDA graph; the workspace
-// for the partials is allocated once, by the constructor.
+// (attention_detail::LseMerge), or, with DecodeMerge::last_block, the last
+// block of each (sequence, KV head) to finish merges them in the same
+// launch. With one split the first launch writes the result itself. Runs
+// are bitwise repeatable, allocate nothing, never synchronise the host and
+// can be captured in a CUDA graph; the workspace for the partials is
+// allocated once, by the constructor. The kernel variant (stage count,
+// merge, page lookup) is an option of the plan [0064].
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,6 +60,25 @@ enum class KvLayout {
 /// "contiguous", "paged".
 const char* to_string(KvLayout layout);
 
+/// How the splits' partial results are merged when a plan has more than one
+/// split (with one split the attention launch writes the result itself).
+enum class DecodeMerge {
+  automatic,  ///< the plan's choice: launch
+  launch,     ///< a second, small launch, one warp per (sequence, query head) [0053]
+  last_block  ///< in the attention launch: the last block of a (sequence, KV head) to finish merges its splits [0064]
+};
+/// "auto", "launch", "last_block".
+const char* to_string(DecodeMerge merge);
+
+/// How a paged tile finds the physical pages of its keys.
+enum class PageLookup {
+  automatic,  ///< the plan's choice: per_row (the contiguous layout has no pages)
+  per_row,    ///< each thread reads the block-table entry of each key row it copies [0053]
+  per_warp    ///< each warp reads the tile's entries once (a lane per page) and passes them by shuffles [0064]
+};
+/// "auto", "row", "warp".
+const char* to_string(PageLookup lookup);
+
 /// What a FlashDecode plan is built for.
 struct FlashDecodeOptions {
   int batch = 1;          ///< sequences, 1 to 1024
@@ -75,6 +97,13 @@ struct FlashDecodeOptions {
   float softmax_scale = 0;    ///< 0: 1 / sqrt(head_dim)
   int splits = 0;             ///< KV splits per (sequence, KV head); 0: from the SM count (recommended)
   int sm_count = 0;           ///< SMs to fill; 0: this process's device attribute
+  /// K and V pipeline stages of 64 keys (the kernel variant). 0: the default,
+  /// 3 at head dim 128 (96 KB, two blocks per SM) and 6 at head dim 64.
+  /// Head dim 128 also has 4 and 6 (128 and 192 KB: one block per SM, 3 and
+  /// 5 tiles in flight) [0064]; the split count follows the occupancy.
+  int stages = 0;
+  DecodeMerge merge = DecodeMerge::automatic;       ///< how more than one split is merged
+  PageLookup page_lookup = PageLookup::automatic;  ///< paged: how a tile finds its pages
 
   /// "" if a plan can be built for these options, else what is wrong, naming
   /// the field and what it must be.
@@ -119,7 +148,15 @@ class FlashDecode {
   /// KV splits per (sequence, KV head): thread blocks of the first launch =
   /// splits x kv_heads x batch x ceil(group / 16).
   int splits() const { return splits_; }
-  /// Bytes of the partials' workspace (0 with one split).
+  /// Pipeline stages of the attention kernel (options().stages resolved).
+  int stages() const { return stages_; }
+  /// How the splits are merged (options().merge resolved: launch or
+  /// last_block; with one split neither runs).
+  DecodeMerge merge() const { return merge_; }
+  /// Paged: how a tile finds its pages (per_row or per_warp); contiguous: automatic.
+  PageLookup page_lookup() const { return page_lookup_; }
+  /// Bytes of the partials' workspace (0 with one split), with the last_block
+  /// merge's arrival counters.
   std::uint64_t workspace_bytes() const { return workspace_bytes_; }
   /// Bytes of K and V one run reads for sequences of `total_keys` keys in
   /// all: 2 x total_keys x kv_heads x head_dim x element size.
@@ -134,14 +171,20 @@ class FlashDecode {
   FlashDecode(const FlashDecodeOptions& o, bool partials_only);
   const float* partial_outputs() const { return static_cast<const float*>(workspace_); }
   const float* partial_lses() const;
+  /// The last_block merge runs (its arrival counters follow the partials in the workspace).
+  bool uses_arrivals() const;
 
   FlashDecodeOptions o_;
   bool partials_only_ = false;
   int splits_ = 1;
+  int stages_ = 3;
+  DecodeMerge merge_ = DecodeMerge::launch;
+  PageLookup page_lookup_ = PageLookup::automatic;
   int sm_count_ = 0;
   float scale_ = 0;
   void* workspace_ = nullptr;
   std::uint64_t workspace_bytes_ = 0;
+  std::uint64_t arrivals_offset_ = 0;
 };
 
 }  // namespace weft

@@ -134,12 +134,26 @@ DistFlashDecode::DistFlashDecode(std::shared_ptr<Context> ctx, const FlashDecode
 DistFlashDecode::~DistFlashDecode() = default;
 
 void DistFlashDecode::run(const FlashDecodeArgs& args, cudaStream_t stream) {
-  using namespace attention_detail;
-  const FlashDecodeOptions& o = local_->options();
   WEFT_REQUIRE(args.out != nullptr, "DistFlashDecode::run: out must not be null");
   WEFT_REQUIRE(reinterpret_cast<std::uintptr_t>(args.out) % 16 == 0, "DistFlashDecode::run: out must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("DistFlashDecode run #", ++runs_));
   local_->run(args, stream);
+  ran_ = true;
+  launch_exchange(args, stream);
+}
+
+void DistFlashDecode::combine(const FlashDecodeArgs& args, cudaStream_t stream) {
+  WEFT_REQUIRE(args.out != nullptr, "DistFlashDecode::combine: out must not be null");
+  WEFT_REQUIRE(reinterpret_cast<std::uintptr_t>(args.out) % 16 == 0,
+               "DistFlashDecode::combine: out must be 16-byte aligned");
+  WEFT_REQUIRE(ran_, "DistFlashDecode::combine: run() must come first (combine merges the partials run() left)");
+  if (ctx_->check_calls()) ctx_->verify_same_call(str("DistFlashDecode combine #", ++runs_));
+  launch_exchange(args, stream);
+}
+
+void DistFlashDecode::launch_exchange(const FlashDecodeArgs& args, cudaStream_t stream) {
+  using namespace attention_detail;
+  const FlashDecodeOptions& o = local_->options();
   ExchangeArgs a{ctx_->world(),
                  local_->partial_outputs(),
                  local_->partial_lses(),

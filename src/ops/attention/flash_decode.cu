@@ -18,7 +18,16 @@
 // query head) merges the splits' (output, lse) in split order
 // (attention_detail::LseMerge), so the result is the same bits every run.
 // Both launches use programmatic dependent launch: the merge is scheduled
-// while the first launch drains.
+// while the first launch drains. DecodeMerge::last_block instead counts the
+// blocks of each (sequence, KV head, head tile) as they finish; the last one
+// merges its splits in the same launch [0064].
+//
+// Variants, chosen per plan (FlashDecodeOptions; weft-bench decode --sweep
+// times them side by side) [0064]: the stage count (3, 4 or 6 at head dim
+// 128), the merge (launch, last_block) and, paged, how a tile finds its pages
+// (per row, per warp). The stage count and the page lookup change where the
+// bytes come from and when, never the arithmetic: their results are the same
+// bits for the same split count.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,20 +56,56 @@ constexpr int kMinKeysPerSplit = 256;   // 4 tiles: below this a split's pipelin
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-/// Shapes of the first launch for head dimension D.
+/// The default stage count at head dimension D: 96 KB either way, two blocks per SM.
 template <int D>
+constexpr int kDefaultStages = D == 128 ? 3 : 6;
+
+// The stage counts built at head dim 128, and what they mean at 32/8 heads,
+// 32K keys, batch 1 (134 MB of K and V: 31 us at 4.3 TB/s; the default ran
+// 45.1 us, SDPA 43.8, on one H200). A block reads at most (bytes in flight) /
+// (latency), about 3 us under load (decode_split.hpp), so the HBM stays busy
+// only while enough blocks run; the end of a launch - blocks finishing
+// unevenly, fewer and fewer left - is where a short launch loses.
+//   3 stages (default): 96 KB, two blocks per SM, 264 slots: 32 splits, 256
+//     blocks of 1024 keys, 2 tiles (64 KB) in flight per block, 128 KB per
+//     SM; the HBM stays busy down to about 200 running blocks (78 %).
+//   4 stages: 128 KB, one block per SM, 132 slots: 16 splits, 128 blocks of
+//     2048 keys, 3 tiles (96 KB) in flight per block and per SM, a quarter
+//     less: 4.25 TB/s would take about 133 such blocks, more than there are.
+//   6 stages: 192 KB, one block per SM: 16 splits, 5 tiles (160 KB) in
+//     flight per block and SM, 2.5x a default block's reach: the HBM stays
+//     busy down to about 80 running blocks (63 %), a shorter tail - at 4
+//     warps an SM instead of 8, the tensor-core and softmax work of a tile
+//     has fewer warps to hide behind.
+//   More splits (--splits 64): 512 blocks in two waves, 512 keys each: the
+//     tail is half a block long, the merge reads twice the partials.
+
+/// Shapes of the first launch for head dimension D and S pipeline stages.
+template <int D, int S>
 struct Tile {
   static constexpr int kChunks = D * 2 / 16;                  // 16-byte chunks per row
   static constexpr int kRowsPerPass = kThreads / kChunks;     // rows one pass of the block loads
   static constexpr int kRowsPerThread = kTileKeys / kRowsPerPass;
   static constexpr int kTileBytes = kTileKeys * D * 2;        // K or V of one tile
-  static constexpr int kStages = D == 128 ? 3 : 6;            // 96 KB either way: two blocks per SM
+  static constexpr int kStages = S;
   static constexpr int kSmemBytes = kStages * 2 * kTileBytes;
+  static constexpr int kBlocksPerSm = kSmemBytes <= 113 * 1024 ? 2 : 1;
   // The end-of-block merge of the warps reuses the stages: outputs, then max and sum.
   static constexpr int kMergeBytes = kWarps * kHeadsPerBlock * D * 4 + 2 * kWarps * kHeadsPerBlock * 4;
+  // The last_block merge reuses them too: weights [16 heads][splits], then each head's scale and lse.
+  static constexpr int kLastMergeBytes = (kHeadsPerBlock * kMaxSplits + 2 * kHeadsPerBlock) * 4;
+  static_assert(S >= 2, "a stage computed while the next lands");
   static_assert(kThreads % kChunks == 0 && kTileKeys % kRowsPerPass == 0, "whole rows per pass");
-  static_assert(kMergeBytes <= kSmemBytes, "the warps' merge fits in the pipeline's shared memory");
-  static_assert(kSmemBytes <= 113 * 1024, "two blocks per SM");
+  static_assert(kMergeBytes <= kSmemBytes && kLastMergeBytes <= kSmemBytes,
+                "the merges fit in the pipeline's shared memory");
+  static_assert(kSmemBytes <= 227 * 1024, "one block per SM at least");
+};
+
+/// Where a tile's key rows come from.
+enum class Cache {
+  contiguous,  // one run per (sequence, KV head)
+  paged_rows,  // PageLookup::per_row
+  paged_warp   // PageLookup::per_warp
 };
 
 struct Params {
@@ -77,8 +122,12 @@ struct Params {
   bool final_output;        // one split, and the caller wants the result: the first launch writes it
   std::int64_t max_kv_len;  // lengths are clamped to the cache's capacity
   int page_size, max_pages;  // paged only
+  FastDiv page_div;          // paged: division by page_size
   std::int64_t page_stride, head_stride;  // elements; a key row is D elements
   float scale_log2;  // softmax scale x log2(e)
+  // DecodeMerge::last_block: blocks of each (sequence, KV head, head tile) that have written their
+  // partial, [batch][kv_heads][head_tiles]; zero between runs. Null: the merge launch (or one split).
+  std::uint64_t* arrivals;
 };
 
 // Byte offset of 16-byte chunk c of row r in a swizzled tile of D-element rows.
@@ -150,10 +199,15 @@ __device__ __forceinline__ void split_range(std::int64_t len, int splits, int sp
   end = begin + per < len ? begin + per : len;
 }
 
-template <class T, int D, bool kPaged>
-__global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const Params p) {
-  using Cfg = Tile<D>;
+template <class T, int D>
+__device__ void merge_splits_in_block(const Params& p, unsigned char* smem, std::int64_t head0, int rows);
+
+template <class T, int D, int S, Cache kCache>
+__global__ void __launch_bounds__(kThreads, Tile<D, S>::kBlocksPerSm) flash_decode_kernel(const Params p) {
+  using Cfg = Tile<D, S>;
+  constexpr bool kPaged = kCache != Cache::contiguous;
   extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int last_to_arrive;  // DecodeMerge::last_block: this block merges its splits
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;  // the mma fragment's row group and column pair
   const int head_tile = blockIdx.x % p.head_tiles, split = blockIdx.x / p.head_tiles;
@@ -190,16 +244,32 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const Params 
   const T* v_base = static_cast<const T*>(p.v) + kvh * p.head_stride;
   const int my_chunk = tid % Cfg::kChunks, my_row = tid / Cfg::kChunks;
   const std::uint32_t smem_base = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  // Paged: the page of each of this thread's rows in the next tile to load, fetched one tile ahead so
-  // the block-table read is off the path that issues the copies.
-  int pages[Cfg::kRowsPerThread];
+  // Paged, per row: the page of each of this thread's rows in the next tile to load, fetched one tile
+  // ahead so the block-table read is off the path that issues the copies.
+  // Paged, per warp: lane l holds the block-table entry of the next tile's l-th page (a tile of 64 keys
+  // spans at most 5 pages of 16 or more), read in one coalesced load per warp, one tile ahead; each row
+  // takes its page from the lane that holds it. The tile's first page and the offset of its first key
+  // in it are kept beside it, so a row's page is (offset + row) / page_size, a multiply-high.
+  constexpr int kPageRegs = kCache == Cache::paged_rows ? Cfg::kRowsPerThread : 1;
+  int pages[kPageRegs];
+  std::uint32_t next_first_page = 0, next_offset = 0;
   const std::int32_t* table = kPaged ? p.block_table + std::int64_t{b} * p.max_pages : nullptr;
   auto fetch_pages = [&](int tile) {
-    if constexpr (kPaged) {
+    if constexpr (kCache == Cache::paged_rows) {
 #pragma unroll
       for (int j = 0; j < Cfg::kRowsPerThread; ++j) {
         const std::int64_t t = begin + std::int64_t{tile} * kTileKeys + my_row + j * Cfg::kRowsPerPass;
         pages[j] = t < end ? table[static_cast<unsigned>(t) / static_cast<unsigned>(p.page_size)] : 0;  // t < 2^31
+      }
+    } else if constexpr (kCache == Cache::paged_warp) {
+      const std::int64_t t0 = begin + std::int64_t{tile} * kTileKeys;
+      pages[0] = 0;
+      if (t0 < end) {  // uniform over the block
+        const std::int64_t t_last = (t0 + kTileKeys < end ? t0 + kTileKeys : end) - 1;
+        next_first_page = p.page_div.div(static_cast<std::uint32_t>(t0));  // keys < 2^31
+        next_offset = static_cast<std::uint32_t>(t0) - next_first_page * p.page_div.d;
+        const std::uint32_t last_page = p.page_div.div(static_cast<std::uint32_t>(t_last));
+        if (static_cast<std::uint32_t>(lane) <= last_page - next_first_page) pages[0] = table[next_first_page + lane];
       }
     }
   };
@@ -212,11 +282,20 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const Params 
       const std::int64_t t = t0 + r;
       const bool valid = t < end;
       std::int64_t off;  // element offset of the row's chunk from the KV head's base
-      if constexpr (kPaged)
+      if constexpr (kCache == Cache::paged_rows) {
         off = std::int64_t{pages[j]} * p.page_stride +
               (valid ? static_cast<unsigned>(t) % static_cast<unsigned>(p.page_size) : 0u) * D + my_chunk * 8;
-      else
+      } else if constexpr (kCache == Cache::paged_warp) {
+        // Every lane takes part in the shuffle; a row past the range reads nothing (src-size 0) and
+        // points into the tile's first page (or page 0), an address inside the cache.
+        const std::uint32_t at = next_offset + static_cast<std::uint32_t>(r);  // < 256 + 64
+        const std::uint32_t page_in_tile = p.page_div.div(at);                 // < 20
+        const int page = __shfl_sync(0xffffffffu, pages[0], static_cast<int>(page_in_tile));
+        const std::uint32_t key_in_page = valid ? at - page_in_tile * p.page_div.d : 0u;
+        off = std::int64_t{valid ? page : 0} * p.page_stride + std::int64_t{key_in_page} * D + my_chunk * 8;
+      } else {
         off = std::int64_t{b} * p.page_stride + (valid ? t : 0) * D + my_chunk * 8;
+      }
       const int s = swizzle<D>(r, my_chunk);
       cp_async_16(k_smem + s, k_base + off, valid);
       cp_async_16(v_smem + s, v_base + off, valid);
@@ -372,6 +451,81 @@ __global__ void __launch_bounds__(kThreads, 2) flash_decode_kernel(const Params 
       if (d == 0) p.part_lse[part] = lse;
     }
   }
+  if (p.arrivals != nullptr) {  // DecodeMerge::last_block
+    std::uint64_t* arrivals = p.arrivals + (std::int64_t{b} * p.kv_heads + kvh) * p.head_tiles + head_tile;
+    __syncthreads();  // every thread's partial is stored before thread 0's release below
+    if (tid == 0) {
+      // Device scope, acquire-release: releases this block's partial (the barrier above orders the
+      // other threads' stores before it; a release is cumulative) and, in the last block to arrive,
+      // acquires every other block's. The barrier below passes that on to the block's threads.
+      const std::uint64_t before = dev::atomic_add(arrivals, 1, dev::Scope::gpu, dev::Order::acq_rel);
+      last_to_arrive = before == static_cast<std::uint64_t>(p.splits) - 1;
+      // Zero for the next run: it reads the counter only after this grid has completed (pdl_wait).
+      if (last_to_arrive) dev::st_relaxed(arrivals, 0, dev::Scope::gpu);
+    }
+    __syncthreads();
+    if (last_to_arrive) merge_splits_in_block<T, D>(p, smem, head0, rows);
+  }
+}
+
+/// DecodeMerge::last_block: the block that completed a (sequence, KV head, head tile) merges that
+/// tile's `rows` query heads over every split: per head, the largest lse (exact in any order), each
+/// split's weight exp(lse_s - max), their sum in a fixed order (each lane's splits in order, then a
+/// butterfly whose partners add the same two values), and the weighted sum of the splits' outputs in
+/// split order: the same bits every run. Partials are read from L2 (ld.global.cg): other SMs wrote them.
+template <class T, int D>
+__device__ void merge_splits_in_block(const Params& p, unsigned char* smem, std::int64_t head0, int rows) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int splits = p.splits;
+  float* weight = reinterpret_cast<float*>(smem);          // [rows][splits]: the lses, then the weights
+  float* scale = weight + kHeadsPerBlock * kMaxSplits;     // [rows]: 1 / sum of the weights
+  float* lse = scale + kHeadsPerBlock;                     // [rows]
+  const float* part_lse = p.part_lse + head0 * splits;     // the rows' lses are contiguous: [rows][splits]
+  for (int i = tid; i < rows * splits; i += kThreads) weight[i] = __ldcg(part_lse + i);
+  __syncthreads();
+  for (int r = warp; r < rows; r += kWarps) {
+    float* w = weight + r * splits;
+    float mx = -INFINITY;
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, w[s]);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    for (int s = lane; s < splits; s += 32) {
+      const float l = w[s];
+      const float e = l == -INFINITY ? 0.f : expf(l - mx);  // an empty split (or all empty: mx = -inf) weighs 0
+      w[s] = e;
+      sum += e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+      scale[r] = sum > 0.f ? 1.0f / sum : 0.f;
+      lse[r] = sum > 0.f ? mx + logf(sum) : -INFINITY;
+    }
+  }
+  __syncthreads();
+  constexpr int kVecs = D / 4;  // float4 per row
+  for (int i = tid; i < rows * kVecs; i += kThreads) {
+    const int r = i / kVecs, c4 = i % kVecs;
+    const float4* o = reinterpret_cast<const float4*>(p.part_o + (head0 + r) * splits * D) + c4;
+    const float* w = weight + r * splits;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {  // independent loads: up to 8 in flight
+      const float4 v = __ldcg(o + s * kVecs);
+      acc.x += w[s] * v.x;
+      acc.y += w[s] * v.y;
+      acc.z += w[s] * v.z;
+      acc.w += w[s] * v.w;
+    }
+    const float sc = scale[r];
+    T* out = static_cast<T*>(p.out) + (head0 + r) * D + 4 * c4;
+    out[0] = static_cast<T>(acc.x * sc);
+    out[1] = static_cast<T>(acc.y * sc);
+    out[2] = static_cast<T>(acc.z * sc);
+    out[3] = static_cast<T>(acc.w * sc);
+  }
+  if (tid < rows && p.lse) p.lse[head0 + tid] = lse[tid];
 }
 
 /// One warp per (sequence, query head): merges the splits' partials in split order.
@@ -407,19 +561,19 @@ __global__ void __launch_bounds__(128) flash_decode_merge_kernel(const Params p,
   if (lane == 0 && p.lse) p.lse[row] = merge.lse();
 }
 
-template <class T, int D, bool kPaged>
+template <class T, int D, int S, Cache kCache>
 void launch_attention(const Params& p, dim3 grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Tile<D>::kSmemBytes;
+  cfg.dynamicSmemBytes = Tile<D, S>::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = ops_detail::pdl_enabled() ? 1 : 0;
-  WEFT_CUDA(cudaLaunchKernelEx(&cfg, flash_decode_kernel<T, D, kPaged>, p));
+  WEFT_CUDA(cudaLaunchKernelEx(&cfg, flash_decode_kernel<T, D, S, kCache>, p));
 }
 
 template <class T, int D>
@@ -436,19 +590,57 @@ void launch_merge(const Params& p, int rows, cudaStream_t stream) {
   WEFT_CUDA(cudaLaunchKernelEx(&cfg, flash_decode_merge_kernel<T, D>, p, rows));
 }
 
-/// Calls fn(T{}, std::integral_constant<int, D>{}, std::bool_constant<paged>{}) for the options' types.
+/// A plan's attention kernel: its template arguments, resolved from the options.
+struct Variant {
+  DType dtype;
+  int head_dim, stages;
+  Cache cache;
+};
+
+Variant variant_of(const FlashDecodeOptions& o) {
+  Variant v{o.dtype, o.head_dim, o.stages, Cache::contiguous};
+  if (v.stages == 0) v.stages = o.head_dim == 128 ? kDefaultStages<128> : kDefaultStages<64>;
+  if (o.layout == KvLayout::paged)
+    v.cache = o.page_lookup == PageLookup::per_warp ? Cache::paged_warp : Cache::paged_rows;
+  return v;
+}
+
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+/// Calls fn(T{}, Int<D>{}, Int<S>{}, std::integral_constant<Cache, C>{}) for the variant (check() has
+/// refused stage counts that are not built).
 template <class Fn>
-void dispatch(const FlashDecodeOptions& o, Fn&& fn) {
-  auto by_dim = [&](auto t) {
-    auto by_layout = [&](auto d) {
-      if (o.layout == KvLayout::paged) fn(t, d, std::true_type{});
-      else fn(t, d, std::false_type{});
-    };
-    if (o.head_dim == 64) by_layout(std::integral_constant<int, 64>{});
-    else by_layout(std::integral_constant<int, 128>{});
+void dispatch(const Variant& v, Fn&& fn) {
+  auto by_cache = [&](auto t, auto d, auto s) {
+    switch (v.cache) {
+      case Cache::contiguous: fn(t, d, s, std::integral_constant<Cache, Cache::contiguous>{}); return;
+      case Cache::paged_rows: fn(t, d, s, std::integral_constant<Cache, Cache::paged_rows>{}); return;
+      case Cache::paged_warp: fn(t, d, s, std::integral_constant<Cache, Cache::paged_warp>{}); return;
+    }
   };
-  if (o.dtype == DType::fp16) by_dim(__half{});
+  auto by_stages = [&](auto t, auto d) {
+    if constexpr (decltype(d)::value == 128) {
+      if (v.stages == 4) by_cache(t, d, Int<4>{});
+      else if (v.stages == 6) by_cache(t, d, Int<6>{});
+      else by_cache(t, d, Int<kDefaultStages<128>>{});
+    } else {
+      by_cache(t, d, Int<kDefaultStages<64>>{});
+    }
+  };
+  auto by_dim = [&](auto t) {
+    if (v.head_dim == 64) by_stages(t, Int<64>{});
+    else by_stages(t, Int<128>{});
+  };
+  if (v.dtype == DType::fp16) by_dim(__half{});
   else by_dim(__nv_bfloat16{});
+}
+
+/// Shared memory of the variant's attention kernel.
+int smem_bytes(const Variant& v) {
+  int bytes = 0;
+  dispatch(v, [&](auto, auto d, auto s, auto) { bytes = Tile<decltype(d)::value, decltype(s)::value>::kSmemBytes; });
+  return bytes;
 }
 
 int head_tiles(const FlashDecodeOptions& o) {
@@ -463,6 +655,12 @@ std::int64_t capacity(const FlashDecodeOptions& o) {
 }  // namespace attention_detail
 
 const char* to_string(KvLayout layout) { return layout == KvLayout::paged ? "paged" : "contiguous"; }
+const char* to_string(DecodeMerge merge) {
+  return merge == DecodeMerge::launch ? "launch" : merge == DecodeMerge::last_block ? "last_block" : "auto";
+}
+const char* to_string(PageLookup lookup) {
+  return lookup == PageLookup::per_row ? "row" : lookup == PageLookup::per_warp ? "warp" : "auto";
+}
 
 std::string FlashDecodeOptions::check() const {
   const FlashDecodeOptions& o = *this;
@@ -503,6 +701,19 @@ std::string FlashDecodeOptions::check() const {
     return str("FlashDecode: splits = ", o.splits, " must be 0 (chosen from the SM count) to ",
                attention_detail::kMaxSplits);
   if (o.sm_count < 0) return str("FlashDecode: sm_count = ", o.sm_count, " must be 0 (the device's) or positive");
+  const bool built = o.stages == 0 || (o.head_dim == 128 && (o.stages == 3 || o.stages == 4 || o.stages == 6)) ||
+                     (o.head_dim == 64 && o.stages == attention_detail::kDefaultStages<64>);
+  if (!built)
+    return str("FlashDecode: stages = ", o.stages, " is not built at head_dim = ", o.head_dim, ": expected 0 (the ",
+               "default), 3, 4 or 6 at head dim 128, 6 at head dim 64");
+  if (o.merge != DecodeMerge::automatic && o.merge != DecodeMerge::launch && o.merge != DecodeMerge::last_block)
+    return str("FlashDecode: merge = ", static_cast<int>(o.merge), " is not a DecodeMerge");
+  if (o.page_lookup != PageLookup::automatic && o.page_lookup != PageLookup::per_row &&
+      o.page_lookup != PageLookup::per_warp)
+    return str("FlashDecode: page_lookup = ", static_cast<int>(o.page_lookup), " is not a PageLookup");
+  if (o.layout == KvLayout::contiguous && o.page_lookup != PageLookup::automatic)
+    return str("FlashDecode: page_lookup = ", to_string(o.page_lookup), " is for KvLayout::paged; the contiguous ",
+               "layout takes PageLookup::automatic");
   return "";
 }
 
@@ -515,7 +726,7 @@ std::string FlashDecode::can_implement(const FlashDecodeOptions& o) {
     cudaGetLastError();
     return "FlashDecode: no usable CUDA device";
   }
-  const int need = o.head_dim == 64 ? attention_detail::Tile<64>::kSmemBytes : attention_detail::Tile<128>::kSmemBytes;
+  const int need = attention_detail::smem_bytes(attention_detail::variant_of(o));
   if (optin < need)
     return str("FlashDecode: the kernel needs ", need, " bytes of shared memory per block; this device allows ", optin);
   return "";
@@ -534,13 +745,19 @@ FlashDecode::FlashDecode(const FlashDecodeOptions& options, bool partials_only)
   sm_count_ = o_.sm_count;
   if (sm_count_ == 0) WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   scale_ = o_.softmax_scale > 0.f ? o_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(o_.head_dim));
+  const Variant variant = variant_of(o_);
+  stages_ = variant.stages;
+  page_lookup_ = variant.cache == Cache::paged_warp   ? PageLookup::per_warp
+                 : variant.cache == Cache::paged_rows ? PageLookup::per_row
+                                                      : PageLookup::automatic;
+  merge_ = o_.merge == DecodeMerge::last_block ? DecodeMerge::last_block : DecodeMerge::launch;
   int per_sm = 0;
-  dispatch(o_, [&](auto t, auto d, auto paged) {
+  dispatch(variant, [&](auto t, auto d, auto stages, auto cache) {
     using T = decltype(t);
-    constexpr int D = decltype(d)::value;
-    auto kernel = flash_decode_kernel<T, D, decltype(paged)::value>;
-    WEFT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<D>::kSmemBytes));
-    WEFT_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, Tile<D>::kSmemBytes));
+    constexpr int D = decltype(d)::value, S = decltype(stages)::value;
+    auto kernel = flash_decode_kernel<T, D, S, decltype(cache)::value>;
+    WEFT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<D, S>::kSmemBytes));
+    WEFT_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, Tile<D, S>::kSmemBytes));
   });
   WEFT_REQUIRE(per_sm >= 1, "FlashDecode: the kernel cannot be resident on this device (occupancy 0)");
   if (o_.splits > 0) {
@@ -553,8 +770,23 @@ FlashDecode::FlashDecode(const FlashDecodeOptions& options, bool partials_only)
   if (splits_ > 1 || partials_only_) {
     const std::uint64_t parts = std::uint64_t(o_.batch) * o_.q_heads * splits_;
     workspace_bytes_ = parts * (o_.head_dim + 1) * sizeof(float);
+    if (uses_arrivals()) {
+      arrivals_offset_ = (workspace_bytes_ + 7) / 8 * 8;
+      workspace_bytes_ = arrivals_offset_ + std::uint64_t(o_.batch) * o_.kv_heads * head_tiles(o_) * 8;
+    }
     WEFT_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+    if (uses_arrivals()) {
+      // The counters start at zero; each run's last blocks leave them at zero. The plan may run on a
+      // non-blocking stream, unordered with the default one: wait for the memset here, at plan time.
+      WEFT_CUDA(cudaMemsetAsync(static_cast<char*>(workspace_) + arrivals_offset_, 0,
+                                workspace_bytes_ - arrivals_offset_, nullptr));
+      WEFT_CUDA(cudaStreamSynchronize(nullptr));
+    }
   }
+}
+
+bool FlashDecode::uses_arrivals() const {
+  return merge_ == DecodeMerge::last_block && splits_ > 1 && !partials_only_;
 }
 
 FlashDecode::~FlashDecode() {
@@ -626,13 +858,17 @@ void FlashDecode::run(const FlashDecodeArgs& a, cudaStream_t stream) {
     p.part_o = static_cast<float*>(workspace_);
     p.part_lse = p.part_o + parts * o_.head_dim;
   }
+  p.arrivals = uses_arrivals()
+                   ? reinterpret_cast<std::uint64_t*>(static_cast<char*>(workspace_) + arrivals_offset_)
+                   : nullptr;
+  if (o_.layout == KvLayout::paged) p.page_div = FastDiv::make(static_cast<std::uint32_t>(o_.page_size));
   const dim3 grid(static_cast<unsigned>(p.head_tiles * splits_), static_cast<unsigned>(o_.kv_heads),
                   static_cast<unsigned>(o_.batch));
-  dispatch(o_, [&](auto t, auto d, auto paged) {
+  dispatch(variant_of(o_), [&](auto t, auto d, auto stages, auto cache) {
     using T = decltype(t);
     constexpr int D = decltype(d)::value;
-    launch_attention<T, D, decltype(paged)::value>(p, grid, stream);
-    if (splits_ > 1 && !partials_only_) launch_merge<T, D>(p, o_.batch * o_.q_heads, stream);
+    launch_attention<T, D, decltype(stages)::value, decltype(cache)::value>(p, grid, stream);
+    if (splits_ > 1 && !partials_only_ && !p.arrivals) launch_merge<T, D>(p, o_.batch * o_.q_heads, stream);
   });
 }
 
