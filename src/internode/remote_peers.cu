@@ -11,7 +11,8 @@
 
 #include <nvshmem.h>
 
-#include "runtime/nvshmem_heap.hpp"  // private: the host library libweft opened
+#include "ops/internode/collectives.hpp"  // the collectives' two-level schedules, registered while alive
+#include "runtime/nvshmem_heap.hpp"        // private: the host library libweft opened
 #include "weft/core/driver.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
@@ -71,6 +72,7 @@ RemotePeers::RemotePeers(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {
   if (ctx_->heap().backend() != HeapBackend::nvshmem) {
     WEFT_LOG(debug, "RemotePeers: the ", to_string(ctx_->heap().backend()), " heap maps every peer; ",
              "weft/device/remote.cuh takes the direct path only");
+    ops_detail::register_two_level(&ops_detail::internode_collectives());
     return;
   }
 
@@ -112,9 +114,12 @@ RemotePeers::RemotePeers(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {
     WEFT_FAIL("weft::RemotePeers could not set NVSHMEM's device state:", failed);
   }
   if (rank == 0) WEFT_LOG(info, "RemotePeers: ", describe());
+  // From here AllGather, ReduceScatter and AllReduce find their two-level schedules (docs/decisions/0066).
+  ops_detail::register_two_level(&ops_detail::internode_collectives());
 }
 
 RemotePeers::~RemotePeers() {
+  ops_detail::register_two_level(nullptr);
   if (library_) {
     cudaDeviceSynchronize();  // no kernel of this program reads the state past here
     nvshmem_finalize_device_library(library_);

@@ -1,5 +1,6 @@
-// AllGather on one node: the plan (host) and its two SM kernels (push, pull).
+// AllGather: the plan (host) and its one-node SM kernels (push, pull, ll, ring).
 // The copy-engine variant is host code: copies ordered by one-thread signal kernels.
+// The two-level variant's kernel is weft::internode's (two_level.hpp).
 //
 // Flags (one SignalArray of 2W): for rank r, slot [p] is written by peer p and
 // slot [W + p] too; values are epochs (set) or epoch x blocks (add).
@@ -11,6 +12,7 @@
 
 #include "ce_signals.hpp"
 #include "kernel_util.cuh"
+#include "two_level.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
@@ -170,6 +172,7 @@ constexpr VariantName<AllGatherVariant> kAllGatherVariantNames[] = {
     {AllGatherVariant::copy_engine, "ce", "copy_engine"},
     {AllGatherVariant::low_latency, "ll", "low_latency"},
     {AllGatherVariant::ring, "ring"},
+    {AllGatherVariant::two_level, "two_level"},
 };
 
 const char* to_string(AllGatherVariant v) { return variant_name(kAllGatherVariantNames, v); }
@@ -181,9 +184,20 @@ AllGatherVariant parse_all_gather_variant(const std::string& name) {
 AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& options)
     : ctx_(std::move(ctx)), bytes_(options.bytes_per_rank), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "AllGather needs a Context");
-  ctx_->require_direct_peers("AllGather");  // its kernels load and store every peer's heap
   WEFT_REQUIRE(bytes_ > 0, "AllGather: bytes_per_rank must be positive");
   WEFT_REQUIRE(options.max_sms >= 0, "AllGather: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
+  // Across nodes (some peer without an address) automatic takes the two-level schedule (docs/decisions/0066).
+  if (variant_ == AllGatherVariant::automatic && !ctx_->all_peers_direct()) variant_ = AllGatherVariant::two_level;
+  if (variant_ == AllGatherVariant::two_level) {
+    ctx_->verify_same_call(str("AllGather plan: ", bytes_, " bytes per rank, two_level, max_sms ", options.max_sms,
+                               ops_detail::two_level_readiness()));
+    two_level_ = ops_detail::two_level_or_refuse(*ctx_, "AllGather").all_gather(*ctx_, bytes_, options.max_sms);
+    blocks_ = two_level_->blocks();
+    return;
+  }
+  // The one-node kernels load and store every peer's heap.
+  ctx_->require_direct_peers(str("AllGather (variant ", to_string(variant_), ")"),
+                             ops_detail::two_level_remedy("AllGather"));
   // Chosen from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008): LL up to 1 MB, SM
   // push in the middle, the copy engines (no SMs) from 32 MB.
   if (variant_ == AllGatherVariant::automatic)
@@ -244,6 +258,7 @@ void AllGather::run(const void* input, void* output, cudaStream_t stream) {
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("AllGather run #", ++runs_, ": ", bytes_, " bytes per rank, ", to_string(variant_)));
   if (variant_ == AllGatherVariant::copy_engine) return run_copy_engine(input, output, stream);
+  if (two_level_) return two_level_->run(input, output, stream);
   const int world = ctx_->world_size();
   auto* out = static_cast<char*>(output);
   Args a{ctx_->world(),           static_cast<const char*>(input), out, bytes_, signals_.flags(),

@@ -1,4 +1,5 @@
-// AllReduce on one node: the plan and its three SM kernels (ll, one_shot, two_shot).
+// AllReduce: the plan and its one-node SM kernels (ll, one_shot, two_shot); the
+// two-level variant's kernel is weft::internode's (two_level.hpp).
 //
 // Flags (one SignalArray):
 //   one_shot: [2 parities][W senders][B blocks], set to the epoch when that
@@ -9,6 +10,7 @@
 // ll carries its flags inside the data lines.
 #include "ce_reduction.hpp"
 #include "kernel_util.cuh"
+#include "two_level.hpp"
 #include "weft/core/env.hpp"
 #include "weft/device.cuh"
 #include "weft/ops/all_reduce.hpp"
@@ -138,6 +140,7 @@ constexpr VariantName<AllReduceVariant> kAllReduceVariantNames[] = {
     {AllReduceVariant::one_shot, "one_shot"},
     {AllReduceVariant::two_shot, "two_shot"},
     {AllReduceVariant::copy_engine, "ce", "copy_engine"},
+    {AllReduceVariant::two_level, "two_level"},
 };
 
 const char* to_string(AllReduceVariant v) { return variant_name(kAllReduceVariantNames, v); }
@@ -149,9 +152,21 @@ AllReduceVariant parse_all_reduce_variant(const std::string& name) {
 AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& options)
     : ctx_(std::move(ctx)), count_(options.count), dtype_(options.dtype), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "AllReduce needs a Context");
-  ctx_->require_direct_peers("AllReduce");  // its kernels load and store every peer's heap
   WEFT_REQUIRE(count_ > 0, "AllReduce: count must be positive (elements per rank)");
   WEFT_REQUIRE(options.max_sms >= 0, "AllReduce: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
+  // Across nodes (some peer without an address) automatic takes the two-level schedule (docs/decisions/0066).
+  if (variant_ == AllReduceVariant::automatic && !ctx_->all_peers_direct()) variant_ = AllReduceVariant::two_level;
+  if (variant_ == AllReduceVariant::two_level) {
+    ctx_->verify_same_call(str("AllReduce plan: ", count_, " x ", to_string(dtype_), ", two_level, max_sms ",
+                               options.max_sms, ops_detail::two_level_readiness()));
+    two_level_ =
+        ops_detail::two_level_or_refuse(*ctx_, "AllReduce").all_reduce(*ctx_, count_, dtype_, options.max_sms);
+    blocks_ = two_level_->blocks();
+    return;
+  }
+  // The one-node kernels load and store every peer's heap.
+  ctx_->require_direct_peers(str("AllReduce (variant ", to_string(variant_), ")"),
+                             ops_detail::two_level_remedy("AllReduce"));
   const std::uint64_t bytes = this->bytes();
   if (variant_ == AllReduceVariant::automatic)
     variant_ = bytes <= kAutoLowLatencyMaxBytes ? AllReduceVariant::low_latency
@@ -216,6 +231,7 @@ void AllReduce::run(const void* input, void* output, cudaStream_t stream) {
     ctx_->verify_same_call(str("AllReduce run #", ++runs_, ": ", count_, " x ", to_string(dtype_), ", ",
                                to_string(variant_)));
   if (variant_ == AllReduceVariant::copy_engine) return ce_->run(input, output, stream);
+  if (two_level_) return two_level_->run(input, output, stream);
   Args a{ctx_->world(), input, output, count_, signals_.flags(), staging_.get(), signals_.launch_epoch()};
   dispatch(dtype_, [&](auto t) {
     using T = decltype(t);

@@ -137,6 +137,9 @@ WEFT_HD int ag_arrival_index(NodeGrid g, int gpu, int shard) {
   return hop * g.local + wrap(g.local_of(shard) - g.local_of(gpu), g.local);
 }
 
+/// The local peer whose push (n, l) takes at turn i (1..L-1) of every hop: (n, l+i), the inverse of ag_push_to.
+WEFT_HD int ag_push_from(NodeGrid g, int gpu, int turn) { return g.node_peer(gpu, turn); }
+
 /// AllGather+GEMM: the shard whose rows `gpu`'s GEMM computes i-th (the arrival order).
 WEFT_HD int ag_tile_order(NodeGrid g, int gpu, int i) { return ag_arrival(g, gpu, i); }
 
@@ -283,6 +286,198 @@ WEFT_HD int hd_halving_partner(int node, int round, int nodes) { return node ^ (
 /// Doubling round d's partner of node n: n xor (1 << d). Node n sends it
 /// hd_held(n, rounds-d) and receives hd_held(partner, rounds-d).
 WEFT_HD int hd_doubling_partner(int node, int round) { return node ^ (1 << round); }
+
+// ---- the collectives' kernels, step by step (weft::internode, src/ops/internode/) ----
+//
+// The two-level AllGather, ReduceScatter and AllReduce kernels run one list of
+// steps per GPU, the same in every thread block (each block on its own slice
+// of the data, with its own flags): ag_walk, rs_walk and ar_walk call f(step)
+// for each, in order. The kernels execute the steps; the CPU tests run the
+// same lists for every GPU of a grid, several launches back to back, in random
+// interleavings, and check that none deadlocks, that every wait names the GPU
+// that raises its flag, that no buffer is overwritten before it was read, and
+// that every result is complete.
+//
+// Flags are per block and per slot (a slot names the role: who raises it,
+// for what); values are the launch's epoch, set, so nothing is reset. Staging
+// buffers of ReduceScatter and AllReduce are double-buffered by the epoch's
+// parity: a GPU writes a peer's staging for launch e + 2 only after finishing
+// launch e + 1, which waited for something the peer sent in e + 1, after it had
+// finished reading launch e's staging (the tests check it). AllGather writes into the
+// caller's output, so each GPU first raises "ready" (its output is free for
+// this launch) to the GPUs that write into it, and they wait for it.
+
+/// What a step does.
+enum class Act : int {
+  signal,     ///< raise flag `flag` on `peer` (no data)
+  wait,       ///< wait here for flag `flag`, raised by `peer`; then `buffer` holds what it announced
+  put,        ///< put data `index` (a shard, or the block's / slice's contribution) into `peer`'s
+              ///< buffer `buffer`, raising its flag `flag`
+  sum_node,   ///< sum this node's contributions to `index` (its own and the peers' staged ones), in
+              ///< local rank order, in fp32: the node sum
+  put_sum,    ///< put the node sum of `index` into `peer`'s buffer `buffer` (fp32), raising its flag `flag`
+  sum_final,  ///< sum the nodes' sums of `index` in node order and round once: the result
+  get,        ///< fetch `peer`'s result `index` (AllReduce's in-node AllGather)
+};
+
+struct Step {
+  Act act;
+  int peer;    ///< the GPU signalled, waited for, written to or read from (itself for the sums)
+  int index;   ///< the shard (AllGather), block (ReduceScatter) or slice (AllReduce) the step moves
+  int flag;    ///< the flag slot (signal, wait, put, put_sum); -1 for the others
+  int buffer;  ///< the buffer slot written (put, put_sum) or announced (wait); -1 where none
+};
+
+#if defined(__CUDACC__)
+#define WEFT_HIERARCHY_WALK _Pragma("nv_exec_check_disable") template <class F>
+#else
+#define WEFT_HIERARCHY_WALK template <class F>
+#endif
+
+// AllGather. Buffers: the output's shard slots (buffer = shard). Flags: ready
+// from each GPU (slot = that GPU), the rail steps, the NVLink pushes by hop and
+// sender.
+
+/// Flag slots of the AllGather kernel: ready[W], rail[nodes-1], push[nodes][L].
+WEFT_HD int ag_flag_slots(NodeGrid g) { return g.world() + g.nodes - 1 + g.nodes * g.local; }
+/// "GPU `writer`'s output is free for this launch", raised by `writer` on the GPUs that write into it.
+WEFT_HD int ag_ready_flag(NodeGrid, int writer) { return writer; }
+/// Rail step `step` (1..nodes-1) has landed, raised by ag_rail_from.
+WEFT_HD int ag_rail_flag(NodeGrid g, int step) { return g.world() + step - 1; }
+/// The push of hop `hop` by the local peer of local rank `sender_local` has landed.
+WEFT_HD int ag_push_flag(NodeGrid g, int hop, int sender_local) {
+  return g.world() + g.nodes - 1 + hop * g.local + sender_local;
+}
+
+/// The steps of `gpu`'s AllGather kernel: raise ready to those that write into
+/// its output; then, hop by hop, forward the shard that arrived (its own at hop
+/// 0) along the rail and push it to the local peers, waiting for each rail
+/// step's shard and for each peer's ready before its first write there. At hop 0
+/// the NVLink pushes go first (the rail successor's ready crosses the NIC); at
+/// later hops the rail put goes first (the NIC's leg is the longer one). Last,
+/// the local peers' pushes.
+WEFT_HIERARCHY_WALK WEFT_HD void ag_walk(NodeGrid g, int gpu, F&& f) {
+  const int N = g.nodes, L = g.local, l = g.local_of(gpu);
+  const int rail_to = ag_rail_to(g, gpu), rail_from = ag_rail_from(g, gpu);
+  if (N > 1) f(Step{Act::signal, rail_from, -1, ag_ready_flag(g, gpu), -1});
+  for (int t = 1; t < L; ++t) f(Step{Act::signal, ag_push_from(g, gpu, t), -1, ag_ready_flag(g, gpu), -1});
+  for (int h = 0; h < N; ++h) {
+    const int shard = ag_push_shard(g, gpu, h);
+    if (h > 0) f(Step{Act::wait, rail_from, shard, ag_rail_flag(g, h), shard});
+    const bool rail = h + 1 < N;
+    if (rail && h > 0) f(Step{Act::put, rail_to, shard, ag_rail_flag(g, h + 1), shard});
+    for (int t = 1; t < L; ++t) {
+      const int to = ag_push_to(g, gpu, t);
+      if (h == 0) f(Step{Act::wait, to, -1, ag_ready_flag(g, to), -1});
+      f(Step{Act::put, to, shard, ag_push_flag(g, h, l), shard});
+    }
+    if (rail && h == 0) {
+      f(Step{Act::wait, rail_to, -1, ag_ready_flag(g, rail_to), -1});
+      f(Step{Act::put, rail_to, shard, ag_rail_flag(g, 1), shard});
+    }
+  }
+  for (int h = 0; h < N; ++h)
+    for (int t = 1; t < L; ++t) {
+      const int from = ag_push_from(g, gpu, t);
+      const int shard = ag_push_shard(g, from, h);
+      f(Step{Act::wait, from, shard, ag_push_flag(g, h, g.local_of(from)), shard});
+    }
+}
+
+// ReduceScatter. Buffers, each per parity: the peers' partials, slot
+// rs_peer_buffer(node of the block, sender's local rank) (nodes x L; the
+// receiver's own local rank unused), then the node sums of the own block, slot
+// nodes x L + node. Flags: the same slots.
+
+/// Buffer and flag slots of the ReduceScatter kernel, per parity.
+WEFT_HD int rs_slots(NodeGrid g) { return g.nodes * g.local + g.nodes; }
+/// Where the partial of a block of node `node`, from the local peer of local rank `sender_local`, lands.
+WEFT_HD int rs_peer_buffer(NodeGrid g, int node, int sender_local) { return node * g.local + sender_local; }
+/// Where node `node`'s sum of the owner's block lands.
+WEFT_HD int rs_node_buffer(NodeGrid g, int node) { return g.nodes * g.local + node; }
+
+/// The steps of `gpu`'s ReduceScatter kernel, in rs_block's order: a block
+/// of another rail is put to that rail's GPU of this node; a block of its own
+/// rail waits for the L-1 peers' partials, is summed, and its node sum is put
+/// to the block's owner (its own block: kept). Last, the other nodes' sums of
+/// its own block, and the final sum.
+WEFT_HIERARCHY_WALK WEFT_HD void rs_walk(NodeGrid g, int gpu, F&& f) {
+  const int W = g.world(), L = g.local, N = g.nodes, n = g.node_of(gpu), l = g.local_of(gpu);
+  for (int t = 0; t < W; ++t) {
+    const int b = rs_block(g, gpu, t);
+    const RsRoute route = rs_route(g, gpu, b);
+    if (route.via == Via::nvlink) {
+      const int slot = rs_peer_buffer(g, g.node_of(b), l);
+      f(Step{Act::put, route.to, b, slot, slot});
+      continue;
+    }
+    for (int i = 1; i < L; ++i) {
+      const int from = rs_peer_partial_from(g, gpu, i);
+      const int slot = rs_peer_buffer(g, g.node_of(b), g.local_of(from));
+      f(Step{Act::wait, from, b, slot, slot});
+    }
+    f(Step{Act::sum_node, gpu, b, -1, -1});
+    if (route.via == Via::rail) f(Step{Act::put_sum, route.to, b, rs_node_buffer(g, n), rs_node_buffer(g, n)});
+  }
+  for (int i = 1; i < N; ++i) {
+    const int from = rs_node_partial_from(g, gpu, i);
+    const int slot = rs_node_buffer(g, g.node_of(from));
+    f(Step{Act::wait, from, gpu, slot, slot});
+  }
+  f(Step{Act::sum_final, gpu, gpu, -1, -1});
+}
+
+// AllReduce (the direct rail way). Buffers, per parity: the peers'
+// contributions to the own slice, slot = sender's local rank (L); the nodes'
+// sums of it, slot L + node (nodes); the result of the own slice, slot
+// L + nodes (one, read by the local peers). Flags: the first L + nodes slots
+// as the buffers, then "result ready" from each local peer, slot L + nodes +
+// its local rank (L).
+
+/// Buffer slots of the AllReduce kernel, per parity; and its flag slots, per parity.
+WEFT_HD int ar_buffer_slots(NodeGrid g) { return g.local + g.nodes + 1; }
+WEFT_HD int ar_flag_slots(NodeGrid g) { return 2 * g.local + g.nodes; }
+/// Where the local peer of local rank `sender_local` puts its contribution to the receiver's slice.
+WEFT_HD int ar_peer_buffer(NodeGrid, int sender_local) { return sender_local; }
+/// Where node `node`'s sum of a rail's slice lands.
+WEFT_HD int ar_node_buffer(NodeGrid g, int node) { return g.local + node; }
+/// The result of the own slice, which the local peers fetch.
+WEFT_HD int ar_result_buffer(NodeGrid g) { return g.local + g.nodes; }
+/// "The result of local rank `owner_local`'s slice is ready", raised by its owner on its local peers.
+WEFT_HD int ar_result_flag(NodeGrid g, int owner_local) { return g.local + g.nodes + owner_local; }
+
+/// The steps of `gpu`'s AllReduce kernel: the in-node ReduceScatter (push each
+/// peer its slice, wait for the peers' contributions to its own, sum them),
+/// the direct rail AllReduce of its slice (put the node sum to every rail
+/// peer, wait for theirs, sum in node order), then the in-node AllGather
+/// (announce the result, fetch each peer's).
+WEFT_HIERARCHY_WALK WEFT_HD void ar_walk(NodeGrid g, int gpu, F&& f) {
+  const int L = g.local, N = g.nodes, n = g.node_of(gpu), l = g.local_of(gpu);
+  for (int t = 1; t < L; ++t)
+    f(Step{Act::put, ar_node_to(g, gpu, t), ar_rs_slice(g, gpu, t), ar_peer_buffer(g, l), ar_peer_buffer(g, l)});
+  for (int t = 1; t < L; ++t) {
+    const int from = ar_node_from(g, gpu, t);
+    const int slot = ar_peer_buffer(g, g.local_of(from));
+    f(Step{Act::wait, from, l, slot, slot});
+  }
+  f(Step{Act::sum_node, gpu, l, -1, -1});
+  for (int i = 1; i < N; ++i)
+    f(Step{Act::put_sum, ar_direct_to(g, gpu, i), l, ar_node_buffer(g, n), ar_node_buffer(g, n)});
+  for (int i = 1; i < N; ++i) {
+    const int from = ar_direct_from(g, gpu, i);
+    const int slot = ar_node_buffer(g, g.node_of(from));
+    f(Step{Act::wait, from, l, slot, slot});
+  }
+  f(Step{Act::sum_final, gpu, l, -1, -1});
+  for (int t = 1; t < L; ++t) f(Step{Act::signal, ar_node_to(g, gpu, t), l, ar_result_flag(g, l), -1});
+  for (int t = 1; t < L; ++t) {
+    const int from = ar_node_from(g, gpu, t);
+    f(Step{Act::wait, from, g.local_of(from), ar_result_flag(g, g.local_of(from)), ar_result_buffer(g)});
+    f(Step{Act::get, from, g.local_of(from), -1, ar_result_buffer(g)});
+  }
+}
+
+#undef WEFT_HIERARCHY_WALK
 
 // ---- EP dispatch, two hops (scale_model.py: ep_two_hop) ----
 //

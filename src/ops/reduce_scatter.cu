@@ -9,6 +9,7 @@
 //   copy_engine: see ce_reduction.hpp.
 #include "ce_reduction.hpp"
 #include "kernel_util.cuh"
+#include "two_level.hpp"
 #include "weft/device.cuh"
 #include "weft/ops/reduce_scatter.hpp"
 
@@ -130,6 +131,7 @@ constexpr VariantName<ReduceScatterVariant> kReduceScatterVariantNames[] = {
     {ReduceScatterVariant::mesh, "mesh"},
     {ReduceScatterVariant::ring, "ring"},
     {ReduceScatterVariant::copy_engine, "ce", "copy_engine"},
+    {ReduceScatterVariant::two_level, "two_level"},
 };
 
 const char* to_string(ReduceScatterVariant v) { return variant_name(kReduceScatterVariantNames, v); }
@@ -141,9 +143,22 @@ ReduceScatterVariant parse_reduce_scatter_variant(const std::string& name) {
 ReduceScatter::ReduceScatter(std::shared_ptr<Context> ctx, const ReduceScatterOptions& options)
     : ctx_(std::move(ctx)), count_(options.count), dtype_(options.dtype), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "ReduceScatter needs a Context");
-  ctx_->require_direct_peers("ReduceScatter");  // its kernels load and store every peer's heap
   WEFT_REQUIRE(count_ > 0, "ReduceScatter: count must be positive (output elements per rank)");
   WEFT_REQUIRE(options.max_sms >= 0, "ReduceScatter: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
+  // Across nodes (some peer without an address) automatic takes the two-level schedule (docs/decisions/0066).
+  if (variant_ == ReduceScatterVariant::automatic && !ctx_->all_peers_direct())
+    variant_ = ReduceScatterVariant::two_level;
+  if (variant_ == ReduceScatterVariant::two_level) {
+    ctx_->verify_same_call(str("ReduceScatter plan: ", count_, " x ", to_string(dtype_), " per rank, two_level, max_sms ",
+                               options.max_sms, ops_detail::two_level_readiness()));
+    two_level_ = ops_detail::two_level_or_refuse(*ctx_, "ReduceScatter")
+                     .reduce_scatter(*ctx_, count_, dtype_, options.max_sms);
+    blocks_ = two_level_->blocks();
+    return;
+  }
+  // The one-node kernels load and store every peer's heap.
+  ctx_->require_direct_peers(str("ReduceScatter (variant ", to_string(variant_), ")"),
+                             ops_detail::two_level_remedy("ReduceScatter"));
   const std::uint64_t bytes = count_ * dtype_size(dtype_);
   const int world = ctx_->world_size(), sms = ctx_->team().sm_count;
   const auto w64 = static_cast<std::uint64_t>(world);
@@ -196,6 +211,7 @@ void ReduceScatter::run(const void* input, void* output, cudaStream_t stream) {
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("ReduceScatter run #", ++runs_, ": ", count_, " x ", to_string(dtype_), ", ",
                                to_string(variant_)));
+  if (two_level_) return two_level_->run(input, output, stream);
   if (world == 1) {  // nothing to reduce with
     if (input != output) WEFT_CUDA(cudaMemcpyAsync(output, input, bytes, cudaMemcpyDeviceToDevice, stream));
     return;

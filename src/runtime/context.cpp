@@ -126,8 +126,8 @@ void Context::barrier(cudaStream_t stream) {
   launch_barrier_kernel(world_, stream);
 }
 
-void Context::require_direct_peers(const std::string& who) const {
-  if (!all_peers_direct_) weft::require_direct_peers(who, heap_->reachability(), heap_->backend());
+void Context::require_direct_peers(const std::string& who, const std::string& remedy) const {
+  if (!all_peers_direct_) weft::require_direct_peers(who, heap_->reachability(), heap_->backend(), remedy);
 }
 
 void Context::host_barrier(const std::string& what) { store_->barrier(what); }

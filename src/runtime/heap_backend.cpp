@@ -121,7 +121,8 @@ std::string unreachable_pairs(const Reachability& reach) {
   return out;
 }
 
-void require_direct_peers(const std::string& who, const Reachability& reach, HeapBackend backend) {
+void require_direct_peers(const std::string& who, const Reachability& reach, HeapBackend backend,
+                          const std::string& remedy) {
   const std::string pairs = unreachable_pairs(reach);
   if (pairs.empty()) return;
   std::string indented;
@@ -132,8 +133,10 @@ void require_direct_peers(const std::string& who, const Reachability& reach, Hea
   WEFT_FAIL(who, " reaches every peer by load and store (World::symm_at) or by copy engine, but on the ",
             to_string(backend), " heap some ranks have no direct path to others:\n", indented,
             "\nPeers on another node (or another virtual node, WEFT_VIRTUAL_NODES) are reached only through ",
-            "NVSHMEM's put/get (weft/device/remote.cuh), which ", who, " does not use yet. Run it with every rank ",
-            "on one node (and WEFT_VIRTUAL_NODES unset).");
+            "NVSHMEM's put/get (weft/device/remote.cuh), ",
+            remedy.empty() ? str("which ", who, " does not use yet. Run it with every rank on one node (and ",
+                                 "WEFT_VIRTUAL_NODES unset).")
+                           : remedy);
 }
 
 }  // namespace weft

@@ -485,6 +485,493 @@ TEST(Hierarchy, HalvingDoublingEndsWithSubChunkNOnNodeN) {
   }
 }
 
+// ---- the collectives' kernels, step by step: launch after launch, in any interleaving ----
+//
+// ag_walk, rs_walk and ar_walk are the step lists the two-level kernels execute
+// (src/ops/internode/). Here every GPU of a grid runs its list for several
+// launches back to back, one step at a time in a random interleaving (each
+// GPU's launches in order, as on its stream), with the flags and buffers as
+// integers: a wait proceeds only once its flag holds the launch's epoch, and
+// the flag must then hold exactly that epoch and have been raised by the GPU
+// the wait names (the one a timeout report names); no put overwrites what its
+// receiver has not read yet; every sum gets each contribution once and every
+// GPU ends each launch with the whole result. A schedule that deadlocks leaves
+// GPUs whose next wait never comes true.
+
+/// A partial sum of one block (or slice): which ranks' contributions it holds (up to 64 ranks).
+struct Sum {
+  int block = -1;
+  std::uint64_t ranks = 0;
+  bool operator==(const Sum& o) const { return block == o.block && ranks == o.ranks; }
+  bool operator!=(const Sum& o) const { return !(*this == o); }
+};
+Sum one(int rank, int block) { return Sum{block, std::uint64_t{1} << rank}; }
+Sum whole(int block, int world) { return Sum{block, world == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << world) - 1}; }
+/// a += b, unless they are of different blocks or share a contributor.
+bool add_once(Sum& a, const Sum& b) {
+  if (a.block >= 0 && a.block != b.block) return false;
+  if ((a.ranks & b.ranks) != 0) return false;
+  a.block = b.block;
+  a.ranks |= b.ranks;
+  return true;
+}
+
+std::vector<NodeGrid> every_grid() {  // 1 to 8 nodes of 1 to 8 GPUs
+  std::vector<NodeGrid> grids;
+  for (int nodes = 1; nodes <= 8; ++nodes)
+    for (int local = 1; local <= 8; ++local) grids.push_back({nodes, local});
+  return grids;
+}
+
+struct Flag {
+  std::uint64_t value = 0;
+  int writer = -1;
+};
+
+/// What a collective does with each step's data; the driver below moves the flags.
+class Semantics {
+ public:
+  virtual ~Semantics() = default;
+  virtual int flag_slots() const = 0;
+  virtual bool parity_flags() const = 0;
+  /// Launch `e` begins on `gpu` ("" or what went wrong).
+  virtual std::string start(int gpu, int e) = 0;
+  /// The data side of a step (the driver has checked and raised or consumed the flag).
+  virtual std::string apply(int gpu, int e, const Step& s) = 0;
+  /// Launch `e` ends on `gpu`: its result is complete.
+  virtual std::string finish(int gpu, int e) = 0;
+};
+
+std::string act_name(Act a) {
+  switch (a) {
+    case Act::signal: return "signal";
+    case Act::wait: return "wait";
+    case Act::put: return "put";
+    case Act::sum_node: return "sum_node";
+    case Act::put_sum: return "put_sum";
+    case Act::sum_final: return "sum_final";
+    case Act::get: return "get";
+  }
+  return "?";
+}
+
+std::string describe(int gpu, int e, const Step& s) {
+  return "GPU " + std::to_string(gpu) + ", launch " + std::to_string(e) + ", " + act_name(s.act) + " peer " +
+         std::to_string(s.peer) + " index " + std::to_string(s.index) + " flag " + std::to_string(s.flag) +
+         " buffer " + std::to_string(s.buffer);
+}
+
+/// Runs every GPU's `steps` for `launches` launches in a random interleaving drawn from `seed`;
+/// "" when every launch completed with every check passing, else the first failure.
+std::string run_launches(NodeGrid g, const std::vector<std::vector<Step>>& steps, Semantics& sem, int launches,
+                         std::uint64_t seed) {
+  const int W = g.world(), slots = sem.flag_slots(), parities = sem.parity_flags() ? 2 : 1;
+  std::vector<std::vector<Flag>> flags(W, std::vector<Flag>(static_cast<std::size_t>(parities * slots)));
+  std::vector<int> epoch(W, 1), pc(W, 0);
+  std::mt19937_64 rng(seed);
+  auto flag_at = [&](int gpu, int e, int slot) -> Flag& { return flags[gpu][(parities == 2 ? (e & 1) : 0) * slots + slot]; };
+  for (int r = 0; r < W; ++r)
+    if (auto err = sem.start(r, 1); !err.empty()) return err;
+  auto finished = [&](int r) { return epoch[r] > launches; };
+  auto runnable = [&](int r) {
+    if (finished(r)) return false;
+    if (steps[r].empty()) return true;  // a grid of one GPU: nothing to do
+    const Step& s = steps[r][pc[r]];
+    return s.act != Act::wait || flag_at(r, epoch[r], s.flag).value >= static_cast<std::uint64_t>(epoch[r]);
+  };
+  for (;;) {
+    std::vector<int> ready;
+    bool all_done = true;
+    for (int r = 0; r < W; ++r) {
+      all_done = all_done && finished(r);
+      if (runnable(r)) ready.push_back(r);
+    }
+    if (all_done) return "";
+    if (ready.empty()) {
+      std::string blocked = "deadlock:";
+      for (int r = 0; r < W; ++r)
+        if (!finished(r)) blocked += "\n  " + describe(r, epoch[r], steps[r][pc[r]]);
+      return blocked;
+    }
+    const int r = ready[rng() % ready.size()], e = epoch[r];
+    auto end_launch = [&]() -> std::string {
+      if (auto err = sem.finish(r, e); !err.empty())
+        return "GPU " + std::to_string(r) + ", end of launch " + std::to_string(e) + ": " + err;
+      pc[r] = 0;
+      if (++epoch[r] <= launches) return sem.start(r, epoch[r]);
+      return "";
+    };
+    if (steps[r].empty()) {
+      if (auto err = end_launch(); !err.empty()) return err;
+      continue;
+    }
+    const Step& s = steps[r][pc[r]];
+    const std::string at = describe(r, e, s);
+    const auto ue = static_cast<std::uint64_t>(e);
+    if (s.peer < 0 || s.peer >= W) return at + ": no such peer";
+    const bool raises = s.act == Act::signal || s.act == Act::put || s.act == Act::put_sum;
+    if (raises || s.act == Act::wait) {
+      if (s.flag < 0 || s.flag >= slots) return at + ": flag slot out of range";
+      if (s.peer == r) return at + ": a flag to or from itself";
+    }
+    if (raises) {
+      Flag& f = flag_at(s.peer, e, s.flag);
+      if (f.writer >= 0 && f.writer != r)
+        return at + ": the flag is also raised by GPU " + std::to_string(f.writer) + ", one writer per flag";
+      if (f.value >= ue) return at + ": raised twice for launch " + std::to_string(e) + " (it holds " +
+                                std::to_string(f.value) + ")";
+      f.writer = r;
+      f.value = ue;
+    }
+    if (s.act == Act::wait) {
+      const Flag& f = flag_at(r, e, s.flag);
+      if (f.value != ue) return at + ": the flag holds launch " + std::to_string(f.value) + "'s epoch, not this one's";
+      if (f.writer != s.peer) return at + ": raised by GPU " + std::to_string(f.writer) + ", but the wait names GPU " +
+                                     std::to_string(s.peer);
+    }
+    if (auto err = sem.apply(r, e, s); !err.empty()) return at + ": " + err;
+    if (++pc[r] == static_cast<int>(steps[r].size()))
+      if (auto err = end_launch(); !err.empty()) return err;
+  }
+}
+
+template <class Walk>
+std::vector<std::vector<Step>> step_lists(NodeGrid g, Walk walk) {
+  std::vector<std::vector<Step>> steps(g.world());
+  for (int r = 0; r < g.world(); ++r) walk(g, r, [&](const Step& s) { steps[r].push_back(s); });
+  return steps;
+}
+
+/// A buffer slot: what it holds (of which launch) and how many reads of it are still to come.
+struct Slot {
+  int epoch = 0;
+  Sum value;
+  int unread = 0;
+};
+/// Writes a slot, refusing to overwrite one whose reads are still to come.
+std::string write_slot(Slot& slot, int e, Sum value, int readers, const std::string& what) {
+  if (slot.unread > 0)
+    return what + " still holds launch " + std::to_string(slot.epoch) + "'s data, not yet read: overwritten by launch " +
+           std::to_string(e);
+  slot = Slot{e, value, readers};
+  return "";
+}
+/// Reads a slot that must hold launch e's data and a read still to come.
+std::string read_slot(Slot& slot, int e, Sum& value, const std::string& what) {
+  if (slot.epoch != e || slot.unread == 0)
+    return what + " holds launch " + std::to_string(slot.epoch) + "'s data (" + std::to_string(slot.unread) +
+           " reads left), read in launch " + std::to_string(e);
+  --slot.unread;
+  value = slot.value;
+  return "";
+}
+
+class AllGatherSemantics final : public Semantics {
+ public:
+  explicit AllGatherSemantics(NodeGrid g)
+      : g_(g), held_(g.world(), std::vector<int>(g.world(), 0)), writes_(g.world(), std::vector<int>(g.world(), 0)),
+        epoch_(g.world(), 0) {}
+  int flag_slots() const override { return ag_flag_slots(g_); }
+  bool parity_flags() const override { return false; }
+  std::string start(int gpu, int e) override {
+    epoch_[gpu] = e;
+    std::fill(writes_[gpu].begin(), writes_[gpu].end(), 0);
+    held_[gpu][gpu] = e;  // the own shard, copied into the output
+    return "";
+  }
+  std::string apply(int gpu, int e, const Step& s) override {
+    if (s.act == Act::signal) return s.index == -1 && s.buffer == -1 ? "" : "a ready signal carries no data";
+    if (s.act == Act::wait) {
+      if (s.buffer < 0) return "";
+      return held_[gpu][s.buffer] == e ? "" : "the flag announces a shard that has not landed";
+    }
+    if (s.act != Act::put) return "AllGather takes only signals, waits and puts";
+    if (s.buffer != s.index) return "a shard goes to its own slot";
+    if (!rail_link(g_, gpu, s.peer) && !same_node(g_, gpu, s.peer)) return "neither a rail nor an NVLink peer";
+    if (held_[gpu][s.index] != e) return "sends a shard it does not hold yet";
+    // The receiver's output is the caller's: written only while the receiver runs this launch.
+    if (epoch_[s.peer] != e)
+      return "writes GPU " + std::to_string(s.peer) + "'s output while it runs launch " + std::to_string(epoch_[s.peer]);
+    if (++writes_[s.peer][s.index] != 1) return "shard written twice into GPU " + std::to_string(s.peer);
+    held_[s.peer][s.index] = e;
+    return "";
+  }
+  std::string finish(int gpu, int e) override {
+    for (int shard = 0; shard < g_.world(); ++shard) {
+      if (held_[gpu][shard] != e) return "shard " + std::to_string(shard) + " missing";
+      if (shard != gpu && writes_[gpu][shard] != 1) return "shard " + std::to_string(shard) + " not written once";
+    }
+    return "";
+  }
+
+ private:
+  NodeGrid g_;
+  std::vector<std::vector<int>> held_, writes_;  // [gpu][shard]: the launch it holds; writes this launch
+  std::vector<int> epoch_;
+};
+
+class ReduceScatterSemantics final : public Semantics {
+ public:
+  explicit ReduceScatterSemantics(NodeGrid g)
+      : g_(g),
+        peer_(g.world(), std::vector<Slot>(2 * g.nodes * g.local)),
+        node_(g.world(), std::vector<Slot>(2 * g.nodes)),
+        send_(g.world(), std::vector<Slot>(g.nodes)),
+        done_(g.world(), 0) {}
+  int flag_slots() const override { return rs_slots(g_); }
+  bool parity_flags() const override { return true; }
+  std::string start(int, int) override { return ""; }
+  std::string apply(int gpu, int e, const Step& s) override {
+    const int NL = g_.nodes * g_.local, par = e & 1, n = g_.node_of(gpu), l = g_.local_of(gpu);
+    switch (s.act) {
+      case Act::put:
+        if (!same_node(g_, gpu, s.peer) || g_.local_of(s.peer) != g_.local_of(s.index))
+          return "a block goes to its rail's GPU of this node";
+        if (s.buffer != rs_peer_buffer(g_, g_.node_of(s.index), l) || s.flag != s.buffer) return "wrong slot";
+        return write_slot(peer_[s.peer][par * NL + s.buffer], e, one(gpu, s.index), 1,
+                          "GPU " + std::to_string(s.peer) + "'s peer slot " + std::to_string(s.buffer));
+      case Act::wait: {
+        if (s.buffer < 0 || s.buffer >= rs_slots(g_) || s.flag != s.buffer) return "wrong slot";
+        const Slot& slot = s.buffer < NL ? peer_[gpu][par * NL + s.buffer] : node_[gpu][par * g_.nodes + s.buffer - NL];
+        return slot.epoch == e && slot.unread == 1 ? "" : "the flag announces data that is not there";
+      }
+      case Act::sum_node: {
+        const int b = s.index, j = g_.node_of(b);
+        if (g_.local_of(b) != l) return "sums a block of another rail";
+        Sum sum = one(gpu, b);
+        for (int q = 0; q < g_.local; ++q) {
+          if (q == l) continue;
+          Sum v;
+          if (auto err = read_slot(peer_[gpu][par * NL + rs_peer_buffer(g_, j, q)], e, v, "peer slot"); !err.empty())
+            return err;
+          if (!add_once(sum, v)) return "a contribution added twice";
+        }
+        if (b == gpu) return write_slot(node_[gpu][par * g_.nodes + n], e, sum, 1, "the own node sum");
+        send_[gpu][j] = Slot{e, sum, 0};
+        return "";
+      }
+      case Act::put_sum: {
+        const int j = g_.node_of(s.index);
+        if (s.peer != s.index || !rail_link(g_, gpu, s.peer)) return "a node sum goes over the rail to its owner";
+        if (s.buffer != rs_node_buffer(g_, n) || s.flag != s.buffer) return "wrong slot";
+        if (send_[gpu][j].epoch != e) return "puts a node sum not computed in this launch";
+        return write_slot(node_[s.peer][par * g_.nodes + n], e, send_[gpu][j].value, 1,
+                          "GPU " + std::to_string(s.peer) + "'s node slot " + std::to_string(n));
+      }
+      case Act::sum_final: {
+        if (s.index != gpu) return "the final sum is of the own block";
+        Sum sum;
+        for (int m = 0; m < g_.nodes; ++m) {
+          Sum v;
+          if (auto err = read_slot(node_[gpu][par * g_.nodes + m], e, v, "node slot " + std::to_string(m));
+              !err.empty())
+            return err;
+          if (!add_once(sum, v)) return "a contribution added twice";
+        }
+        if (sum != whole(gpu, g_.world())) return "the final sum is not the whole block's";
+        done_[gpu] = e;
+        return "";
+      }
+      default: return "ReduceScatter takes no " + act_name(s.act);
+    }
+  }
+  std::string finish(int gpu, int e) override { return done_[gpu] == e ? "" : "no final sum"; }
+
+ private:
+  NodeGrid g_;
+  std::vector<std::vector<Slot>> peer_, node_, send_;  // [gpu][parity x slots] (send_: [gpu][node], single)
+  std::vector<int> done_;
+};
+
+class AllReduceSemantics final : public Semantics {
+ public:
+  explicit AllReduceSemantics(NodeGrid g)
+      : g_(g),
+        peer_(g.world(), std::vector<Slot>(2 * g.local)),
+        node_(g.world(), std::vector<Slot>(2 * g.nodes)),
+        result_(g.world(), std::vector<Slot>(2)),
+        have_(g.world(), std::vector<int>(g.local, 0)) {}
+  int flag_slots() const override { return ar_flag_slots(g_); }
+  bool parity_flags() const override { return true; }
+  std::string start(int, int) override { return ""; }
+  std::string apply(int gpu, int e, const Step& s) override {
+    const int L = g_.local, N = g_.nodes, par = e & 1, n = g_.node_of(gpu), l = g_.local_of(gpu);
+    switch (s.act) {
+      case Act::put:
+        if (!same_node(g_, gpu, s.peer) || g_.local_of(s.peer) != s.index) return "a slice goes to its owner";
+        if (s.buffer != ar_peer_buffer(g_, l) || s.flag != s.buffer) return "wrong slot";
+        return write_slot(peer_[s.peer][par * L + s.buffer], e, one(gpu, s.index), 1,
+                          "GPU " + std::to_string(s.peer) + "'s peer slot");
+      case Act::wait: {
+        if (s.flag >= L + N) {  // a local peer's result, in its staging
+          if (s.flag != ar_result_flag(g_, g_.local_of(s.peer)) || s.buffer != ar_result_buffer(g_)) return "wrong slot";
+          const Slot& slot = result_[s.peer][par];
+          return slot.epoch == e ? "" : "the flag announces a result that is not there";
+        }
+        if (s.buffer != s.flag) return "wrong slot";
+        const Slot& slot = s.buffer < L ? peer_[gpu][par * L + s.buffer] : node_[gpu][par * N + s.buffer - L];
+        return slot.epoch == e && slot.unread == 1 ? "" : "the flag announces data that is not there";
+      }
+      case Act::sum_node: {
+        if (s.index != l) return "sums another slice";
+        Sum sum = one(gpu, l);
+        for (int q = 0; q < L; ++q) {
+          if (q == l) continue;
+          Sum v;
+          if (auto err = read_slot(peer_[gpu][par * L + q], e, v, "peer slot"); !err.empty()) return err;
+          if (!add_once(sum, v)) return "a contribution added twice";
+        }
+        return write_slot(node_[gpu][par * N + n], e, sum, 1, "the own node sum");
+      }
+      case Act::put_sum: {
+        if (!rail_link(g_, gpu, s.peer)) return "a node sum goes over the rail";
+        if (s.buffer != ar_node_buffer(g_, n) || s.flag != s.buffer || s.index != l) return "wrong slot";
+        const Slot& own = node_[gpu][par * N + n];
+        if (own.epoch != e) return "puts a node sum not computed in this launch";
+        return write_slot(node_[s.peer][par * N + n], e, own.value, 1,
+                          "GPU " + std::to_string(s.peer) + "'s node slot " + std::to_string(n));
+      }
+      case Act::sum_final: {
+        Sum sum;
+        for (int m = 0; m < N; ++m) {
+          Sum v;
+          if (auto err = read_slot(node_[gpu][par * N + m], e, v, "node slot " + std::to_string(m)); !err.empty())
+            return err;
+          if (!add_once(sum, v)) return "a contribution added twice";
+        }
+        if (sum != whole(l, g_.world())) return "the result is not the whole slice's sum";
+        have_[gpu][l] = e;
+        return write_slot(result_[gpu][par], e, sum, L - 1, "the result staging");
+      }
+      case Act::signal:
+        if (!same_node(g_, gpu, s.peer) || s.flag != ar_result_flag(g_, l)) return "wrong result signal";
+        return "";
+      case Act::get: {
+        if (!same_node(g_, gpu, s.peer) || s.index != g_.local_of(s.peer)) return "fetches a slice from its non-owner";
+        Sum v;
+        if (auto err = read_slot(result_[s.peer][par], e, v, "GPU " + std::to_string(s.peer) + "'s result");
+            !err.empty())
+          return err;
+        if (v != whole(s.index, g_.world())) return "fetched a wrong result";
+        have_[gpu][s.index] = e;
+        return "";
+      }
+    }
+    return "?";
+  }
+  std::string finish(int gpu, int e) override {
+    for (int q = 0; q < g_.local; ++q)
+      if (have_[gpu][q] != e) return "slice " + std::to_string(q) + " missing";
+    return "";
+  }
+
+ private:
+  NodeGrid g_;
+  std::vector<std::vector<Slot>> peer_, node_, result_;  // [gpu][parity x slots]
+  std::vector<std::vector<int>> have_;                   // [gpu][slice]: the launch whose result it holds
+};
+
+constexpr int kLaunches = 5;     // the parities wrap twice
+constexpr int kInterleavings = 3;
+
+TEST(HierarchyKernels, AllGatherStepsCompleteEveryLaunchInAnyInterleaving) {
+  for (NodeGrid g : every_grid()) {
+    const auto steps = step_lists(g, [](NodeGrid gg, int r, auto&& f) { ag_walk(gg, r, f); });
+    for (int seed = 0; seed < kInterleavings; ++seed) {
+      AllGatherSemantics sem(g);
+      EXPECT_EQ(run_launches(g, steps, sem, kLaunches, 1000 * g.world() + seed), "") << name(g) << ", seed " << seed;
+    }
+    // What each GPU sends over its NIC: nodes-1 shards; it raises ready to the GPUs that write into it.
+    for (int r = 0; r < g.world(); ++r) {
+      int rail_puts = 0, pushes = 0;
+      for (const Step& s : steps[r])
+        if (s.act == Act::put) (rail_link(g, r, s.peer) ? rail_puts : pushes) += 1;
+      EXPECT_EQ(rail_puts, g.nodes - 1) << name(g) << ": GPU " << r;
+      EXPECT_EQ(pushes, g.nodes * (g.local - 1)) << name(g) << ": GPU " << r;
+    }
+  }
+}
+
+TEST(HierarchyKernels, ReduceScatterStepsSumEveryBlockEveryLaunchInAnyInterleaving) {
+  for (NodeGrid g : every_grid()) {
+    const auto steps = step_lists(g, [](NodeGrid gg, int r, auto&& f) { rs_walk(gg, r, f); });
+    for (int seed = 0; seed < kInterleavings; ++seed) {
+      ReduceScatterSemantics sem(g);
+      EXPECT_EQ(run_launches(g, steps, sem, kLaunches, 2000 * g.world() + seed), "") << name(g) << ", seed " << seed;
+    }
+    for (int r = 0; r < g.world(); ++r) {
+      int rail_puts = 0;
+      for (const Step& s : steps[r]) rail_puts += s.act == Act::put_sum;
+      EXPECT_EQ(rail_puts, g.nodes - 1) << name(g) << ": node sums GPU " << r << " puts on its NIC";
+    }
+  }
+}
+
+TEST(HierarchyKernels, AllReduceStepsSumEverySliceEveryLaunchInAnyInterleaving) {
+  for (NodeGrid g : every_grid()) {
+    const auto steps = step_lists(g, [](NodeGrid gg, int r, auto&& f) { ar_walk(gg, r, f); });
+    for (int seed = 0; seed < kInterleavings; ++seed) {
+      AllReduceSemantics sem(g);
+      EXPECT_EQ(run_launches(g, steps, sem, kLaunches, 3000 * g.world() + seed), "") << name(g) << ", seed " << seed;
+    }
+  }
+}
+
+// The driver itself catches what it is there to catch: a wait dropped from a
+// schedule reads data that is not there; a schedule in single buffers
+// overwrites what a slower receiver has not read.
+TEST(HierarchyKernels, TheSimulationCatchesAMissingWaitAndAnUnguardedBuffer) {
+  const NodeGrid g{2, 2};
+  auto steps = step_lists(g, [](NodeGrid gg, int r, auto&& f) { rs_walk(gg, r, f); });
+  auto without_first_wait = steps;
+  for (auto& list : without_first_wait)
+    for (auto it = list.begin(); it != list.end(); ++it)
+      if (it->act == Act::wait) {
+        list.erase(it);
+        break;
+      }
+  bool caught = false;
+  for (int seed = 0; seed < 20 && !caught; ++seed) {
+    ReduceScatterSemantics sem(g);
+    caught = !run_launches(g, without_first_wait, sem, kLaunches, seed).empty();
+  }
+  EXPECT_TRUE(caught) << "a ReduceScatter without its first wait passed every interleaving";
+
+  // AllGather without the ready handshake: a fast GPU writes a slow one's output early.
+  auto no_ready = step_lists(g, [](NodeGrid gg, int r, auto&& f) { ag_walk(gg, r, f); });
+  for (auto& list : no_ready)
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [](const Step& s) {
+                                return (s.act == Act::signal || s.act == Act::wait) && s.index == -1;
+                              }),
+               list.end());
+  caught = false;
+  for (int seed = 0; seed < 50 && !caught; ++seed) {
+    AllGatherSemantics sem(g);
+    caught = run_launches(g, no_ready, sem, kLaunches, seed).find("output while it runs launch") != std::string::npos;
+  }
+  EXPECT_TRUE(caught) << "an AllGather without its ready handshake passed every interleaving";
+}
+
+TEST(HierarchyKernels, StepSlotsStayInTheirRanges) {
+  for (NodeGrid g : every_grid())
+    for (int r = 0; r < g.world(); ++r) {
+      ag_walk(g, r, [&](const Step& s) {
+        EXPECT_LT(s.flag, ag_flag_slots(g)) << name(g);
+        EXPECT_LT(s.buffer, g.world()) << name(g);
+      });
+      rs_walk(g, r, [&](const Step& s) {
+        EXPECT_LT(s.flag, rs_slots(g)) << name(g);
+        EXPECT_TRUE(s.act != Act::put || s.buffer < g.nodes * g.local) << name(g);
+        EXPECT_TRUE(s.act != Act::put_sum || s.buffer >= g.nodes * g.local) << name(g);
+      });
+      ar_walk(g, r, [&](const Step& s) {
+        EXPECT_LT(s.flag, ar_flag_slots(g)) << name(g);
+        EXPECT_LT(s.buffer, ar_buffer_slots(g)) << name(g);
+      });
+    }
+}
+
 // ---- EP, two hops ----
 
 TEST(Hierarchy, EpTwoHopDeliversEveryTokenRankPairOnce) {

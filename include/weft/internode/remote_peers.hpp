@@ -32,9 +32,16 @@ class RemotePeers {
   /// rank's outcome, so a failure throws on all of them, naming the ranks and
   /// why. Under the native heap every peer is mapped, remote.cuh never calls
   /// NVSHMEM, and nothing is set (active() is false).
+  ///
+  /// While it is alive, weft::AllGather, ReduceScatter and AllReduce find
+  /// their two-level schedules, whose kernels are weft::internode's: a plan
+  /// built across nodes (or virtual nodes) takes them, where without a
+  /// RemotePeers it refuses, naming the ranks it cannot address. Keep it until
+  /// the last run of such a plan (docs/decisions/0066).
   explicit RemotePeers(std::shared_ptr<Context> ctx);
   /// Releases the device state (nvshmemx_culibrary_finalize) while the
-  /// Context, which it holds, still has NVSHMEM up. Not collective.
+  /// Context, which it holds, still has NVSHMEM up, and withdraws the
+  /// two-level schedules (a plan that runs later throws, saying so). Not collective.
   ~RemotePeers();
   RemotePeers(const RemotePeers&) = delete;
   RemotePeers& operator=(const RemotePeers&) = delete;

@@ -1,4 +1,4 @@
-// weft/ops/all_gather.hpp - AllGather among the ranks of one node, as a reusable plan.
+// weft/ops/all_gather.hpp - AllGather among the ranks, as a reusable plan.
 //
 // Every rank contributes `bytes_per_rank` bytes; every rank ends with all
 // contributions concatenated in rank order (world_size x bytes_per_rank).
@@ -12,7 +12,16 @@
 //                 buffers, one NVLink trip and no handshake;
 //   ring        - SM push in ring order: each shard travels rank -> rank + 1
 //                 for W - 1 steps (for links between neighbours only).
-// automatic picks by size from measurements on 2 x H200 (docs/PERF.md; docs/decisions/0008).
+//   two_level   - across nodes: a ring of puts along each rail (the GPUs of one
+//                 local rank, one per node) through NVSHMEM, and NVLink pushes
+//                 of every shard that lands to the node's other GPUs
+//                 (src/ops/hierarchy.hpp; docs/decisions/0066). Its kernel lives in
+//                 weft::internode, ready while a weft::RemotePeers is alive.
+// automatic picks by size from measurements on 2 x H200 (docs/PERF.md; docs/decisions/0008)
+// where every peer is mapped (one node), and two_level where some are not
+// (other nodes, or virtual nodes: WEFT_VIRTUAL_NODES). The one-node variants
+// load and store every peer, so across nodes they are refused, naming the
+// ranks without a direct path; so is two_level without weft::internode.
 // Every variant is epoch-tagged: back-to-back runs need no reset and no extra barrier.
 #pragma once
 
@@ -26,10 +35,13 @@
 #include "weft/runtime/context.hpp"
 
 namespace weft {
+namespace ops_detail {
+class TwoLevelRun;
+}
 
-enum class AllGatherVariant { automatic, push, pull, copy_engine, low_latency, ring };
+enum class AllGatherVariant { automatic, push, pull, copy_engine, low_latency, ring, two_level };
 
-/// "auto", "push", "pull", "ce", "ll", "ring".
+/// "auto", "push", "pull", "ce", "ll", "ring", "two_level".
 const char* to_string(AllGatherVariant v);
 /// Parses the names above ("copy_engine" too); throws naming the accepted names.
 AllGatherVariant parse_all_gather_variant(const std::string& name);
@@ -54,7 +66,7 @@ class AllGather {
   /// Gathers `input` (bytes_per_rank on this rank) into `output`
   /// (world_size x bytes_per_rank) on `stream`. Every rank calls it, in the same
   /// order. Where the buffers must live:
-  ///   push, ring, copy_engine: `output` in the symmetric heap (peers write into it);
+  ///   push, ring, copy_engine, two_level: `output` in the symmetric heap (peers write into it);
   ///   pull:              `input` in the symmetric heap (peers read from it);
   ///   ll:                anywhere (the plan owns its symmetric staging).
   /// The other buffer may be any device memory. `input` may alias this rank's
@@ -82,6 +94,7 @@ class AllGather {
   std::vector<cudaStream_t> side_streams_;
   std::vector<cudaEvent_t> side_events_;
   cudaEvent_t fork_event_ = nullptr;
+  std::unique_ptr<ops_detail::TwoLevelRun> two_level_;  // two_level: weft::internode's plan
 
  public:
   ~AllGather();

@@ -1,4 +1,4 @@
-// weft/ops/all_reduce.hpp - sum across the ranks of one node, as a reusable plan.
+// weft/ops/all_reduce.hpp - sum across the ranks, as a reusable plan.
 //
 // Every rank gives `count` elements; every rank receives their element-wise
 // sum. Sums accumulate in fp32 in rank order and round once, so every variant
@@ -13,7 +13,16 @@
 //   ce        - the same two phases on the copy engines: slices pushed into the
 //               owners' scratch, summed chunk by chunk by a short local kernel,
 //               each summed chunk pushed to every peer. Bulk messages, few SMs.
-// automatic picks by size from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008).
+//   two_level - across nodes: ReduceScatter in the node over NVLink (slice l to
+//               local rank l, summed in local rank order, fp32), the node sums of
+//               each slice put to every GPU of its rail through NVSHMEM and summed
+//               in node order, rounding once (every GPU of the rail gets the same
+//               bits), then AllGather in the node (src/ops/hierarchy.hpp;
+//               docs/decisions/0066). The order differs from rank order where nodes
+//               hold several ranks; results repeat exactly and agree on every rank.
+//               Its kernel lives in weft::internode, ready while a weft::RemotePeers is alive.
+// automatic picks by size from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008)
+// where every peer is mapped (one node), and two_level where some are not.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,11 +38,12 @@ namespace weft {
 
 namespace ops_detail {
 class CopyEngineReduction;
+class TwoLevelRun;
 }
 
-enum class AllReduceVariant { automatic, low_latency, one_shot, two_shot, copy_engine };
+enum class AllReduceVariant { automatic, low_latency, one_shot, two_shot, copy_engine, two_level };
 
-/// "auto", "ll", "one_shot", "two_shot", "ce".
+/// "auto", "ll", "one_shot", "two_shot", "ce", "two_level".
 const char* to_string(AllReduceVariant v);
 /// Parses those names; throws naming the accepted ones.
 AllReduceVariant parse_all_reduce_variant(const std::string& name);
@@ -63,7 +73,7 @@ class AllReduce {
 
   /// Sums `input` over the ranks into `output` on `stream` (output == input is
   /// allowed: in place). Every rank calls it in the same order. Buffers: for
-  /// ll and one_shot any device memory; for two_shot both in the symmetric heap
+  /// ll, one_shot and two_level any device memory; for two_shot both in the symmetric heap
   /// (peers read them); for ce the output in the heap (peers write into it).
   /// Every variant can be captured in a CUDA graph. Throws
   /// weft::Error naming the violated requirement.
@@ -86,6 +96,7 @@ class AllReduce {
   SignalArray signals_;
   SymmetricBuffer staging_;
   std::unique_ptr<ops_detail::CopyEngineReduction> ce_;
+  std::unique_ptr<ops_detail::TwoLevelRun> two_level_;  // two_level: weft::internode's plan
   std::uint64_t runs_ = 0;
 };
 

@@ -13,7 +13,17 @@
 //   copy_engine - the copy engines push slice p of every input into rank p's
 //                 scratch, chunk by chunk, while a short local kernel sums each
 //                 chunk that has arrived, in rank order (bulk messages, few SMs).
-// automatic picks by size from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008).
+//   two_level   - across nodes: each GPU pushes every block of another rail to
+//                 that rail's GPU of its node over NVLink; the rail's GPU sums
+//                 its node's contributions (local rank order, fp32) and puts the
+//                 node sum (fp32) to the block's owner through NVSHMEM; the owner
+//                 sums the nodes' sums in node order and rounds once
+//                 (src/ops/hierarchy.hpp; docs/decisions/0066). The order differs
+//                 from rank order where nodes hold several ranks, so the bits may
+//                 differ from the one-node variants'; they repeat exactly. Its
+//                 kernel lives in weft::internode, ready while a weft::RemotePeers is alive.
+// automatic picks by size from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008)
+// where every peer is mapped (one node), and two_level where some are not.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,11 +39,12 @@
 namespace weft {
 namespace ops_detail {
 class CopyEngineReduction;
+class TwoLevelRun;
 }
 
-enum class ReduceScatterVariant { automatic, low_latency, mesh, ring, copy_engine };
+enum class ReduceScatterVariant { automatic, low_latency, mesh, ring, copy_engine, two_level };
 
-/// "auto", "ll", "mesh", "ring", "ce".
+/// "auto", "ll", "mesh", "ring", "ce", "two_level".
 const char* to_string(ReduceScatterVariant v);
 /// Parses those names; throws naming the accepted ones.
 ReduceScatterVariant parse_reduce_scatter_variant(const std::string& name);
@@ -62,7 +73,7 @@ class ReduceScatter {
   /// Reduces `input` (world x count elements) into `output` (count elements)
   /// on `stream`. `output` may be this rank's slice of `input` (in place).
   /// Buffers: mesh reads peers' inputs, so `input` must be in the symmetric
-  /// heap; ll, ring and copy_engine take any device memory. Every variant can
+  /// heap; ll, ring, copy_engine and two_level take any device memory. Every variant can
   /// be captured in a CUDA graph and replayed.
   void run(const void* input, void* output, cudaStream_t stream);
 
@@ -83,6 +94,7 @@ class ReduceScatter {
   SignalArray signals_;
   SymmetricBuffer staging_;
   std::unique_ptr<ops_detail::CopyEngineReduction> ce_;
+  std::unique_ptr<ops_detail::TwoLevelRun> two_level_;  // two_level: weft::internode's plan
   std::uint64_t runs_ = 0;
 };
 

@@ -105,7 +105,9 @@ class Context {
   /// load or store peers' memory through World::symm_at, or copy to it by
   /// copy engine, calls it before its first collective step; kernels written
   /// on weft/device/remote.cuh handle unreachable peers and need not.
-  void require_direct_peers(const std::string& who) const;
+  /// `remedy`, where given, ends the message: what would serve such peers
+  /// (the collectives: their two-level schedule, and what it needs).
+  void require_direct_peers(const std::string& who, const std::string& remedy = "") const;
   /// Host barrier through the rendezvous store (not ordered with GPU work).
   void host_barrier(const std::string& what);
 

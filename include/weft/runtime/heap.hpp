@@ -62,10 +62,13 @@ using Reachability = std::vector<std::vector<bool>>;
 /// "rank 0 cannot address rank(s) 2, 3". Pure.
 std::string unreachable_pairs(const Reachability& reach);
 /// Throws weft::Error unless every rank maps every peer, naming `who` (the
-/// operator that needs it), the backend and each pair without a direct path.
-/// Pure: every rank, holding the same matrix, reaches the same verdict.
+/// operator that needs it), the backend and each pair without a direct path,
+/// and ending with `remedy` (what would serve those peers; by default, that
+/// `who` has no path through NVSHMEM yet and must run on one node). Pure:
+/// every rank, holding the same matrix, reaches the same verdict.
 /// Context::require_direct_peers calls it.
-void require_direct_peers(const std::string& who, const Reachability& reach, HeapBackend backend);
+void require_direct_peers(const std::string& who, const Reachability& reach, HeapBackend backend,
+                          const std::string& remedy = "");
 
 /// The offset bookkeeping of a heap: first-fit over a sorted free list with
 /// coalescing. Pure CPU logic; every rank runs an identical copy, so identical

@@ -4,7 +4,8 @@
 // of every rank (which crosses nodes: both branches run), within each node
 // (the direct path alone) and along each rail (NVSHMEM alone); the same data
 // fetched with get; and the plain operators refusing peers they cannot
-// address. docs/decisions/0061.
+// address. docs/decisions/0061. The collectives' two-level schedules are
+// tested in test_collectives.cu.
 //
 // Its own binary (weft_internode_tests): its kernels are relocatable device
 // code, device-linked with weft::internode and libnvshmem_device.a. Runs under
@@ -15,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_test.hpp"
+#include "internode_test.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/remote.cuh"
 #include "weft/internode/remote_peers.hpp"
@@ -108,18 +109,6 @@ __global__ void count_direct(dev::World w, int* out) {
   *out = n;
 }
 
-/// Skips (on every rank alike: the settings were agreed) unless the NVSHMEM heap runs with virtual nodes.
-#define NEED_VIRTUAL_NODES()                                                                                     \
-  do {                                                                                                           \
-    if (ctx().heap().backend() != HeapBackend::nvshmem)                                                          \
-      GTEST_SKIP() << "needs the NVSHMEM heap (WEFT_HEAP_BACKEND=nvshmem) and virtual nodes "                    \
-                      "(WEFT_VIRTUAL_NODES=N); this run has the "                                                \
-                   << to_string(ctx().heap().backend()) << " heap";                                              \
-    if (ctx().team().virtual_nodes < 2)                                                                          \
-      GTEST_SKIP() << "needs virtual nodes (WEFT_VIRTUAL_NODES=N, N >= 2 dividing the world size) on the "       \
-                      "NVSHMEM heap; this run has one node of "                                                  \
-                   << ctx().world_size() << " ranks";                                                            \
-  } while (0)
 
 /// The exchange of one ring (this rank puts to `to`, receives from `from`) for kRounds rounds,
 /// alternating the blocking and the non-blocking put. Returns the bytes that differed, on all ranks.
@@ -240,6 +229,7 @@ TEST(Remote, GetFetchesThePreviousRanksBlockOnEitherPath) {
 TEST(Remote, OperatorsThatNeedEveryPeerMappedRefuseNamingThePairs) {
   NEED_VIRTUAL_NODES();
   EXPECT_FALSE(ctx().all_peers_direct());
+  // No RemotePeers is alive here, so AllGather's two-level schedule (weft::internode's) is not at hand either.
   std::string e;
   try {
     AllGather plan(test::ctx_ptr(), {std::uint64_t{1} << 20, AllGatherVariant::automatic, 0});
@@ -248,6 +238,7 @@ TEST(Remote, OperatorsThatNeedEveryPeerMappedRefuseNamingThePairs) {
   }
   EXPECT_NE(e.find("AllGather reaches every peer by load and store"), std::string::npos) << e;
   EXPECT_NE(e.find(str("rank ", ctx().rank(), " cannot address rank(s) ")), std::string::npos) << e;
+  EXPECT_NE(e.find("construct a weft::RemotePeers"), std::string::npos) << e;
   e.clear();
   try {
     ctx().barrier(test::stream());

@@ -1,0 +1,28 @@
+// collectives.hpp (private) - weft::internode's two-level AllGather, ReduceScatter and
+// AllReduce plans, and the table weft::RemotePeers registers for libweft's plans to
+// find them (../two_level.hpp; docs/decisions/0066).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "../two_level.hpp"
+
+namespace weft::ops_detail {
+
+/// Collective: a two-level AllGather of `bytes_per_rank` (all_gather.cu).
+std::unique_ptr<TwoLevelRun> make_two_level_all_gather(Context& ctx, std::uint64_t bytes_per_rank, int max_sms);
+/// Collective: a two-level ReduceScatter of `count` elements per rank (reduce_scatter.cu).
+std::unique_ptr<TwoLevelRun> make_two_level_reduce_scatter(Context& ctx, std::uint64_t count, DType dtype,
+                                                           int max_sms);
+/// Collective: a two-level AllReduce of `count` elements (all_reduce.cu).
+std::unique_ptr<TwoLevelRun> make_two_level_all_reduce(Context& ctx, std::uint64_t count, DType dtype, int max_sms);
+
+/// The three, as weft::RemotePeers registers them.
+const TwoLevelCollectives& internode_collectives();
+
+/// Throws, naming `who`, unless a weft::RemotePeers is alive (NVSHMEM's device
+/// state, which the kernels read, is set only while one is).
+void require_remote_peers(const char* who);
+
+}  // namespace weft::ops_detail
