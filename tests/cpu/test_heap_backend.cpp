@@ -14,24 +14,16 @@
 #include <vector>
 
 #include "runtime/nvshmem_heap.hpp"
+#include "cpu/error_text.hpp"
 #include "weft/core/error.hpp"
 #include "weft/runtime/heap.hpp"
 #include "weft/runtime/store.hpp"
 
 using namespace weft;
+using weft::test::error_of;
+using weft::test::has;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -8,24 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "cpu/error_text.hpp"
 #include "weft/core/error.hpp"
 #include "weft/runtime/heap.hpp"
 #include "weft/runtime/team.hpp"
 
 using namespace weft;
+using weft::test::error_of;
+using weft::test::has;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // A team as Team::discover leaves it on one machine before any split: every rank on node 0.
 Team one_machine(int rank, int world) {
