@@ -183,14 +183,16 @@ TEST(BenchArgs, HookAndWayNamesBecomeTheirEnums) {
 
 TEST(BenchArgs, DecodeCasesDefaultToThePerfTableAndParse) {
   const BenchArgs d = parse_bench_args({"weft-bench", "decode"});
-  ASSERT_EQ(d.decode_cases.size(), 10u);
+  ASSERT_EQ(d.decode_cases.size(), 12u);
   EXPECT_EQ(d.decode_cases[0].batch, 1);
   EXPECT_EQ(d.decode_cases[0].q_heads, 96);
   EXPECT_EQ(d.decode_cases[0].kv_heads, 12);
   EXPECT_EQ(d.decode_cases[2].kv_len, 524288);
   EXPECT_EQ(d.decode_cases[0].page_size, 0) << "contiguous";
-  EXPECT_EQ(d.decode_cases[9].batch, 32);
-  EXPECT_EQ(d.decode_cases[9].page_size, 16);
+  EXPECT_EQ(d.decode_cases[11].batch, 32);
+  EXPECT_EQ(d.decode_cases[11].page_size, 16);
+  EXPECT_EQ(d.decode_cases[6].batch, 4);
+  EXPECT_EQ(d.decode_cases[6].page_size, 0) << "contiguous past batch 1";
   EXPECT_EQ(d.splits, 0);
   const BenchArgs c = parse_bench_args({"weft-bench", "decode", "--cases", "4,64,8,1000,32;2,8,1,77", "--splits", "5",
                                         "--dtype", "fp16", "--check"});

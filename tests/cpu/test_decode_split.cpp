@@ -206,7 +206,7 @@ TEST(DecodeSplit, SplitCountFillsTheLastWave) {
   EXPECT_EQ(decode_splits(480, 264, 128), 1);   // a last wave of 216 (82 %): one split
   EXPECT_EQ(decode_splits(528, 264, 128), 1);   // whole waves
   EXPECT_EQ(decode_splits(300, 264, 128), 6);   // 36 left over: 6 splits, 1800 blocks in 7 waves (97 %)
-  // One block per SM (the 4- and 6-stage kernels): 132 slots; batch 1 at 8 KV heads takes 16 splits.
+  // One block per SM (the 6-stage kernel): 132 slots; batch 1 at 8 KV heads takes 16 splits.
   EXPECT_EQ(decode_splits(8, 132, 128), 16);
   EXPECT_EQ(decode_splits(384, 132, 128), 1);   // 2.9 waves, the last 120 of 132 (91 %)
   // Whatever the inputs, the choice is within [1, cap] and its last wave at least 95 % as full as the best.
@@ -217,6 +217,25 @@ TEST(DecodeSplit, SplitCountFillsTheLastWave) {
         ASSERT_GE(s, 1);
         ASSERT_LE(s, std::max<std::int64_t>(cap, 1));
       }
+}
+
+TEST(DecodeSplit, DefaultStagesAreSixOnlyWhereTheSweepWonWithThem) {
+  using weft::attention_detail::decode_default_stages;
+  // Head dim 128, 132 SMs: a contiguous cache below 80 % of the SMs (105.6 units) takes 6 stages - batch 1
+  // at 12 and 8 KV heads, the sweep's winners [0064] - and from 106 units on, 3.
+  EXPECT_EQ(decode_default_stages(true, 128, 12, 132), 6);
+  EXPECT_EQ(decode_default_stages(true, 128, 8, 132), 6);
+  EXPECT_EQ(decode_default_stages(true, 128, 105, 132), 6);
+  EXPECT_EQ(decode_default_stages(true, 128, 106, 132), 3);
+  EXPECT_EQ(decode_default_stages(true, 128, 256, 132), 3);
+  // Paged caches lost at 6 stages (0.61-0.84x): 3 at any batch.
+  EXPECT_EQ(decode_default_stages(false, 128, 8, 132), 3);
+  EXPECT_EQ(decode_default_stages(false, 128, 384, 132), 3);
+  // The SM count is the caller's (a rank's share under MPS): 66 SMs move the edge to 52.8 units.
+  EXPECT_EQ(decode_default_stages(true, 128, 52, 66), 6);
+  EXPECT_EQ(decode_default_stages(true, 128, 53, 66), 3);
+  // Head dim 64 builds 6 stages only.
+  for (bool contiguous : {true, false}) EXPECT_EQ(decode_default_stages(contiguous, 64, 1000, 132), 6);
 }
 
 TEST(DecodeSplit, FastDivisionByThePageSizeIsExact) {

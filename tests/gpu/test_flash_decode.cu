@@ -4,7 +4,7 @@
 // heads 96/12 and 32/8, one KV head, groups wider than one tile of 16 heads,
 // ragged lengths (0, 1, 17, 4097, 131071), the log-sum-exp; cache rows that
 // belong to no sequence hold NaNs, so a read past a sequence's end shows.
-// Every case runs with every kernel variant [0064] (stage counts 3, 4, 6;
+// Every case runs with every kernel variant [0064] (stage counts 3, 6;
 // the launch and last_block merges; pages per row and per warp; all changed
 // at once), each against the reference, and the stage counts and page
 // lookups give the same bits as the default kernel at the same split count.
@@ -266,7 +266,6 @@ std::vector<Variant> variants_for(const Case& c) {
   std::vector<Variant> v = {{.name = "default"}};
   if (d128) {
     v.push_back({.name = "stages 3", .stages = 3});
-    v.push_back({.name = "stages 4", .stages = 4});
     v.push_back({.name = "stages 6", .stages = 6});
   }
   v.push_back({.name = "merge launch", .merge = DecodeMerge::launch});
@@ -407,7 +406,8 @@ TEST(FlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
   // back to zero after every run and every replay, or a later run would merge early or never.
   for (const Variant& v : {Variant{.name = "default"},
                            Variant{.name = "merge last_block", .merge = DecodeMerge::last_block},
-                           Variant{.name = "stages 4, pages per warp", .stages = 4, .lookup = PageLookup::per_warp},
+                           Variant{.name = "stages 3, pages per row, merge launch", .stages = 3,
+                                   .merge = DecodeMerge::launch, .lookup = PageLookup::per_row},
                            Variant{.name = "stages 6, pages per warp, last_block", .stages = 6,
                                    .merge = DecodeMerge::last_block, .lookup = PageLookup::per_warp}}) {
     SCOPED_TRACE(v.name);
@@ -453,6 +453,47 @@ TEST(FlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
   }
 }
 
+TEST(FlashDecode, AutomaticChoicesResolveToTheSweepWinners) {
+  // The options' automatic choices [0064], on 132 SMs whatever this rank's share: 6 stages and the
+  // last_block merge for batch 1 over a contiguous cache (16 splits at 8 KV heads, one block per SM),
+  // 3 stages with the merge launch and pages per warp on a paged one; explicit choices stay.
+  FlashDecodeOptions o;
+  o.q_heads = 32;
+  o.kv_heads = 8;
+  o.max_kv_len = 32768;
+  o.sm_count = 132;
+  {
+    FlashDecode op(o);
+    EXPECT_EQ(op.stages(), 6);
+    EXPECT_EQ(op.merge(), DecodeMerge::last_block);
+    EXPECT_EQ(op.splits(), 16);
+    EXPECT_EQ(op.page_lookup(), PageLookup::automatic);
+  }
+  o.batch = 32;  // 256 units: past 80 % of the SMs
+  EXPECT_EQ(FlashDecode(o).stages(), 3);
+  FlashDecodeOptions paged = o;
+  paged.batch = 8;
+  paged.layout = KvLayout::paged;
+  paged.page_size = 16;
+  paged.max_pages_per_seq = 2048;
+  paged.max_kv_len = 0;
+  {
+    FlashDecode op(paged);
+    EXPECT_EQ(op.stages(), 3);
+    EXPECT_EQ(op.merge(), DecodeMerge::launch);
+    EXPECT_EQ(op.page_lookup(), PageLookup::per_warp);
+  }
+  paged.stages = 6;
+  paged.merge = DecodeMerge::last_block;
+  paged.page_lookup = PageLookup::per_row;
+  {
+    FlashDecode op(paged);
+    EXPECT_EQ(op.stages(), 6);
+    EXPECT_EQ(op.merge(), DecodeMerge::last_block);
+    EXPECT_EQ(op.page_lookup(), PageLookup::per_row);
+  }
+}
+
 TEST(FlashDecode, RefusesBadOptionsAndArgumentsNamingWhy) {
   auto plan_error = [](FlashDecodeOptions o) {
     const std::string why = FlashDecode::can_implement(o);
@@ -488,7 +529,8 @@ TEST(FlashDecode, RefusesBadOptionsAndArgumentsNamingWhy) {
       {with([](auto& o) { o.splits = 1000; }), "splits = 1000 must be 0"},
       {with([](auto& o) { o.softmax_scale = -1; }), "softmax_scale = -1 must be finite"},
       {with([](auto& o) { o.stages = 5; }), "stages = 5 is not built at head_dim = 128: expected 0"},
-      {with([](auto& o) { o.stages = 4; o.head_dim = 64; }), "stages = 4 is not built at head_dim = 64"},
+      {with([](auto& o) { o.stages = 4; }), "stages = 4 is not built at head_dim = 128: expected 0 (the default), 3 or 6"},
+      {with([](auto& o) { o.stages = 3; o.head_dim = 64; }), "stages = 3 is not built at head_dim = 64"},
       {with([](auto& o) { o.page_lookup = PageLookup::per_warp; }),
        "page_lookup = warp is for KvLayout::paged; the contiguous layout takes PageLookup::automatic"},
   };

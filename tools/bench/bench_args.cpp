@@ -207,19 +207,23 @@ const OptionInfo kOptions[] = {
     {"--cases", true, kDecode, "--cases LIST",
      "B,HQ,HKV,L[,P];... : batch, query heads, KV heads, keys per sequence, and a page size\n"
      "(paged KV) or none (contiguous) (default: batch 1 at 96/12 and 32/8 heads, KV 32K, 128K\n"
-     "and 512K, contiguous; batch 8 and 32 at 32K, page 16)"},
+     "and 512K, contiguous; batch 4 at 32/8 and 8 at 96/12, 32K, contiguous; batch 8 and 32 at\n"
+     "32K, page 16)"},
     {"--dist", false, kDecode, "--dist",
      "also time DistFlashDecode: each rank holds a contiguous shard (ceil(L / ranks) keys) of\n"
      "every sequence; reports FlashDecode over the shard alone, the distributed call, and their\n"
      "difference, the exchange and combine (default off)"},
     {"--splits", true, kDecode, "--splits N", "KV splits per (sequence, KV head), 0 to 128; 0: the plan chooses (default 0)"},
     {"--stages", true, kDecode, "--stages N",
-     "the kernel's pipeline stages: 3, 4 or 6 at head dim 128; 0: the default (3) (default 0)"},
-    {"--merge", true, kDecode, "--merge M", "how splits merge: launch, last_block or auto (default auto: launch)"},
+     "the kernel's pipeline stages: 3 or 6 at head dim 128; 0: the plan chooses (6 for a contiguous\n"
+     "cache filling less than 80 % of the SMs, else 3) (default 0)"},
+    {"--merge", true, kDecode, "--merge M", "how splits merge: launch, last_block or auto (default auto: last_block on\n"
+     "contiguous cases, launch on paged ones)"},
     {"--page-lookup", true, kDecode, "--page-lookup L",
-     "paged cases: how a tile finds its pages: row, warp or auto (default auto: row)"},
+     "paged cases: how a tile finds its pages: row, warp or auto (default auto: warp)"},
     {"--sweep", false, kDecode, "--sweep",
-     "per case, time every kernel variant (split counts, stage counts, merges, page lookups)\n"
+     "per case, time every kernel variant (half the splits, stage counts, merges, page lookups,\n"
+     "and the kernel before the defaults took the sweep's winners)\n"
      "against the default, in turn with it, and print each one's TB/s beside the default's\n"
      "(--splits, --stages, --merge and --page-lookup do not apply) (default off)"},
     {"--chunks", true, kOverlap, "--chunks N",
@@ -702,7 +706,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
                                "4096,4096,8192;8192,8192,14336;4096,8192,14336;2048,8192,14336");
   if (args.op == "decode" && args.decode_cases.empty())
     args.decode_cases = parse_decode_cases("1,96,12,32768;1,96,12,131072;1,96,12,524288;1,32,8,32768;1,32,8,131072;"
-                                           "1,32,8,524288;8,96,12,32768,16;8,32,8,32768,16;32,96,12,32768,16;"
+                                           "1,32,8,524288;4,32,8,32768;8,96,12,32768;8,96,12,32768,16;8,32,8,32768,16;32,96,12,32768,16;"
                                            "32,32,8,32768,16");
   WEFT_REQUIRE(args.op != "decode" || args.dtype == "bf16" || args.dtype == "fp16",
                "decode takes --dtype bf16 or fp16, got '", args.dtype, "'");

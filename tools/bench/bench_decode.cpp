@@ -56,9 +56,10 @@ auto resolved(const FlashDecode& op) {
 }
 
 /// The variants --sweep times for a case, over its default options `base` whose plan chose
-/// `splits` splits: split counts around the plan's, the stage counts, the last_block merge, the
-/// per-warp page lookup, and their pairs [0064]. Variants that resolve to the same kernel and
-/// split count as an earlier one are dropped by the caller.
+/// `splits` splits [0064]: half the splits (and one, where the plan takes 2-4), the other stage
+/// count, the other merge, on paged caches the other page lookup, and the kernel every choice
+/// had before the sweep decided them (3 stages, the merge launch, pages per row). Variants that
+/// resolve to the same kernel and split count as an earlier one are dropped by the caller.
 std::vector<std::pair<std::string, FlashDecodeOptions>> sweep_variants(const FlashDecodeOptions& base, int splits) {
   std::vector<std::pair<std::string, FlashDecodeOptions>> v;
   auto add = [&](const std::string& name, auto change) {
@@ -69,31 +70,24 @@ std::vector<std::pair<std::string, FlashDecodeOptions>> sweep_variants(const Fla
   const bool paged = base.layout == KvLayout::paged;
   add("default", [](FlashDecodeOptions&) {});
   if (splits > 1) add(str("splits ", splits / 2, " (/2)"), [&](FlashDecodeOptions& o) { o.splits = splits / 2; });
-  const int twice = std::min(128, 2 * splits);
-  add(str("splits ", twice, " (x2)"), [&](FlashDecodeOptions& o) { o.splits = twice; });
   if (splits > 1 && splits <= 4) add("splits 1", [](FlashDecodeOptions& o) { o.splits = 1; });
-  add("stages 4", [](FlashDecodeOptions& o) { o.stages = 4; });
+  add("stages 3", [](FlashDecodeOptions& o) { o.stages = 3; });
   add("stages 6", [](FlashDecodeOptions& o) { o.stages = 6; });
-  add("last_block", [](FlashDecodeOptions& o) { o.merge = DecodeMerge::last_block; });
-  add(str("splits ", twice, ", last_block"), [&](FlashDecodeOptions& o) {
-    o.splits = twice;
-    o.merge = DecodeMerge::last_block;
-  });
-  add("stages 6, last_block", [](FlashDecodeOptions& o) {
-    o.stages = 6;
-    o.merge = DecodeMerge::last_block;
-  });
+  add("merge launch", [](FlashDecodeOptions& o) { o.merge = DecodeMerge::launch; });
+  add("merge last_block", [](FlashDecodeOptions& o) { o.merge = DecodeMerge::last_block; });
   if (paged) {
+    add("pages per row", [](FlashDecodeOptions& o) { o.page_lookup = PageLookup::per_row; });
     add("pages per warp", [](FlashDecodeOptions& o) { o.page_lookup = PageLookup::per_warp; });
-    add("pages per warp, last_block", [](FlashDecodeOptions& o) {
-      o.page_lookup = PageLookup::per_warp;
-      o.merge = DecodeMerge::last_block;
-    });
-    add("pages per warp, stages 6", [](FlashDecodeOptions& o) {
-      o.page_lookup = PageLookup::per_warp;
-      o.stages = 6;
-    });
   }
+  add("stages 3, merge launch", [](FlashDecodeOptions& o) {
+    o.stages = 3;
+    o.merge = DecodeMerge::launch;
+  });
+  add(paged ? "0053 kernel (pages per row)" : "0053 kernel", [&](FlashDecodeOptions& o) {
+    o.stages = 3;
+    o.merge = DecodeMerge::launch;
+    if (paged) o.page_lookup = PageLookup::per_row;
+  });
   return v;
 }
 

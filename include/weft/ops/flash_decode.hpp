@@ -34,9 +34,9 @@
 // every head of a group shares one read of K and V. Each block keeps an
 // online softmax in fp32 and writes its partial (output, lse); a second,
 // tiny launch merges the partials by their log-sum-exp in a fixed order
-// (attention_detail::LseMerge), or, with DecodeMerge::last_block, the last
-// block of each (sequence, KV head) to finish merges them in the same
-// launch. With one split the first launch writes the result itself. Runs
+// (attention_detail::LseMerge), or, with DecodeMerge::last_block (the
+// default on a contiguous cache), the last block of each (sequence, KV head)
+// to finish merges them in the same launch. With one split the first launch writes the result itself. Runs
 // are bitwise repeatable, allocate nothing, never synchronise the host and
 // can be captured in a CUDA graph; the workspace for the partials is
 // allocated once, by the constructor. The kernel variant (stage count,
@@ -63,7 +63,7 @@ const char* to_string(KvLayout layout);
 /// How the splits' partial results are merged when a plan has more than one
 /// split (with one split the attention launch writes the result itself).
 enum class DecodeMerge {
-  automatic,  ///< the plan's choice: launch
+  automatic,  ///< the plan's choice: last_block on a contiguous cache, launch on a paged one [0064]
   launch,     ///< a second, small launch, one warp per (sequence, query head) [0053]
   last_block  ///< in the attention launch: the last block of a (sequence, KV head) to finish merges its splits [0064]
 };
@@ -72,7 +72,7 @@ const char* to_string(DecodeMerge merge);
 
 /// How a paged tile finds the physical pages of its keys.
 enum class PageLookup {
-  automatic,  ///< the plan's choice: per_row (the contiguous layout has no pages)
+  automatic,  ///< the plan's choice: per_warp (the contiguous layout has no pages) [0064]
   per_row,    ///< each thread reads the block-table entry of each key row it copies [0053]
   per_warp    ///< each warp reads the tile's entries once (a lane per page) and passes them by shuffles [0064]
 };
@@ -97,10 +97,12 @@ struct FlashDecodeOptions {
   float softmax_scale = 0;    ///< 0: 1 / sqrt(head_dim)
   int splits = 0;             ///< KV splits per (sequence, KV head); 0: from the SM count (recommended)
   int sm_count = 0;           ///< SMs to fill; 0: this process's device attribute
-  /// K and V pipeline stages of 64 keys (the kernel variant). 0: the default,
-  /// 3 at head dim 128 (96 KB, two blocks per SM) and 6 at head dim 64.
-  /// Head dim 128 also has 4 and 6 (128 and 192 KB: one block per SM, 3 and
-  /// 5 tiles in flight) [0064]; the split count follows the occupancy.
+  /// K and V pipeline stages of 64 keys (the kernel variant). 0: the plan's
+  /// choice [0064]: at head dim 128, 6 (192 KB, one block per SM, 5 tiles in
+  /// flight) for a contiguous cache whose sequences x KV heads x head tiles
+  /// fill less than 80 % of the SMs, else 3 (96 KB, two blocks per SM); 6
+  /// at head dim 64 (96 KB). Head dim 128 builds 3 and 6; the split count
+  /// follows the occupancy.
   int stages = 0;
   DecodeMerge merge = DecodeMerge::automatic;       ///< how more than one split is merged
   PageLookup page_lookup = PageLookup::automatic;  ///< paged: how a tile finds its pages

@@ -81,6 +81,22 @@ WEFT_HD int decode_splits(std::int64_t units, std::int64_t slots, std::int64_t m
   return 1;
 }
 
+/// The attention kernel's pipeline stages when the plan leaves them open
+/// (FlashDecodeOptions::stages = 0), for `units` blocks per split on
+/// `sm_count` SMs [0064]. Head dim 64: 6 (96 KB, the only count built).
+/// Head dim 128: 6 stages (192 KB, one block per SM, 5 tiles in flight)
+/// for a contiguous cache whose units fill less than 80 % of the SMs - the
+/// plan splits the keys either way, and half as many blocks that each keep
+/// 2.5x the bytes in flight hold the HBM busy to a shorter end of launch:
+/// 1.01-1.20x the 3-stage kernel on every batch-1 case of the sweep on one
+/// H200 (docs/PERF.md, "Decode attention"). Otherwise 3 stages (96 KB, two
+/// blocks per SM): paged caches ran 0.61-0.84x at 6 stages, and a plan
+/// with a wave of units per split has no end-of-launch tail to shorten.
+WEFT_HD int decode_default_stages(bool contiguous, int head_dim, std::int64_t units, std::int64_t sm_count) {
+  if (head_dim != 128) return 6;
+  return contiguous && 5 * units < 4 * sm_count ? 6 : 3;
+}
+
 /// n / d for 0 <= n < 2^31 and 2 <= d <= 256 by one multiply-high and a
 /// shift (a paged tile divides key positions by the page size per row; a
 /// hardware division is some 20 instructions). With s = ceil(log2 d) and

@@ -3,8 +3,8 @@
 // First launch, one thread block per (query-head tile, split, KV head, sequence):
 //   - 4 warps; a tile of 64 keys is 16 keys per warp. K and V tiles stream
 //     through kStages shared-memory stages filled by 16-byte cp.async (rows
-//     past the range are zero-filled, never read), so two tiles are in
-//     flight while one is computed; two blocks fit on an SM.
+//     past the range are zero-filled, never read), so kStages - 1 tiles are
+//     in flight while one is computed; at 3 stages two blocks fit on an SM.
 //   - S = Q K^T and O += P V on mma.sync m16n8k16: the group's query heads
 //     (16 per block, padded with zero rows) are M, so one read of K and V
 //     serves every head of the group. Q lives in registers as A fragments;
@@ -23,9 +23,9 @@
 // merges its splits in the same launch [0064].
 //
 // Variants, chosen per plan (FlashDecodeOptions; weft-bench decode --sweep
-// times them side by side) [0064]: the stage count (3, 4 or 6 at head dim
-// 128), the merge (launch, last_block) and, paged, how a tile finds its pages
-// (per row, per warp). The stage count and the page lookup change where the
+// times them side by side) [0064]: the stage count (3 or 6 at head dim 128),
+// the merge (launch, last_block) and, paged, how a tile finds its pages (per
+// row, per warp); the defaults are the sweep's winners. The stage count and the page lookup change where the
 // bytes come from and when, never the arithmetic: their results are the same
 // bits for the same split count.
 #include <cuda_bf16.h>
@@ -56,29 +56,24 @@ constexpr int kMinKeysPerSplit = 256;   // 4 tiles: below this a split's pipelin
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-/// The default stage count at head dimension D: 96 KB either way, two blocks per SM.
-template <int D>
-constexpr int kDefaultStages = D == 128 ? 3 : 6;
-
-// The stage counts built at head dim 128, and what they mean at 32/8 heads,
+// The stage counts built at head dim 128 (head dim 64 has 6: 96 KB, two
+// blocks per SM; decode_default_stages chooses when the plan leaves it open), and what they mean at 32/8 heads,
 // 32K keys, batch 1 (134 MB of K and V: 31 us at 4.3 TB/s; the default ran
 // 45.1 us, SDPA 43.8, on one H200). A block reads at most (bytes in flight) /
 // (latency), about 3 us under load (decode_split.hpp), so the HBM stays busy
 // only while enough blocks run; the end of a launch - blocks finishing
 // unevenly, fewer and fewer left - is where a short launch loses.
-//   3 stages (default): 96 KB, two blocks per SM, 264 slots: 32 splits, 256
-//     blocks of 1024 keys, 2 tiles (64 KB) in flight per block, 128 KB per
-//     SM; the HBM stays busy down to about 200 running blocks (78 %).
-//   4 stages: 128 KB, one block per SM, 132 slots: 16 splits, 128 blocks of
-//     2048 keys, 3 tiles (96 KB) in flight per block and per SM, a quarter
-//     less: 4.25 TB/s would take about 133 such blocks, more than there are.
-//   6 stages: 192 KB, one block per SM: 16 splits, 5 tiles (160 KB) in
-//     flight per block and SM, 2.5x a default block's reach: the HBM stays
-//     busy down to about 80 running blocks (63 %), a shorter tail - at 4
-//     warps an SM instead of 8, the tensor-core and softmax work of a tile
-//     has fewer warps to hide behind.
-//   More splits (--splits 64): 512 blocks in two waves, 512 keys each: the
-//     tail is half a block long, the merge reads twice the partials.
+//   3 stages: 96 KB, two blocks per SM, 264 slots: 32 splits, 256 blocks
+//     of 1024 keys, 2 tiles (64 KB) in flight per block, 128 KB per SM; the
+//     HBM stays busy down to about 200 running blocks (78 %).
+//   6 stages (this case's default): 192 KB, one block per SM: 16 splits, 5
+//     tiles (160 KB) in flight per block and SM, 2.5x a 3-stage block's
+//     reach: the HBM stays busy down to about 80 running blocks (63 %), a
+//     shorter tail - at 4 warps an SM instead of 8, the tensor-core and
+//     softmax work of a tile has fewer warps to hide behind. Measured 38.0
+//     us with the last_block merge against 45.6 at 3 stages.
+// 4 stages (128 KB, 3 tiles in flight per SM) and twice the splits were
+// built, measured and removed: neither won a case of the sweep [0064].
 
 /// Shapes of the first launch for head dimension D and S pipeline stages.
 template <int D, int S>
@@ -597,11 +592,24 @@ struct Variant {
   Cache cache;
 };
 
-Variant variant_of(const FlashDecodeOptions& o) {
+int head_tiles(const FlashDecodeOptions& o) {
+  return (o.q_heads / o.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
+}
+
+/// Thread blocks of one split: sequences x KV heads x head tiles.
+std::int64_t units_per_split(const FlashDecodeOptions& o) {
+  return std::int64_t{o.batch} * o.kv_heads * head_tiles(o);
+}
+
+/// The plan's kernel on `sm_count` SMs, the options' automatic choices resolved [0064]: the stage
+/// count by decode_default_stages, and on paged caches pages per warp (1.10-1.12x pages per row
+/// on every paged case of the sweep: one block-table read per warp and tile instead of one per
+/// row and thread).
+Variant variant_of(const FlashDecodeOptions& o, int sm_count) {
+  const bool paged = o.layout == KvLayout::paged;
   Variant v{o.dtype, o.head_dim, o.stages, Cache::contiguous};
-  if (v.stages == 0) v.stages = o.head_dim == 128 ? kDefaultStages<128> : kDefaultStages<64>;
-  if (o.layout == KvLayout::paged)
-    v.cache = o.page_lookup == PageLookup::per_warp ? Cache::paged_warp : Cache::paged_rows;
+  if (v.stages == 0) v.stages = decode_default_stages(!paged, o.head_dim, units_per_split(o), sm_count);
+  if (paged) v.cache = o.page_lookup == PageLookup::per_row ? Cache::paged_rows : Cache::paged_warp;
   return v;
 }
 
@@ -621,11 +629,10 @@ void dispatch(const Variant& v, Fn&& fn) {
   };
   auto by_stages = [&](auto t, auto d) {
     if constexpr (decltype(d)::value == 128) {
-      if (v.stages == 4) by_cache(t, d, Int<4>{});
-      else if (v.stages == 6) by_cache(t, d, Int<6>{});
-      else by_cache(t, d, Int<kDefaultStages<128>>{});
+      if (v.stages == 6) by_cache(t, d, Int<6>{});
+      else by_cache(t, d, Int<3>{});
     } else {
-      by_cache(t, d, Int<kDefaultStages<64>>{});
+      by_cache(t, d, Int<6>{});
     }
   };
   auto by_dim = [&](auto t) {
@@ -641,10 +648,6 @@ int smem_bytes(const Variant& v) {
   int bytes = 0;
   dispatch(v, [&](auto, auto d, auto s, auto) { bytes = Tile<decltype(d)::value, decltype(s)::value>::kSmemBytes; });
   return bytes;
-}
-
-int head_tiles(const FlashDecodeOptions& o) {
-  return (o.q_heads / o.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
 }
 
 std::int64_t capacity(const FlashDecodeOptions& o) {
@@ -701,11 +704,11 @@ std::string FlashDecodeOptions::check() const {
     return str("FlashDecode: splits = ", o.splits, " must be 0 (chosen from the SM count) to ",
                attention_detail::kMaxSplits);
   if (o.sm_count < 0) return str("FlashDecode: sm_count = ", o.sm_count, " must be 0 (the device's) or positive");
-  const bool built = o.stages == 0 || (o.head_dim == 128 && (o.stages == 3 || o.stages == 4 || o.stages == 6)) ||
-                     (o.head_dim == 64 && o.stages == attention_detail::kDefaultStages<64>);
+  const bool built = o.stages == 0 || (o.head_dim == 128 && (o.stages == 3 || o.stages == 6)) ||
+                     (o.head_dim == 64 && o.stages == 6);
   if (!built)
     return str("FlashDecode: stages = ", o.stages, " is not built at head_dim = ", o.head_dim, ": expected 0 (the ",
-               "default), 3, 4 or 6 at head dim 128, 6 at head dim 64");
+               "default), 3 or 6 at head dim 128, 6 at head dim 64");
   if (o.merge != DecodeMerge::automatic && o.merge != DecodeMerge::launch && o.merge != DecodeMerge::last_block)
     return str("FlashDecode: merge = ", static_cast<int>(o.merge), " is not a DecodeMerge");
   if (o.page_lookup != PageLookup::automatic && o.page_lookup != PageLookup::per_row &&
@@ -720,13 +723,14 @@ std::string FlashDecodeOptions::check() const {
 std::string FlashDecode::can_implement(const FlashDecodeOptions& o) {
   std::string why = o.check();
   if (!why.empty()) return why;
-  int device = 0, optin = 0;
+  int device = 0, optin = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     cudaGetLastError();
     return "FlashDecode: no usable CUDA device";
   }
-  const int need = attention_detail::smem_bytes(attention_detail::variant_of(o));
+  const int need = attention_detail::smem_bytes(attention_detail::variant_of(o, o.sm_count ? o.sm_count : sms));
   if (optin < need)
     return str("FlashDecode: the kernel needs ", need, " bytes of shared memory per block; this device allows ", optin);
   return "";
@@ -745,12 +749,16 @@ FlashDecode::FlashDecode(const FlashDecodeOptions& options, bool partials_only)
   sm_count_ = o_.sm_count;
   if (sm_count_ == 0) WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   scale_ = o_.softmax_scale > 0.f ? o_.softmax_scale : 1.0f / std::sqrt(static_cast<float>(o_.head_dim));
-  const Variant variant = variant_of(o_);
+  const Variant variant = variant_of(o_, sm_count_);
   stages_ = variant.stages;
   page_lookup_ = variant.cache == Cache::paged_warp   ? PageLookup::per_warp
                  : variant.cache == Cache::paged_rows ? PageLookup::per_row
                                                       : PageLookup::automatic;
-  merge_ = o_.merge == DecodeMerge::last_block ? DecodeMerge::last_block : DecodeMerge::launch;
+  // automatic: the last_block merge on contiguous caches (1.01-1.18x the merge launch at batch 1:
+  // no second launch's drain), the launch on paged ones (0.994-1.003x there, within noise) [0064].
+  merge_ = o_.merge == DecodeMerge::automatic ? (o_.layout == KvLayout::contiguous ? DecodeMerge::last_block
+                                                                                     : DecodeMerge::launch)
+                                              : o_.merge;
   int per_sm = 0;
   dispatch(variant, [&](auto t, auto d, auto stages, auto cache) {
     using T = decltype(t);
@@ -763,7 +771,7 @@ FlashDecode::FlashDecode(const FlashDecodeOptions& options, bool partials_only)
   if (o_.splits > 0) {
     splits_ = o_.splits;
   } else {
-    const std::int64_t units = std::int64_t{o_.batch} * o_.kv_heads * head_tiles(o_);
+    const std::int64_t units = units_per_split(o_);
     const std::int64_t by_length = std::max<std::int64_t>(1, o_.max_kv_len / kMinKeysPerSplit);
     splits_ = decode_splits(units, std::int64_t{sm_count_} * per_sm, std::min<std::int64_t>(by_length, kMaxSplits));
   }
@@ -864,7 +872,7 @@ void FlashDecode::run(const FlashDecodeArgs& a, cudaStream_t stream) {
   if (o_.layout == KvLayout::paged) p.page_div = FastDiv::make(static_cast<std::uint32_t>(o_.page_size));
   const dim3 grid(static_cast<unsigned>(p.head_tiles * splits_), static_cast<unsigned>(o_.kv_heads),
                   static_cast<unsigned>(o_.batch));
-  dispatch(variant_of(o_), [&](auto t, auto d, auto stages, auto cache) {
+  dispatch(variant_of(o_, sm_count_), [&](auto t, auto d, auto stages, auto cache) {
     using T = decltype(t);
     constexpr int D = decltype(d)::value;
     launch_attention<T, D, decltype(stages)::value, decltype(cache)::value>(p, grid, stream);
