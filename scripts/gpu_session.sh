@@ -186,6 +186,11 @@ if has e2e; then  # issue 31's end-to-end example and host overhead (docs/PYTHON
     timeout 300 python3 tools/bench/host_overhead.py --bench "$BUILD/weft-bench" --json
   sed -n '/^host overhead, world 1/,$p' "$OUT/e2e_host_overhead.log" | grep -v '^{'
   note "e2e: host overhead" "$(grep -E '^host_overhead:' "$OUT/e2e_host_overhead.log" | tail -n 1 | cut -c 16- || true)"
+  # Where the out-of-place op's extra host time goes (ROADMAP, host overhead): an op returning a new tensor
+  # against one returning its input, with the generic autograd fallback, a fallthrough and an explicit kernel.
+  run_logged "e2e: dispatch probe (cuda)" e2e_dispatch_probe.log \
+    timeout 300 python3 tools/torch_dispatch_probe.py --device cuda --calls 50000 --repeats 5
+  grep -E '^[#|]' "$OUT/e2e_dispatch_probe.log"
   PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" run_logged "e2e: tp_block, world 1" e2e_tp_block_w1.log \
     timeout 420 python3 examples/python/tp_block.py --seq 1024,4096 --compile --graph 1000
   grep -E '^ +(ok|FAIL)|^ *seq |^ +[0-9]+ |skipped|NOTE|^tp_block: ' "$OUT/e2e_tp_block_w1.log" | tail -n 20

@@ -16,7 +16,23 @@ depend on the device):
   Library.impl  torch.library.Library define + a Python kernel calling the pybind function
   custom_op     torch.library.custom_op (Python) calling the pybind function
 
-Usage: python3 tools/torch_dispatch_probe.py [--calls N] [--repeats R] [--json]
+and, for the cost of an op that returns a tensor (issue 31: weft's out-of-place
+all_reduce costs 2.8 us more than its in-place form), on --device:
+
+  in place      an op that returns its (a!) argument, as all_reduce_ does
+  new tensor    an op that returns at::empty_like of its argument, as all_reduce does
+  new tensor, Autograd fallthrough
+                the same op with its Autograd kernel a fallthrough, so the
+                dispatcher skips the generic autograd fallback (which walks
+                every argument and output)
+  new tensor, Autograd kernel
+                the same op with an explicit Autograd kernel that refuses an
+                input needing a gradient and calls the op below autograd
+  empty_like    torch.empty_like from Python (ATen's own op that allocates)
+  C++ empty_like
+                at::empty_like in a C++ loop: the allocation alone
+
+Usage: python3 tools/torch_dispatch_probe.py [--calls N] [--repeats R] [--device cpu|cuda] [--json]
 Needs torch and a C++ compiler (the extension is built with load_inline into
 torch's extension cache). Prints the median over R repeats of N calls each, in
 nanoseconds per call.
@@ -37,8 +53,50 @@ static volatile int64_t g_sink = 0;
 // (pointer, element count, dtype), and nothing else.
 void noop(const at::Tensor& x) { g_sink += reinterpret_cast<intptr_t>(x.data_ptr()) + x.numel() + static_cast<int>(x.scalar_type()); }
 
-TORCH_LIBRARY(weft_probe, m) { m.def("noop(Tensor x) -> ()"); }
-TORCH_LIBRARY_IMPL(weft_probe, CPU, m) { m.impl("noop", &noop); }
+at::Tensor& touch_(at::Tensor& x) {
+  noop(x);
+  return x;
+}
+at::Tensor fresh(const at::Tensor& x) {
+  noop(x);
+  return at::empty_like(x);
+}
+
+TORCH_LIBRARY(weft_probe, m) {
+  m.def("noop(Tensor x) -> ()");
+  m.def("touch_(Tensor(a!) x) -> Tensor(a!)");
+  m.def("fresh(Tensor x) -> Tensor");
+  m.def("fresh_fallthrough(Tensor x) -> Tensor");
+  m.def("fresh_checked(Tensor x) -> Tensor");
+}
+
+// An explicit Autograd kernel: refuses an input that needs a gradient (no formula), else calls the
+// op below autograd - what the generic fallback decides, for one argument instead of all.
+at::Tensor fresh_checked_autograd(const at::Tensor& x) {
+  TORCH_CHECK(!(at::GradMode::is_enabled() && x.requires_grad()), "weft_probe::fresh_checked has no autograd formula");
+  at::AutoDispatchBelowADInplaceOrView below;
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("weft_probe::fresh_checked", "").typed<at::Tensor(const at::Tensor&)>();
+  return op.call(x);
+}
+TORCH_LIBRARY_IMPL(weft_probe, CPU, m) {
+  m.impl("noop", &noop);
+  m.impl("touch_", &touch_);
+  m.impl("fresh", &fresh);
+  m.impl("fresh_fallthrough", &fresh);
+  m.impl("fresh_checked", &fresh);
+}
+TORCH_LIBRARY_IMPL(weft_probe, CUDA, m) {
+  m.impl("noop", &noop);
+  m.impl("touch_", &touch_);
+  m.impl("fresh", &fresh);
+  m.impl("fresh_fallthrough", &fresh);
+  m.impl("fresh_checked", &fresh);
+}
+TORCH_LIBRARY_IMPL(weft_probe, Autograd, m) {
+  m.impl("fresh_fallthrough", torch::CppFunction::makeFallthrough());
+  m.impl("fresh_checked", &fresh_checked_autograd);
+}
 
 int64_t loop_direct(const at::Tensor& x, int64_t calls) {
   auto t0 = std::chrono::steady_clock::now();
@@ -53,8 +111,15 @@ int64_t loop_dispatch(const at::Tensor& x, int64_t calls) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
+int64_t loop_empty_like(const at::Tensor& x, int64_t calls) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < calls; ++i) g_sink += reinterpret_cast<intptr_t>(at::empty_like(x).data_ptr());
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("noop", &noop);
+  m.def("loop_empty_like", &loop_empty_like);
   m.def("loop_direct", &loop_direct);
   m.def("loop_dispatch", &loop_dispatch);
 }
@@ -80,6 +145,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--device", default="cpu", help="where the out-of-place ops' tensors live: cpu or cuda")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:
@@ -122,13 +188,32 @@ def main() -> int:
         "Library.impl": python_loop(torch.ops.weft_probe_py.noop),
         "custom_op": python_loop(custom_noop),
     }
+    dev = torch.empty(256, dtype=torch.bfloat16, device=args.device)
+
+    def device_loop(fn):
+        def run():
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn(dev)
+            return time.perf_counter_ns() - t0
+        return run
+
+    ways.update({
+        f"in place ({args.device})": device_loop(torch.ops.weft_probe.touch_),
+        f"new tensor ({args.device})": device_loop(torch.ops.weft_probe.fresh),
+        f"new tensor, Autograd fallthrough ({args.device})": device_loop(torch.ops.weft_probe.fresh_fallthrough),
+        f"new tensor, Autograd kernel ({args.device})": device_loop(torch.ops.weft_probe.fresh_checked),
+        f"empty_like ({args.device})": device_loop(torch.empty_like),
+        f"C++ empty_like ({args.device})": lambda: ext.loop_empty_like(dev, calls),
+    })
     results = {}
     for name, run in ways.items():
         run()  # warm-up
         samples = sorted(run() / calls for _ in range(repeats))
         results[name] = {"median_ns": statistics.median(samples), "min_ns": samples[0], "max_ns": samples[-1]}
 
-    info = {"torch": torch.__version__, "python": sys.version.split()[0], "calls": calls, "repeats": repeats}
+    info = {"torch": torch.__version__, "python": sys.version.split()[0], "calls": calls, "repeats": repeats,
+            "device": args.device}
     if args.json:
         print(json.dumps({"info": info, "results": results}))
     else:
