@@ -459,8 +459,9 @@ TEST(TwoLevelWaitTimeout, AWaitThatTimesOutNamesItsRankTheFlagAndTheRankThatNeve
       message = e.what();
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The report names the flag array with its element type: 'all_gather.two_level.flags (u64)' + 24 bytes.
     const std::regex report(
-        R"(device wait timed out: rank (\d+) \(block (\d+)\).*'all_gather\.two_level\.flags' \+ (\d+) bytes.* rank (\d+) never signalled it)");
+        R"(device wait timed out: rank (\d+) \(block (\d+)\).*'all_gather\.two_level\.flags[^']*' \+ (\d+) bytes.* rank (\d+) never signalled it)");
     std::smatch m;
     own = std::regex_search(message, m, report);
     const bool stopped_by_another =
