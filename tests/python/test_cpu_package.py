@@ -250,6 +250,62 @@ def test_cpu_tensors_are_refused_with_a_message():
         torch.ops.weft.fused_matmul_reduce_scatter(x.view(2, 2), x.view(2, 2), "sum", 0, "")
 
 
+def _calls_with_one_input_needing_grad():
+    """Each torch.ops.weft op with CPU arguments of the right kinds, its first floating tensor
+    requiring grad: (name, call)."""
+    def t(*shape, grad=False, dtype=torch.float32):
+        return torch.ones(*shape, dtype=dtype, requires_grad=grad)
+
+    i64 = torch.int64
+    return [
+        ("all_reduce", lambda: torch.ops.weft.all_reduce(t(4, grad=True), "sum", "")),
+        ("all_reduce_", lambda: torch.ops.weft.all_reduce_(t(4, grad=True), "sum", "")),
+        ("all_gather_into_tensor", lambda: torch.ops.weft.all_gather_into_tensor(t(4, grad=True), 2, "")),
+        ("all_gather_into_tensor_out",
+         lambda: torch.ops.weft.all_gather_into_tensor_out(t(4, grad=True), 2, "", out=t(8))),
+        ("reduce_scatter_tensor", lambda: torch.ops.weft.reduce_scatter_tensor(t(4, grad=True), "sum", 2, "")),
+        ("fused_all_gather_matmul", lambda: torch.ops.weft.fused_all_gather_matmul(t(2, 2), [t(2, 2, grad=True)], 0, "")),
+        ("fused_matmul_reduce_scatter",
+         lambda: torch.ops.weft.fused_matmul_reduce_scatter(t(2, 2, grad=True), t(2, 2), "sum", 0, "")),
+        ("matmul_all_reduce", lambda: torch.ops.weft.matmul_all_reduce(t(2, 2), t(2, 2, grad=True), "sum", "")),
+        ("flash_decode", lambda: torch.ops.weft.flash_decode(t(1, 8, 64, grad=True), t(1, 1, 16, 64), t(1, 1, 16, 64))),
+        ("dist_flash_decode", lambda: torch.ops.weft.dist_flash_decode(
+            t(1, 8, 64), t(1, 1, 16, 64), t(1, 1, 16, 64, grad=True), None, None, None, "")),
+        ("ag_moe", lambda: torch.ops.weft.ag_moe(t(4, 8, grad=True), torch.zeros(4, 2, dtype=i64), t(4, 2),
+                                                 t(2, 16, 8), 4, "")),
+        ("moe_rs", lambda: torch.ops.weft.moe_rs(t(8, 16), torch.zeros(2, dtype=i64), torch.zeros(4, 2, dtype=i64),
+                                                 t(4, 2), t(2, 8, 16, grad=True), 4, "")),
+    ]
+
+
+@pytest.mark.parametrize("name,call", _calls_with_one_input_needing_grad(),
+                         ids=[name for name, _ in _calls_with_one_input_needing_grad()])
+def test_inputs_that_need_grad_are_refused_naming_op_and_argument(name, call):
+    """weft's ops have no backward: their Autograd kernel (python/csrc/no_backward.cpp) refuses an input
+    that needs a gradient, before any other check; under no_grad the call reaches the op's own kernel
+    (here the CPU one, which refuses CPU tensors)."""
+    with pytest.raises(RuntimeError, match=rf"weft\.{name}: argument '\w+' requires grad, and weft's ops have no "
+                       r"backward: call them under torch.no_grad\(\)"):
+        call()
+    with torch.no_grad():
+        with pytest.raises((ValueError, RuntimeError)) as refused:
+            call()
+    assert "requires grad" not in str(refused.value), str(refused.value)
+    assert f"weft.{name}" in str(refused.value), str(refused.value)
+
+
+def test_every_op_has_the_no_backward_kernel():
+    """A new op must be listed in python/csrc/no_backward.cpp, or it takes PyTorch's generic autograd
+    fallback (1.8 us more per call)."""
+    names = sorted({s.name[len("weft::"):] for s in torch._C._jit_get_all_schemas() if s.name.startswith("weft::")})
+    assert len(names) >= 12, names
+    tested = {name for name, _ in _calls_with_one_input_needing_grad()}
+    missing = [n for n in names if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(f"weft::{n}",
+                                                                                               "AutogradCUDA")]
+    assert not missing, f"ops without weft's Autograd kernel: {missing}"
+    assert set(names) == tested, f"ops not called by the refusal test: {sorted(set(names) - tested)}"
+
+
 def test_uninitialised_calls_say_to_call_init():
     for call in (lambda: weft.empty(4), lambda: weft.rank(), lambda: weft.peer_view(torch.ones(1), 0)):
         with pytest.raises(RuntimeError, match=r"weft\.\w+: weft is not initialised in this process: call weft.init"):
