@@ -11,6 +11,7 @@
 // allocation (tools/torch_dispatch_probe.py, "new tensor" against "new tensor,
 // Autograd kernel"; docs/PERF.md, "PyTorch package").
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
