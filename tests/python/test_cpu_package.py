@@ -300,8 +300,9 @@ def test_every_op_has_the_no_backward_kernel():
     names = sorted({s.name[len("weft::"):] for s in torch._C._jit_get_all_schemas() if s.name.startswith("weft::")})
     assert len(names) >= 12, names
     tested = {name for name, _ in _calls_with_one_input_needing_grad()}
-    missing = [n for n in names if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(f"weft::{n}",
-                                                                                               "AutogradCUDA")]
+    # The kernel registered under the Autograd alias key itself: the computed table is no test, as
+    # PyTorch's autograd fallback fills it for every op.
+    missing = [n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(f"weft::{n}", "Autograd")]
     assert not missing, f"ops without weft's Autograd kernel: {missing}"
     assert set(names) == tested, f"ops not called by the refusal test: {sorted(set(names) - tested)}"
 
