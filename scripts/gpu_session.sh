@@ -464,7 +464,7 @@ if has decode; then  # decode attention: its GPU tests, weft-bench decode agains
   run_logged "weft-bench decode --dist, 2 ranks sharing a GPU" decode_dist_2.txt "$BUILD/weftrun" -n 2 --share-gpu \
     --timeout 300 -- "$BUILD/weft-bench" decode --dist --cases "$dist_cases"
   grep -v '^\[weft-bench\]' "$OUT/decode_dist_2.txt"
-  # The kernel variants [0064] (split counts, 4 and 6 stages, the last_block merge, pages per warp), each
+  # The kernel variants [0064] (half the splits, 3 and 6 stages, both merges, both page lookups), each
   # case's in turn with its default and checked, so one run says which wins where; SDPA below, same shapes.
   run_logged "weft-bench decode --sweep" decode_sweep.txt "$BUILD/weftrun" -n 1 --timeout 600 -- \
     "$BUILD/weft-bench" decode --sweep --check ${DECODE_SWEEP_ARGS:-}

@@ -20,9 +20,9 @@ namespace {
 /// and descending_block_rows = M / W, so the hooked scheduler walks whole
 /// blocks down from it (src/gemm/tile_walk.hpp): the block the ring sends at step
 /// s, (r - 1 - s) mod W, is the one its tiles compute at step s. (An ascending
-/// walk agreed with the sends at 1 and 2 ranks only; from 3 on each rank's
-/// GEMM reached last the block its side stream had to send second, and the
-/// ranks waited on each other in a cycle.)
+/// walk agrees with the sends at 1 and 2 ranks only; from 3 on each rank's
+/// GEMM would reach last the block its side stream must send second, and the
+/// ranks would wait on each other in a cycle.)
 int ring_one_launch_block(int rank, int world, int position, int tiles_per_block) {
   return weft::gemm_detail::descending_walk_block(position, weft::schedule::ring_gemm_block(rank, 0, world),
                                                   tiles_per_block, world);
@@ -182,8 +182,8 @@ TEST(RingPlan, OneLaunchTilesComputeEachStepsBlockAndEveryTileOnce) {
       }
 }
 
-// At 2 ranks the walk is the rotated one the way ran before: its tile order
-// there is unchanged.
+// At 2 ranks the descending walk is the rotated ascending one: the tile order
+// at 2 ranks does not depend on which of the two the scheduler takes.
 TEST(RingPlan, OneLaunchWalkAtTwoRanksIsTheRotatedOne) {
   for (int tiles_per_block : {1, 2, 4, 16})
     for (int r = 0; r < 2; ++r) {

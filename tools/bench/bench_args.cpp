@@ -223,7 +223,7 @@ const OptionInfo kOptions[] = {
      "paged cases: how a tile finds its pages: row, warp or auto (default auto: warp)"},
     {"--sweep", false, kDecode, "--sweep",
      "per case, time every kernel variant (half the splits, stage counts, merges, page lookups,\n"
-     "and the kernel before the defaults took the sweep's winners)\n"
+     "and decision 0053's kernel: 3 stages, the merge launch, pages per row)\n"
      "against the default, in turn with it, and print each one's TB/s beside the default's\n"
      "(--splits, --stages, --merge and --page-lookup do not apply) (default off)"},
     {"--chunks", true, kOverlap, "--chunks N",

@@ -57,8 +57,8 @@ auto resolved(const FlashDecode& op) {
 
 /// The variants --sweep times for a case, over its default options `base` whose plan chose
 /// `splits` splits [0064]: half the splits (and one, where the plan takes 2-4), the other stage
-/// count, the other merge, on paged caches the other page lookup, and the kernel every choice
-/// had before the sweep decided them (3 stages, the merge launch, pages per row). Variants that
+/// count, the other merge, on paged caches the other page lookup, and decision 0053's kernel
+/// (3 stages, the merge launch, pages per row). Variants that
 /// resolve to the same kernel and split count as an earlier one are dropped by the caller.
 std::vector<std::pair<std::string, FlashDecodeOptions>> sweep_variants(const FlashDecodeOptions& base, int splits) {
   std::vector<std::pair<std::string, FlashDecodeOptions>> v;

@@ -62,8 +62,8 @@ enum class FusedWay {
   ring_per_step,    ///< the ring, one GEMM per step over M / W rows
   /// The ring as one persistent GEMM over all M rows, its tiles walking the
   /// blocks in the ring's order; needs M / W a multiple of 512. Among
-  /// automatic's ways at 2 ranks; at 3 and more only when asked for, until
-  /// its GPU tests have passed there.
+  /// automatic's ways at 2 ranks; at 3 and more it runs when asked for
+  /// (automatic does not time it there: no figure between 3 or more GPUs).
   ring_one_launch,
   /// The ring per step, its first step a plain GEMM (any tile order, or
   /// cuBLAS: the fastest the tuner finds) whose block leaves once whole,
