@@ -73,7 +73,7 @@ TEST(Gemm, EveryConfigurationMatchesTheFp32Reference) {
 
 TEST(Gemm, EveryConfigurationRunsOnAnSmBudgetOfAnySize) {
   // Odd budgets and one below a cluster: each configuration runs whole clusters
-  // (3 SMs once gave 2x1-cluster kernels a grid of 3, which does not launch).
+  // (a 2x1-cluster kernel on a grid of 3 blocks along M does not launch).
   Cublas cb;
   for (int sms : {1, 3, 63}) {
     GemmOptions o{1000, 1024, 512};

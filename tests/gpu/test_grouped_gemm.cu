@@ -237,8 +237,8 @@ TEST(GroupedGemm, EmptyExpertsOneExpertAndOddTotals) {
 }
 
 TEST(GroupedGemm, EveryConfigurationRunsOnAnSmBudgetOfAnySize) {
-  // A budget of 3 SMs once failed to launch the 2x1-cluster kernels (a grid of
-  // 3 along M); 1 is below one cluster, 63 odd and wide. Each runs whole clusters.
+  // A 2x1-cluster kernel does not launch on a grid of 3 along M: budgets of 3 SMs,
+  // 1 (below one cluster) and 63 (odd and wide) must each run whole clusters.
   std::uint64_t salt = 300;
   for (int sms : {1, 3, 63}) {
     Case c = routed("max_sms " + std::to_string(sms), 1001, 16, 512, 64, bench::Routing::zipf);

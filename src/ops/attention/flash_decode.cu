@@ -72,8 +72,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 //     shorter tail - at 4 warps an SM instead of 8, the tensor-core and
 //     softmax work of a tile has fewer warps to hide behind. Measured 38.0
 //     us with the last_block merge against 45.6 at 3 stages.
-// 4 stages (128 KB, 3 tiles in flight per SM) and twice the splits were
-// built, measured and removed: neither won a case of the sweep [0064].
+// Not built: 4 stages (128 KB, 3 tiles in flight per SM) and twice the
+// splits, which won no case of the sweep [0064].
 
 /// Shapes of the first launch for head dimension D and S pipeline stages.
 template <int D, int S>

@@ -66,8 +66,8 @@ constexpr int kCountWarps = 4;        // warps per count block
 // Threads per dispatch / combine block, one block per SM of the budget (so a
 // grid of max_sms blocks stays on max_sms SMs). A warp keeps about 2 KiB of
 // loads in flight (row_sums.cuh); covering HBM's latency at 4.8 TB/s over 132
-// SMs takes some 25 KiB per SM, so 16 warps, where 8 left the combine's reads
-// latency-bound. Both kernels fit 128 registers a thread, a whole SM's file.
+// SMs takes some 25 KiB per SM, so 16 warps (8 leave the combine's reads
+// latency-bound). Both kernels fit 128 registers a thread, a whole SM's file.
 constexpr int kEpThreads = 512;
 constexpr int kEpWarps = kEpThreads / 32;
 constexpr int kExchangeThreads = 1024;
