@@ -209,19 +209,23 @@ TEST(BenchArgs, DecodeCasesDefaultToThePerfTableAndParse) {
             std::string::npos);
   // The kernel variants, forced or swept [0064].
   EXPECT_EQ(d.stages, 0);
-  EXPECT_EQ(d.merge, "auto");
-  EXPECT_EQ(d.page_lookup, "auto");
+  EXPECT_EQ(d.merge, DecodeMerge::automatic);
+  EXPECT_EQ(d.page_lookup, PageLookup::automatic);
   EXPECT_FALSE(d.sweep);
   const BenchArgs v = parse_bench_args({"weft-bench", "decode", "--stages", "6", "--merge", "last_block",
                                         "--page-lookup", "warp", "--sweep"});
   EXPECT_EQ(v.stages, 6);
-  EXPECT_EQ(v.merge, "last_block");
-  EXPECT_EQ(v.page_lookup, "warp");
+  EXPECT_EQ(v.merge, DecodeMerge::last_block);
+  EXPECT_EQ(v.page_lookup, PageLookup::per_warp);
   EXPECT_TRUE(v.sweep);
-  EXPECT_NE(error_of({"decode", "--merge", "fused"}).find("--merge takes launch, last_block or auto, got 'fused'"),
-            std::string::npos);
-  EXPECT_NE(error_of({"decode", "--page-lookup", "page"}).find("--page-lookup takes row, warp or auto"),
-            std::string::npos);
+  EXPECT_NE(error_of({"decode", "--merge", "fused"}).find("unknown --merge 'fused': expected one of auto, launch, "
+                                                          "last_block"),
+            std::string::npos)
+      << error_of({"decode", "--merge", "fused"});
+  EXPECT_NE(error_of({"decode", "--page-lookup", "page"}).find("unknown --page-lookup 'page': expected one of auto, "
+                                                               "row, warp"),
+            std::string::npos)
+      << error_of({"decode", "--page-lookup", "page"});
   EXPECT_NE(error_of({"decode", "--sweep", "--dist"}).find("--sweep and --dist time different things"),
             std::string::npos);
 }

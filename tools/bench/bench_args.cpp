@@ -370,6 +370,13 @@ const VariantName<FusedWay> kWays[] = {{FusedWay::ring_per_step, "per_step"},
                                        {FusedWay::one_launch_add, "one_launch_add"}};
 const VariantName<SampleOrder> kOrders[] = {{SampleOrder::fixed, "fixed"}, {SampleOrder::shuffled, "shuffled"}};
 const VariantName<AgWay> kAgWays[] = {{AgWay::one_gemm, "one_gemm"}, {AgWay::plain_steps, "plain_steps"}};
+// The decode kernel's options, by the names to_string gives them.
+const VariantName<DecodeMerge> kMerges[] = {{DecodeMerge::automatic, "auto"},
+                                            {DecodeMerge::launch, "launch"},
+                                            {DecodeMerge::last_block, "last_block"}};
+const VariantName<PageLookup> kPageLookups[] = {{PageLookup::automatic, "auto"},
+                                                {PageLookup::per_row, "row"},
+                                                {PageLookup::per_warp, "warp"}};
 
 // One size of --bytes, 1 to kMaxBenchBytes; `what` names its place ("size", "range end").
 std::uint64_t parse_one_size(const std::string& text, const std::string& item, const char* what) {
@@ -613,8 +620,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--dist") args.dist = true;
     else if (a == "--splits") args.splits = parse_int(a, v, 0, 128);
     else if (a == "--stages") args.stages = parse_int(a, v, 0, 6);
-    else if (a == "--merge") args.merge = v;
-    else if (a == "--page-lookup") args.page_lookup = v;
+    else if (a == "--merge") args.merge = parse_name(kMerges, v, a);
+    else if (a == "--page-lookup") args.page_lookup = parse_name(kPageLookups, v, a);
     else if (a == "--sweep") args.sweep = true;
     else if (a == "--shapes") {
       args.shapes = parse_shapes(v);
@@ -710,10 +717,6 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
                                            "32,32,8,32768,16");
   WEFT_REQUIRE(args.op != "decode" || args.dtype == "bf16" || args.dtype == "fp16",
                "decode takes --dtype bf16 or fp16, got '", args.dtype, "'");
-  WEFT_REQUIRE(args.merge == "auto" || args.merge == "launch" || args.merge == "last_block",
-               "--merge takes launch, last_block or auto, got '", args.merge, "'");
-  WEFT_REQUIRE(args.page_lookup == "auto" || args.page_lookup == "row" || args.page_lookup == "warp",
-               "--page-lookup takes row, warp or auto, got '", args.page_lookup, "'");
   WEFT_REQUIRE(!args.sweep || !args.dist, "--sweep and --dist time different things: give one");
   const int elem = dtype_bytes(args.dtype);
   if (args.op == "gemm") {

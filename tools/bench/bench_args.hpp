@@ -10,6 +10,7 @@
 #include "timing.hpp"
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/ag_gemm.hpp"
+#include "weft/ops/flash_decode.hpp"
 #include "weft/ops/gemm_rs.hpp"
 
 namespace weft::bench {
@@ -70,8 +71,8 @@ struct BenchArgs {
   int splits = 0;                        ///< --splits: KV splits per (sequence, KV head) (0: the plan's choice)
   bool dist = false;                     ///< --dist: also time DistFlashDecode over a shard per rank
   int stages = 0;                        ///< --stages: the kernel's pipeline stages (0: the default)
-  std::string merge = "auto";            ///< --merge: launch, last_block or auto
-  std::string page_lookup = "auto";      ///< --page-lookup: row, warp or auto (paged cases)
+  DecodeMerge merge = DecodeMerge::automatic;          ///< --merge: launch, last_block or auto
+  PageLookup page_lookup = PageLookup::automatic;      ///< --page-lookup: row, warp or auto (paged cases)
   bool sweep = false;                    ///< --sweep: every kernel variant against the default, per case
   // grouped_gemm only (also b_layout, from --layout)
   std::vector<GroupedCase> grouped_cases;  ///< --m/--n/--k/--experts (default: issue 33's three MoE shapes)

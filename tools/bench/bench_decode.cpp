@@ -35,14 +35,6 @@
 namespace weft::bench {
 namespace {
 
-DecodeMerge merge_of(const std::string& name) {
-  if (name == "launch") return DecodeMerge::launch;
-  return name == "last_block" ? DecodeMerge::last_block : DecodeMerge::automatic;
-}
-PageLookup lookup_of(const std::string& name) {
-  return name == "row" ? PageLookup::per_row : name == "warp" ? PageLookup::per_warp : PageLookup::automatic;
-}
-
 /// "32K" for whole multiples of 1024 keys, else the number.
 std::string keys_label(std::int64_t keys) { return keys % 1024 == 0 ? str(keys / 1024, "K") : str(keys); }
 
@@ -150,8 +142,8 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
     const FlashDecodeOptions defaults = o;  // the sweep's base: every choice the plan's
     o.splits = args.splits;
     o.stages = args.stages;
-    o.merge = merge_of(args.merge);
-    if (c.page_size) o.page_lookup = lookup_of(args.page_lookup);  // the contiguous layout has no pages
+    o.merge = args.merge;
+    if (c.page_size) o.page_lookup = args.page_lookup;  // the contiguous layout has no pages
     FlashDecode op(args.sweep ? defaults : o);
     const std::uint64_t elem = dtype_size(dtype);
     const std::uint64_t cache_elems = std::uint64_t(rows_per_head) * c.kv_heads * kHeadDim;
@@ -320,9 +312,9 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
                   "copy of the same bytes, read + write; ratio = KV TB/s / copy TB/s%s\n",
                   args.dtype.c_str(), kHeadDim, args.samples,
                   args.check ? "; rel err = ||weft - ref|| / ||ref||, ref an fp32 attention on the GPU" : "");
-      if (args.stages || args.merge != "auto" || args.page_lookup != "auto")
+      if (args.stages || args.merge != DecodeMerge::automatic || args.page_lookup != PageLookup::automatic)
         std::printf("kernel forced: stages %s, merge %s, page lookup %s (paged cases)\n",
-                    args.stages ? str(args.stages).c_str() : "default", args.merge.c_str(), args.page_lookup.c_str());
+                    args.stages ? str(args.stages).c_str() : "default", to_string(args.merge), to_string(args.page_lookup));
       if (args.dist)
         std::printf("--dist: %d ranks, each holding ceil(L / %d) keys of every sequence (KV below: the shard); dist "
                     "us = DistFlashDecode,\nexchange us = dist us - weft us (what the exchange kernel costs beyond "
