@@ -47,8 +47,6 @@ TEST(VirtualNodes, SplitIntoContiguousBlocks) {
   EXPECT_EQ(virtual_node_of(8, 4, 1), (std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3}));
   EXPECT_EQ(virtual_node_of(8, 8, 1), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(virtual_node_of(3, 1, 1), (std::vector<int>{0, 0, 0}));
-  // No split asked for: a job on several machines keeps its real nodes.
-  EXPECT_EQ(virtual_node_of(4, 1, 2).size(), 4u);
 }
 
 TEST(VirtualNodes, RefuseACountThatDoesNotDivideTheRanksNamingTheDivisors) {
@@ -118,6 +116,22 @@ TEST(VirtualNodes, TheTeamReportsTheSplitNodes) {
   EXPECT_EQ(t.local_world_size, 4);
   EXPECT_EQ(t.local_rank, 3);
   EXPECT_TRUE(t.single_node());
+  // No split asked for on a job over two machines: it keeps its real nodes.
+  t = one_machine(2, 4);
+  t.node_of = {0, 0, 1, 1};
+  t.num_nodes = t.hosts = 2;
+  t.node_id = 1;
+  t.local_ranks = {2, 3};
+  t.local_rank = 0;
+  t.local_world_size = 2;
+  split_into_virtual_nodes(t, 1);
+  EXPECT_EQ(t.node_of, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(t.num_nodes, 2);
+  EXPECT_EQ(t.node_id, 1);
+  EXPECT_EQ(t.local_ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(t.local_rank, 0);
+  EXPECT_EQ(t.local_world_size, 2);
+  EXPECT_FALSE(t.single_node());
   // A refused split leaves an error naming the setting.
   t = one_machine(0, 6);
   std::string e = error_of([&] { split_into_virtual_nodes(t, 4); });
