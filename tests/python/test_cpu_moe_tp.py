@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import weft
 import weft.nn
+from gpu_helpers import dense_moe  # the float64 reference the GPU tests use too (-1: no expert)
 
 ops = torch.ops.weft
 
@@ -312,18 +313,6 @@ def moe_rs_standin(h, routing, w_down, *, group_name="", max_sms=0):
             r = int(routing.token_row[t, j])
             if r >= 0:
                 out[t] += float(routing.token_weight[t, j]) * (w_down[expert_of_row[r]].double() @ h[r].double())
-    return out
-
-
-def dense_moe(x, idx, wts, w1, w3, w2):
-    """The unsharded block in float64: each token's experts' SwiGLU FFN, weighted."""
-    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for j in range(idx.shape[1]):
-            e = int(idx[t, j])
-            xt = x[t].double()
-            act = torch.nn.functional.silu(w1[e].double() @ xt) * (w3[e].double() @ xt)
-            out[t] += float(wts[t, j]) * (w2[e].double() @ act)
     return out
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import weft
 import weft.nn
-from gpu_helpers import (assert_on_every_rank, capture_after_warmup, generator, moe_layer_error, moe_weights,
+from gpu_helpers import (assert_on_every_rank, capture_after_warmup, dense_moe, generator, moe_layer_error, moe_weights,
                          poison_allocator, ragged, rel_err, sync, world)
 
 pytestmark = pytest.mark.usefixtures("dist_group")
@@ -137,16 +137,7 @@ class Layer:
     def reference(self, idx=None):
         """The unsharded layer over this rank's tokens, float64 (idx: a routing to use instead; bad ids count
         as none)."""
-        idx = self.idx if idx is None else idx
-        x = self.x.double()
-        out = torch.zeros(x.shape[0], self.H, dtype=torch.float64, device="cuda")
-        for e in range(self.E):
-            t, j = (idx == e).nonzero(as_tuple=True)
-            if len(t):
-                xe = x[t]
-                act = F.silu(xe @ self.w1[e].double().T) * (xe @ self.w3[e].double().T)
-                out.index_add_(0, t, self.wts[t, j].double()[:, None] * (act @ self.w2[e].double().T))
-        return out
+        return dense_moe(self.x, self.idx if idx is None else idx, self.wts, self.w1, self.w3, self.w2)
 
     def out_error(self, out, tol, idx=None):
         if out.shape != (self.x.shape[0], self.H) or out.dtype != self.dtype:
