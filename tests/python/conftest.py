@@ -70,6 +70,30 @@ def inputs(request):
     return Inputs(request.node.nodeid)
 
 
+@pytest.fixture(params=[1, 2, 4, 8])
+def fake_group(request):
+    """(group name, size): torch's fake process group of each size (no processes), what the fake kernels read
+    group sizes from. CPU tests only."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
+    yield dist.group.WORLD.group_name, request.param
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def fake_world(fake_group, monkeypatch):
+    """(size, weft._runtime): the fake group, and weft's runtime answering as rank 0 of it (no GPU)."""
+    import weft._runtime as rt
+
+    name, size = fake_group
+    monkeypatch.setattr(rt, "world_size", lambda: size)
+    monkeypatch.setattr(rt, "rank", lambda: 0)
+    monkeypatch.setattr(rt, "group_name", lambda: name)
+    return size, rt
+
+
 @pytest.fixture
 def graph_recorder():
     """(backend, graphs): a torch.compile backend that keeps every graph it is given, and that list."""

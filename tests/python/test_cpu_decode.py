@@ -9,7 +9,6 @@ import inspect
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import weft
@@ -37,16 +36,6 @@ def test_wrappers_are_exported_with_their_defaults():
     sig = inspect.signature(weft.dist_flash_decode)
     assert list(sig.parameters) == ["q", "k", "v", "kv_lens", "block_table", "scale", "group_name"]
     assert sig.parameters["group_name"].default == ""
-
-
-@pytest.fixture(params=[1, 2, 4])
-def fake_group(request):
-    """torch's fake process group of the given size (no processes)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
-    yield dist.group.WORLD.group_name, request.param
-    dist.destroy_process_group()
 
 
 def _contiguous(device, batch=3, q_heads=32, kv_heads=8, cap=100, dim=128, dtype=torch.bfloat16):

@@ -12,7 +12,6 @@ import inspect
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import weft
@@ -53,16 +52,6 @@ def test_exports_and_signatures():
     assert params(moe.from_full) == ["gate_weight", "w1", "w3", "w2", "top_k", "max_tokens", "max_sms", "dtype",
                                      "device"]
     assert params(moe.load_full_weights) == ["self", "gate_weight", "w1", "w3", "w2"]
-
-
-@pytest.fixture(params=[1, 2, 4])
-def fake_group(request):
-    """torch's fake process group of the given size (no processes)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
-    yield dist.group.WORLD.group_name, request.param
-    dist.destroy_process_group()
 
 
 def _layer_inputs(device, T=37, H=256, E=8, k=2, n=96, dtype=torch.bfloat16):
@@ -111,14 +100,9 @@ def test_make_fx_traces_both_ops(fake_group):
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_compile_fullgraph(fake_group, dynamic):
+def test_compile_fullgraph(fake_group, dynamic, graph_recorder):
     name, w = fake_group
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend, graphs = graph_recorder
     torch._dynamo.reset()
     f = torch.compile(lambda *a: _layer(*a, 64, name), fullgraph=True, backend=backend, dynamic=dynamic)
     for T in (37, 50):  # a second token count: one more graph when static, the same one when dynamic
@@ -376,23 +360,7 @@ def test_layer_checks_its_arguments(as_rank):
                             torch.zeros(8, 128, 64))
 
 
-@pytest.fixture(params=[1, 2, 4])
-def fake_world(request, monkeypatch):
-    """torch's fake process group of the given size, and weft's runtime answering as rank 0 of it (no GPU)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    import weft._runtime as rt
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
-    name = dist.group.WORLD.group_name
-    monkeypatch.setattr(rt, "world_size", lambda: request.param)
-    monkeypatch.setattr(rt, "rank", lambda: 0)
-    monkeypatch.setattr(rt, "group_name", lambda: name)
-    yield request.param, rt
-    dist.destroy_process_group()
-
-
-def test_layer_compiles_whole_over_meta_tensors(fake_world, monkeypatch):
+def test_layer_compiles_whole_over_meta_tensors(fake_world, monkeypatch, graph_recorder):
     w, rt = fake_world
     m = weft.nn.TensorParallelMoE(256, 128 * w, 8, 2, 48, device="meta")
 
@@ -401,12 +369,7 @@ def test_layer_compiles_whole_over_meta_tensors(fake_world, monkeypatch):
 
     for fn in ("world_size", "rank", "group_name"):  # forward reads nothing from the runtime (its group is kept)
         monkeypatch.setattr(rt, fn, called)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend, graphs = graph_recorder
     torch._dynamo.reset()
     compiled = torch.compile(m, fullgraph=True, backend=backend)
     out = compiled(torch.empty(3, 16, 256, device="meta", dtype=torch.bfloat16))

@@ -5,7 +5,6 @@ errors a machine without a GPU gives."""
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import weft
@@ -72,16 +71,6 @@ def test_schema_matches_pytorch(name):
     theirs = str(getattr(getattr(torch.ops, ns), op).default._schema)
     ours = str(getattr(torch.ops.weft, name).default._schema)
     assert ours.split("::", 1)[1] == theirs.split("::", 1)[1]
-
-
-@pytest.fixture(params=[1, 2, 4, 8])
-def fake_group(request):
-    """torch's fake process group of the given size (no processes): what the fake kernels read group sizes from."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
-    yield dist.group.WORLD.group_name, request.param
-    dist.destroy_process_group()
 
 
 def test_fake_shapes(fake_group):

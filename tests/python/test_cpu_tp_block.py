@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "python" / "tp_block.py"
@@ -169,22 +168,6 @@ def test_one_rank_block_is_the_textbook_block():
     want = x1 + (F.silu(h2 @ ck["w_gate"].t()) * (h2 @ ck["w_up"].t())) @ ck["w_down"].t()
     got = tp.LocalBlock(cfg, ck, 1)(x, (cos, sin))
     assert ((got - want).norm() / (want - x).norm()).item() < 1e-5
-
-
-@pytest.fixture(params=[1, 2, 4])
-def fake_world(request, monkeypatch):
-    """torch's fake process group of the given size, and weft's runtime answering as rank 0 of it (no GPU)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    import weft._runtime as rt
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
-    name = dist.group.WORLD.group_name
-    monkeypatch.setattr(rt, "world_size", lambda: request.param)
-    monkeypatch.setattr(rt, "rank", lambda: 0)
-    monkeypatch.setattr(rt, "group_name", lambda: name)
-    yield request.param, rt
-    dist.destroy_process_group()
 
 
 def test_weft_block_compiles_whole_over_meta_tensors(fake_world, monkeypatch, graph_recorder):
