@@ -170,6 +170,7 @@ def test_one_rank_block_is_the_textbook_block():
     assert ((got - want).norm() / (want - x).norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("fake_group", [1, 2, 4], indirect=True)  # the block's 4 KV heads split over the ranks
 def test_weft_block_compiles_whole_over_meta_tensors(fake_world, monkeypatch, graph_recorder):
     w, rt = fake_world
     a = tp.parse_args(["--seq", "64", "--batch", "2", *SMALL], w)
