@@ -4,20 +4,11 @@
 #include <type_traits>
 
 #include "weft/core/dtype.hpp"
+#include "weft/core/error.hpp"
 #include "weft/ops/flash_decode.hpp"
 
 namespace weft_torch {
 namespace {
-
-void part(std::string& s, const char* text) { s += text; }
-void part(std::string& s, std::int64_t v) { s += std::to_string(v); }
-
-template <class... Parts>
-std::string cat(const Parts&... parts) {
-  std::string s;
-  (part(s, parts), ...);
-  return s;
-}
 
 const char* dtype(std::int64_t v) { return weft::to_string(static_cast<weft::DType>(v)); }
 const char* layout(std::int64_t v) { return weft::to_string(static_cast<weft::KvLayout>(v)); }
@@ -35,28 +26,29 @@ std::string PlanKey::str() const {
   const char* name = kind_info(kind).name;
   switch (kind) {
     case PlanKind::all_reduce:
-      return cat("all_reduce ", f[0], " x ", dtype(f[1]));
+      return weft::str("all_reduce ", f[0], " x ", dtype(f[1]));
     case PlanKind::all_gather:
-      return cat("all_gather ", f[0], " bytes per rank");
+      return weft::str("all_gather ", f[0], " bytes per rank");
     case PlanKind::reduce_scatter:
-      return cat("reduce_scatter ", f[0], " x ", dtype(f[1]), " per rank");
+      return weft::str("reduce_scatter ", f[0], " x ", dtype(f[1]), " per rank");
     case PlanKind::ag_gemm:
     case PlanKind::gemm_rs:
     case PlanKind::gemm_ar:
-      return cat(name, " m=", f[0], " n=", f[1], " k=", f[2]);
+      return weft::str(name, " m=", f[0], " n=", f[1], " k=", f[2]);
     case PlanKind::expert_parallel:
     case PlanKind::expert_parallel_low_latency:
-      return cat(name, " experts=", f[0], " hidden=", f[1], " top_k=", f[2], " max_tokens=", f[3], " max_sms=", f[4]);
+      return weft::str(name, " experts=", f[0], " hidden=", f[1], " top_k=", f[2], " max_tokens=", f[3],
+                       " max_sms=", f[4]);
     case PlanKind::ag_moe:
     case PlanKind::moe_rs:
-      return cat(name, " experts=", f[0], " hidden=", f[1], " top_k=", f[2], " cap=", f[3], " ", dtype(f[4]),
-                 " max_sms=", f[5]);
+      return weft::str(name, " experts=", f[0], " hidden=", f[1], " top_k=", f[2], " cap=", f[3], " ", dtype(f[4]),
+                       " max_sms=", f[5]);
     case PlanKind::flash_decode:
     case PlanKind::dist_flash_decode:
-      return cat(name, " ", layout(f[0]), " b=", f[1], " heads=", f[2], "/", f[3], " d=", f[4], " ", dtype(f[5]),
-                 " kv=", f[6], " pages=", f[7], "x", f[8], " scale_bits=", f[9]);
+      return weft::str(name, " ", layout(f[0]), " b=", f[1], " heads=", f[2], "/", f[3], " d=", f[4], " ", dtype(f[5]),
+                       " kv=", f[6], " pages=", f[7], "x", f[8], " scale_bits=", f[9]);
   }
-  return cat("plan kind ", static_cast<std::int64_t>(kind));
+  return weft::str("plan kind ", static_cast<std::int64_t>(kind));
 }
 
 }  // namespace weft_torch

@@ -21,9 +21,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._meta import _check_tensor, _group_size
-
-_HALVES = (torch.bfloat16, torch.float16)
+from ._meta import _check_half, _check_tensor, _group_size
 
 
 def _check_decode(op: str, q, k, v, kv_lens, block_table, scale) -> None:
@@ -31,8 +29,7 @@ def _check_decode(op: str, q, k, v, kv_lens, block_table, scale) -> None:
     paged = block_table is not None
     for arg, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(op, arg, t, dtypes=None)
-    if q.dtype not in _HALVES:
-        raise TypeError(f"weft.{op}: argument 'q' must be torch.bfloat16 or torch.float16, got {q.dtype}")
+    _check_half(op, "q", q)
     for arg, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"weft.{op}: argument '{arg}' must have q's dtype {q.dtype}, got {t.dtype}")

@@ -17,9 +17,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import _C, _runtime
-
-_MAX_EXPERTS = 1024
-_MAX_TOP_K = 32
+from ._meta import _MAX_EXPERTS, _MAX_TOP_K
 _MAX_TOKENS_LOW_LATENCY = 4096
 
 

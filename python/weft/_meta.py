@@ -14,6 +14,14 @@ import torch
 from . import _C
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_HALVES = (torch.bfloat16, torch.float16)  # the grouped GEMMs' and the decode kernel's types
+_MAX_EXPERTS = 1024  # the MoE layouts' device scans hold one expert a thread
+_MAX_TOP_K = 32      # a token's slots are the lanes of a warp
+
+
+def _check_half(op: str, arg: str, t: torch.Tensor) -> None:
+    if t.dtype not in _HALVES:
+        raise TypeError(f"weft.{op}: argument '{arg}' must be torch.bfloat16 or torch.float16, got {t.dtype}")
 
 
 def _group_size(op: str, group_name: str) -> int:

@@ -29,11 +29,8 @@ from typing import NamedTuple, Tuple, Union
 import torch
 
 from . import _C
-from ._meta import _check_tensor, _group_size
+from ._meta import _MAX_EXPERTS, _MAX_TOP_K, _check_half, _check_tensor, _group_size
 
-_HALVES = (torch.bfloat16, torch.float16)
-_MAX_EXPERTS = 1024
-_MAX_TOP_K = 32
 _INT32_MAX = 2**31 - 1
 
 
@@ -91,11 +88,6 @@ def _plan_error(experts, hidden, slice_, slice_name, top_k, cap, max_sms, world)
         return (f"max_tokens_per_rank = {cap} x world {world} x top_k {top_k} pairs must stay below 2^31 (int32 row "
                 "indices)")
     return ""
-
-
-def _check_half(op: str, arg: str, t: torch.Tensor) -> None:
-    if t.dtype not in _HALVES:
-        raise TypeError(f"weft.{op}: argument '{arg}' must be torch.bfloat16 or torch.float16, got {t.dtype}")
 
 
 def _check_dtype(op: str, arg: str, t: torch.Tensor, want: torch.dtype) -> None:

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _ep, _moe_tp, _runtime
+from ._meta import _MAX_TOP_K
 
 
 def _split(n: int, w: int, what: str) -> int:
@@ -323,9 +324,9 @@ class TensorParallelMoE(torch.nn.Module):
         if dtype not in (torch.bfloat16, torch.float16):
             raise TypeError(f"{what}: argument 'dtype' must be torch.bfloat16 or torch.float16 (the grouped GEMMs' "
                             f"types), got {dtype}")
-        if not 1 <= top_k <= min(32, num_experts):
-            raise ValueError(f"{what}: argument 'top_k' must be in [1, {min(32, num_experts)}] (at most 32, and at "
-                             f"most num_experts = {num_experts}), got {top_k}")
+        if not 1 <= top_k <= min(_MAX_TOP_K, num_experts):
+            raise ValueError(f"{what}: argument 'top_k' must be in [1, {min(_MAX_TOP_K, num_experts)}] (at most "
+                             f"{_MAX_TOP_K}, and at most num_experts = {num_experts}), got {top_k}")
         if max_tokens < 1:
             raise ValueError(f"{what}: argument 'max_tokens' must be positive, got {max_tokens}")
         self.world = _runtime.world_size()
