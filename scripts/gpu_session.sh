@@ -4,7 +4,7 @@
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
 # with the working tree (device tool: carry [".deps"]).
 #
-#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode ep moe grouped
+#   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode ep moe grouped two_gpu
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
 #    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
 #    arguments and the tiles it also times forced, ';'-separated;
@@ -14,7 +14,9 @@
 #    DECODE_DTYPES, DECODE_ARGS, DECODE_SWEEP_ARGS the decode stage's types, weft-bench decode's extra
 #    arguments, and its --sweep's (e.g. "--dtype fp16" or "--cases ...");
 #    PYTHON_WORLDS the python stage's multi-rank world sizes, default "2 4", and PYTHON_WAIT_S its
-#    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time)
+#    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time;
+#    TWO_GPU_PARTS the two_gpu stage's parts, default "overlap block ep moe decode collectives":
+#    two calls of a few parts each keep every call under the device tool's 600 s)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
 #                                                the suite at world 1, 2, 4, 8, provoked hangs, examples, launcher)
 #
@@ -171,14 +173,18 @@ PY
   done
 fi
 
+# The Python package as the python stage installs it, without its tests, into $BUILD/python-site: built
+# again on every call (incrementally, in $BUILD/python), so it is never older than the tree.
+site="$PWD/$BUILD/python-site"
+install_package() {
+  python3 -c 'import scikit_build_core' 2>/dev/null ||
+    python3 -m pip install -q --no-index --find-links .deps/wheels scikit-build-core >"$OUT/install_skb.log" 2>&1
+  run_logged "install the package" install_package.log python3 -m pip install -q --no-build-isolation --no-index \
+    --no-deps --target "$site" -C cmake.define.WEFT_PREBUILT_LIBWEFT="$PWD/$BUILD/libweft.a" -C build-dir="$BUILD/python" .
+}
+
 if has e2e; then  # issue 31's end-to-end example and host overhead (docs/PYTHON.md): world 1, then 2 (sharing where 1 GPU)
-  site="$PWD/$BUILD/python-site"
-  if [ ! -f "$site/weft/__init__.py" ]; then  # the package as the python stage installs it, without its tests
-    python3 -c 'import scikit_build_core' 2>/dev/null ||
-      python3 -m pip install -q --no-index --find-links .deps/wheels scikit-build-core >"$OUT/e2e_install.log" 2>&1
-    run_logged "e2e: install the package" e2e_install_pkg.log python3 -m pip install -q --no-build-isolation --no-index \
-      --no-deps --target "$site" -C cmake.define.WEFT_PREBUILT_LIBWEFT="$PWD/$BUILD/libweft.a" -C build-dir="$BUILD/python" .
-  fi
+  install_package
   # GEMM choices kept in the build folder: a later call on the same machine skips their tuning.
   export WEFT_TUNE_CACHE=${WEFT_TUNE_CACHE:-$PWD/$BUILD/e2e_tune_cache.txt}
   t_e2e=$SECONDS
@@ -562,6 +568,88 @@ for r in sorted(rows, key=lambda r: (r["rows"], r["n"], r["k"], r["experts"], r[
     print(f"{r['rows']:>6} {r['n']:>5} {r['k']:>5} {r['experts']:>4} {r['routing']:>8} | {r['config']:<28} | "
           f"{r['weft_tflops']:>6.1f} | vs dense {r['vs_dense']:.3f}")
 PY
+fi
+
+if has two_gpu; then  # issue 35: the new operators' figures at 2 ranks against their baselines, measured in this call
+  # On 2 GPUs every time is a figure. On one GPU the same runs, ranks sharing it under MPS, are a rehearsal:
+  # every result is checked, no time is a performance figure, and the NCCL and Async-TP baselines are absent.
+  parts=" ${TWO_GPU_PARTS:-overlap block ep moe decode collectives} "
+  part() { [[ "$parts" == *" $1 "* ]]; }
+  mkdir -p "$OUT/two_gpu"
+  share=()
+  [ "$GPUS" -ge 2 ] || share=(--share-gpu)
+  W2=("$BUILD/weftrun" -n 2 "${share[@]}" --timeout 600 --)
+  note "two_gpu" "$([ "$GPUS" -ge 2 ] && echo "2 GPUs: figures" || echo "1 GPU: a rehearsal, checks only, no figures")"
+  if part overlap; then  # dense AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce, bf16 and fp16, PERF.md's shapes
+    for dt in bf16 fp16; do
+      if [ "$GPUS" -ge 2 ]; then
+        run_logged "two_gpu: overlap $dt" "two_gpu/overlap_$dt.log" python3 scripts/sweep_overlap.py --build "$BUILD" \
+          --out "$OUT/two_gpu/overlap_$dt" --timeout 500 --torch-baselines tools/torch_tp_baselines.py \
+          --extra="--dtype $dt --samples 15"
+        grep -v '^\[weft-bench\]' "$OUT/two_gpu/overlap_$dt.log" | tail -n 30
+      else
+        for op in ag_gemm gemm_rs gemm_ar; do
+          run_logged "two_gpu: $op $dt" "two_gpu/${op}_$dt.log" "${W2[@]}" "$BUILD/weft-bench" "$op" --m 2048 --n 4096 \
+            --k 4096 --dtype "$dt" --check --samples 3
+        done
+      fi
+    done
+  fi
+  if part block; then  # examples/python/tp_block.py at TP 2 against torch + NCCL and Async-TP
+    install_package
+    seqs=1K,2K,4K,8K,16K
+    block_args=(--seq "$seqs")
+    [ "$GPUS" -ge 2 ] || block_args=(--seq 1K --check-only)
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=300 WEFT_WAIT_TIMEOUT=300 \
+      run_logged "two_gpu: tp_block TP 2" two_gpu/tp_block.log "$BUILD/weftrun" -n 2 "${share[@]}" --timeout 900 -- \
+      python3 examples/python/tp_block.py "${block_args[@]}"
+    grep -E '^ +(ok|FAIL)|^ *seq |^ +[0-9]+ |skipped|NOTE|^tp_block: ' "$OUT/two_gpu/tp_block.log" | tail -n 20
+  fi
+  if part ep; then  # expert parallelism at EP 2: 4096 tokens per rank, hidden 7168, top-8 of 256; bf16 and fp8; LL at 128
+    run_logged "two_gpu: ep" two_gpu/ep.txt "${W2[@]}" "$BUILD/weft-bench" ep --check --samples 30
+    grep -vE '^\[weft-bench\]' "$OUT/two_gpu/ep.txt"
+  fi
+  if part moe; then  # MoE under TP 2 on the three MoE shapes (the sequential path: no fused path is built)
+    for routing in uniform zipf; do
+      run_logged "two_gpu: moe_tp $routing" "two_gpu/moe_tp_$routing.txt" "${W2[@]}" "$BUILD/weft-bench" moe_tp --check \
+        --routing "$routing"
+      grep -vE '^\[weft-bench\]' "$OUT/two_gpu/moe_tp_$routing.txt"
+    done
+  fi
+  if part decode; then  # distributed decode: 256K keys on 2 GPUs against 128K on one (scaling), and the combine step
+    one=(1,32,8,131072 1,96,12,131072)
+    two=(1,32,8,262144 1,96,12,262144)
+    run_logged "two_gpu: decode, 128K on one GPU" two_gpu/decode_one.jsonl "$BUILD/weftrun" -n 1 --timeout 300 -- \
+      "$BUILD/weft-bench" decode --check --json --cases "$(IFS=';'; echo "${one[*]}")"
+    run_logged "two_gpu: decode --dist, 256K on two" two_gpu/decode_two.jsonl "${W2[@]}" "$BUILD/weft-bench" decode \
+      --dist --check --json --cases "$(IFS=';'; echo "${two[*]}")"
+    python3 - "$OUT/two_gpu/decode_one.jsonl" "$OUT/two_gpu/decode_two.jsonl" "$GPUS" <<'PY' | tee "$OUT/two_gpu/decode_scaling.txt"
+import json, sys
+rows = lambda f: [json.loads(l) for l in open(f) if l.startswith("{")]
+one = {(r["q_heads"], r["kv_heads"]): r for r in rows(sys.argv[1])}
+print("distributed decode, batch 1: 128K keys on one GPU against 256K on two (efficiency = one's us / two's dist us;"
+      " goal at least 0.9), and the combine step alone (goal at most 8 us)"
+      + ("" if int(sys.argv[3]) >= 2 else "; ranks share one GPU: NOT performance figures"))
+for r in rows(sys.argv[2]):
+    o = one.get((r["q_heads"], r["kv_heads"]))
+    eff = o["us"] / r["dist_us"] if o else float("nan")
+    print(f"  {r['q_heads']}/{r['kv_heads']} heads: one GPU {o['us'] if o else float('nan'):.1f} us, two GPUs "
+          f"{r['dist_us']:.1f} us, efficiency {eff:.3f}; combine {r['combine_us']:.1f} us")
+PY
+  fi
+  if part collectives; then  # AllReduce at 64 KB and below (time) and 64 MB and above (bus bandwidth) against NCCL
+    if [ "$GPUS" -ge 2 ]; then
+      run_logged "two_gpu: all_reduce sweep" two_gpu/collectives.log python3 scripts/sweep_collectives.py \
+        --build "$BUILD" --out "$OUT/two_gpu/collectives" --ops all_reduce --bytes 1K:1G --timeout 560 --nproc 2
+    else
+      run_logged "two_gpu: all_reduce" two_gpu/collectives.log "${W2[@]}" "$BUILD/weft-bench" all_reduce \
+        --bytes 1K:64K,64M:256M --check --samples 5
+    fi
+    grep -v '^\[weft-bench\]' "$OUT/two_gpu/collectives.log" | tail -n 40
+  fi
+  # The sweeps' CSVs and plots in one archive (the device tool returns at most 8 files).
+  ( cd "$OUT" && find two_gpu -type f \( -name '*.csv' -o -name '*.png' \) -print0 |
+      tar czf two_gpu_tables.tgz --null -T - --remove-files ) 2>/dev/null
 fi
 
 if has bench; then

@@ -195,8 +195,11 @@ def main():
         shapes = sorted({f"{r['m']},{r['n']},{r['k']}" for r in weft_rows
                          if r.get("op") in ("ag_gemm", "gemm_rs") and all(k in r for k in ("m", "n", "k"))})
         if run_torch and shapes:
+            # The baselines in weft's element type (--extra="--dtype fp16" times both in fp16).
+            extra = shlex.split(a.extra)
+            dtype = extra[extra.index("--dtype") + 1] if "--dtype" in extra[:-1] else "bf16"
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}", a.torch_baselines,
-                   "--json", "--shapes"] + shapes
+                   "--json", "--dtype", dtype, "--shapes"] + shapes
             rc, torch_rows, tail = run_lines(cmd, a.timeout + 30)
             if rc != 0 or not torch_rows:
                 # The baselines are an extra: their failure is reported, not counted against weft.
