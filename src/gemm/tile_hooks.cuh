@@ -13,9 +13,9 @@
 //     C source (GEMM + ReduceScatter: the partial sum from the previous rank),
 //     so the tile's mainloop runs meanwhile.
 // The other warps never wait: they are fed through shared memory by the one
-// that did. The waits used to sit in the tile scheduler, which every warp
-// inlines: the consumers' code then changed shape too, and the pingpong
-// kernel ran 2-7 % slower with nothing waited for (docs/decisions/0014).
+// that did. Waits in the tile scheduler, which every warp inlines, would
+// change the consumers' code too: the pingpong kernel ran 2-7 % slower so,
+// with nothing waited for (docs/decisions/0014).
 // In the collectives only the waiting warp holds the code, and all
 // of it is inline (dev::wait_until_no_call): one call in the kernel and ptxas
 // ignores setmaxnreg (C7507). With RowSignals::waited_ns the waiting lane adds

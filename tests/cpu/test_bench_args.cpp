@@ -277,7 +277,7 @@ TEST(BenchBinary, WithoutAGpuSaysSoAndFails) {
 }
 
 TEST(BenchArgs, ByteRangesThatWouldOverflowAreRefused) {
-  // 8388608T is 2^63 bytes: doubling 1K up to it used to wrap to 0 and never end.
+  // 8388608T is 2^63 bytes: doubling 1K up to it would wrap to 0 and never end.
   EXPECT_NE(error_of({"all_gather", "--bytes", "1K:8388608T"})
                 .find("--bytes range end '8388608T' (in '1K:8388608T') is above 1024T (2^50 bytes), the largest "
                       "per-rank size weft-bench takes"),
