@@ -314,7 +314,8 @@ int bench_decode(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
                   args.check ? "; rel err = ||weft - ref|| / ||ref||, ref an fp32 attention on the GPU" : "");
       if (args.stages || args.merge != DecodeMerge::automatic || args.page_lookup != PageLookup::automatic)
         std::printf("kernel forced: stages %s, merge %s, page lookup %s (paged cases)\n",
-                    args.stages ? str(args.stages).c_str() : "default", to_string(args.merge), to_string(args.page_lookup));
+                    args.stages ? str(args.stages).c_str() : "default", to_string(args.merge),
+                    to_string(args.page_lookup));
       if (args.dist)
         std::printf("--dist: %d ranks, each holding ceil(L / %d) keys of every sequence (KV below: the shard); dist "
                     "us = DistFlashDecode,\nexchange us = dist us - weft us (what the exchange kernel costs beyond "

@@ -25,9 +25,9 @@
 // Variants, chosen per plan (FlashDecodeOptions; weft-bench decode --sweep
 // times them side by side) [0064]: the stage count (3 or 6 at head dim 128),
 // the merge (launch, last_block) and, paged, how a tile finds its pages (per
-// row, per warp); the defaults are the sweep's winners. The stage count and the page lookup change where the
-// bytes come from and when, never the arithmetic: their results are the same
-// bits for the same split count.
+// row, per warp); the defaults are the sweep's winners. The stage count and
+// the page lookup change where the bytes come from and when, never the
+// arithmetic: their results are the same bits for the same split count.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -57,9 +57,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // The stage counts built at head dim 128 (head dim 64 has 6: 96 KB, two
-// blocks per SM; decode_default_stages chooses when the plan leaves it open), and what they mean at 32/8 heads,
-// 32K keys, batch 1 (134 MB of K and V: 31 us at 4.3 TB/s; the default ran
-// 45.1 us, SDPA 43.8, on one H200). A block reads at most (bytes in flight) /
+// blocks per SM; decode_default_stages chooses when the plan leaves it
+// open), and what they mean at 32/8 heads, 32K keys, batch 1 (134 MB of K and
+// V: 31 us at 4.3 TB/s). A block reads at most (bytes in flight) /
 // (latency), about 3 us under load (decode_split.hpp), so the HBM stays busy
 // only while enough blocks run; the end of a launch - blocks finishing
 // unevenly, fewer and fewer left - is where a short launch loses.
@@ -70,8 +70,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 //     tiles (160 KB) in flight per block and SM, 2.5x a 3-stage block's
 //     reach: the HBM stays busy down to about 80 running blocks (63 %), a
 //     shorter tail - at 4 warps an SM instead of 8, the tensor-core and
-//     softmax work of a tile has fewer warps to hide behind. Measured 38.0
-//     us with the last_block merge against 45.6 at 3 stages.
+//     softmax work of a tile has fewer warps to hide behind. On one H200,
+//     with the last_block merge, 38.0-39.4 us against 44.2-45.6 for 3
+//     stages and the merge launch (SDPA: 49.8).
 // Not built: 4 stages (128 KB, 3 tiles in flight per SM) and twice the
 // splits, which won no case of the sweep [0064].
 
