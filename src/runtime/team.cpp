@@ -14,8 +14,7 @@
 #include "weft/core/error.hpp"
 #include "weft/core/gpu_diagnosis.hpp"
 #include "weft/core/log.hpp"
-#include "agreement.hpp"   // private headers in src/runtime
-#include "nvml_links.hpp"
+#include "nvml_links.hpp"  // private header in src/runtime
 
 namespace weft {
 
@@ -211,9 +210,14 @@ Team Team::discover(const LaunchEnv& env, Store& store, std::optional<int> virtu
 
   // Virtual nodes: every rank asked for the same split, which must fit the job.
   if (split_error) std::rethrow_exception(split_error);
-  std::vector<std::string> asked;
-  for (const std::string& fields : all) asked.push_back(split_fields(fields)[5]);
-  runtime_detail::require_same_request(asked, "virtual nodes", "WEFT_VIRTUAL_NODES");
+  const std::string first = split_fields(all[0])[5];
+  std::string differ;
+  for (int r = 1; r < t.world_size; ++r) {
+    const std::string asked = split_fields(all[r])[5];
+    if (asked != first) differ += str(", rank ", r, " asked for ", asked == "?" ? "a malformed value" : asked);
+  }
+  WEFT_REQUIRE(differ.empty(), "ranks disagree on virtual nodes: rank 0 asked for ",
+               first == "?" ? "a malformed value" : first, differ, " (set WEFT_VIRTUAL_NODES the same on every rank)");
   split_into_virtual_nodes(t, std::stoi(split));
   if (t.virtual_nodes > 1 && t.rank == 0)
     WEFT_LOG(info, "virtual nodes: ", t.world_size, " ranks on one machine split into ", t.num_nodes, " nodes of ",
