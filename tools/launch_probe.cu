@@ -78,7 +78,7 @@ struct Probe {
     WEFT_CUDA(cudaStreamWaitEvent(s, join, 0));
   }
 
-  /// One call of `enqueue`, captured (as Overlap::launch captures a fused call).
+  /// One call of `enqueue`, captured (as GraphCache::launch captures a fused call).
   cudaGraphExec_t capture(const std::function<void(cudaStream_t)>& enqueue) const {
     cudaStream_t cap = nullptr;
     WEFT_CUDA(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));

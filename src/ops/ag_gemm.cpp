@@ -1,14 +1,19 @@
 // AllGather + GEMM: the plan. The kernel is weft::Gemm with the wait_a_rows
-// hook (src/gemm/tile_hooks.cuh); the primitives are overlap.hpp's.
+// hook (src/gemm/tile_hooks.cuh); the copies are copy_pipe.hpp's, and
+// path_choice.hpp picks between the fused and sequential paths.
 #include "weft/ops/ag_gemm.hpp"
 
+#include "copy_pipe.hpp"
 #include "overlap.hpp"
+#include "path_choice.hpp"
 #include "schedule.hpp"
+#include "trace.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/nccl_type.hpp"
 
 namespace weft {
 
-using ops_detail::Overlap;
+namespace trace = ops_detail::trace;
 
 const char* path_name(AgWay way) {
   switch (way) {
@@ -33,10 +38,12 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("AgGemm", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
-  overlap_ = std::make_unique<Overlap>(ctx_, "ag_gemm", o.mode, str("AgGemm ", o.m, " x ", o.n, " x ", o.k));
+  const std::string what = str("AgGemm ", o.m, " x ", o.n, " x ", o.k);
+  tile_waits_ = std::make_unique<ops_detail::TileWaits>(what, static_cast<int>(world * chunks_));
+  pipe_ = std::make_unique<ops_detail::CopyPipe>(ctx_, "ag_gemm");
+  choice_ = std::make_unique<ops_detail::PathChoice>(ctx_, o.mode, what, tile_waits_.get());
   gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), to_string(o.dtype), "ag_gemm.gathered");
   arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
-  overlap_->count_tile_waits(static_cast<int>(world * chunks_));  // WEFT_TILE_WAITS: per flag of arrived_
   GemmOptions g = whole;
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   g.agree = ops_detail::slowest_rank(ctx_);
@@ -70,14 +77,14 @@ void* AgGemm::local_shard() const {
 
 const void* AgGemm::gathered() const { return gathered_.get(); }
 
-std::string AgGemm::path() const { return overlap_->path(); }
-float AgGemm::measured_fused_ms() const { return overlap_->fused_ms(); }
-float AgGemm::measured_sequential_ms() const { return overlap_->sequential_ms(); }
+std::string AgGemm::path() const { return choice_->path(); }
+float AgGemm::measured_fused_ms() const { return choice_->fused_ms(); }
+float AgGemm::measured_sequential_ms() const { return choice_->sequential_ms(); }
 
 std::string AgGemm::gemm_config() const {
-  if (overlap_->path().empty()) return "";
-  if (!overlap_->fused()) return plain_gemm_->config();
-  return overlap_->path() == path_name(AgWay::one_gemm) ? fused_gemm_->config() : step_gemm_->config();
+  if (choice_->path().empty()) return "";
+  if (!choice_->fused()) return plain_gemm_->config();
+  return choice_->path() == path_name(AgWay::one_gemm) ? fused_gemm_->config() : step_gemm_->config();
 }
 
 void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t stream) {
@@ -87,11 +94,11 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
   if (a_shard != local_shard())
     WEFT_CUDA(cudaMemcpyAsync(local_shard(), a_shard, static_cast<std::size_t>(shard_rows_ * options_.k * 2),
                               cudaMemcpyDeviceToDevice, stream));
-  std::vector<Overlap::Fused> fused;
+  std::vector<ops_detail::FusedPath> fused;
   if (fused_gemm_) fused.push_back({path_name(AgWay::one_gemm), [&](cudaStream_t s) { run_fused(b, c, s); }});
   if (step_gemm_)
     fused.push_back({path_name(AgWay::plain_steps), [&](cudaStream_t s) { run_plain_steps(b, c, s); }});
-  overlap_->run(
+  choice_->run(
       stream, {b, c},
       [&] {  // real data for the GEMMs to tune on: a sequential run, or (fused only) the gather alone
         if (plain_gemm_) run_sequential(b, c, stream, false);
@@ -127,10 +134,10 @@ GemmArgs AgGemm::fused_args(const void* b, void* c) const {
                             .ready_begin = me * shard_rows_,
                             .ready_end = (me + 1) * shard_rows_,
                             .flags_per_rank = static_cast<int>(chunks_),
-                            .waited_ns = overlap_->tile_wait_counter(),
+                            .waited_ns = tile_waits_->counters(),
                             // The GEMM zeroes its flags once every tile saw
-                            // them (flags_consumed()). Tuning never waits.
-                            .consume = flags_consumed()};
+                            // them: no reset before the next run. Tuning never waits.
+                            .consume = true};
   return args;
 }
 
@@ -143,19 +150,12 @@ void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
 
   // Every peer hears that our gathered A is free; the side stream pushes once
   // every peer said the same.
-  cudaStream_t side = begin_fused_run(stream);
-  Overlap::mark(stream, "start");
+  cudaStream_t side = pipe_->begin(stream);
+  trace::mark(stream, "start");
   push_shard(side);
   fused_gemm_->run(args, stream);
-  Overlap::mark(stream, "GEMM");
-  overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
-}
-
-bool AgGemm::flags_consumed() const { return !overlap_->resets_by_memset(); }
-
-cudaStream_t AgGemm::begin_fused_run(cudaStream_t stream) {
-  const int reset = flags_consumed() ? 0 : static_cast<int>(ctx_->world_size() * chunks_);
-  return overlap_->begin(stream, arrived_.as<std::uint64_t>(), reset);
+  trace::mark(stream, "GEMM");
+  pipe_->join(stream);  // our pushes are done: the caller may overwrite its shard
 }
 
 void AgGemm::push_shard(cudaStream_t side) {
@@ -167,9 +167,10 @@ void AgGemm::push_shard(cudaStream_t side) {
     const int peer = schedule::shard_push_peer(me, turn, world);
     auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
     for (std::int64_t c = 0; c < chunks_; ++c) {
-      Overlap::push_chunk(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
-                          static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), c, peer_arrived + me * chunks_, side);
-      if (Overlap::recording()) Overlap::mark(side, str("side: chunk ", c, " sent to ", peer));
+      ops_detail::push_chunk(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
+                             static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), c, peer_arrived + me * chunks_,
+                             side);
+      if (trace::recording()) trace::mark(side, str("side: chunk ", c, " sent to ", peer));
     }
   }
 }
@@ -185,8 +186,8 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
   };
   step_gemm_->prepare(shard_args(me), stream);  // tunes on the first run, on our own rows
 
-  cudaStream_t side = begin_fused_run(stream);
-  Overlap::mark(stream, "start");
+  cudaStream_t side = pipe_->begin(stream);
+  trace::mark(stream, "start");
   push_shard(side);
   // Step s multiplies shard me + s (the order the peers push in), once its
   // chunk flags are up: a one-block wait between the GEMMs, bounded by the
@@ -194,11 +195,11 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
   // The shard landed during the step before, so the wait costs a launch.
   for (int s = 0; s < world; ++s) {
     const int q = schedule::wrap(me + s, world);
-    if (s > 0) overlap_->wait_from(arrived + q * chunks_, static_cast<int>(chunks_), q, stream, flags_consumed());
+    if (s > 0) ops_detail::wait_from_and_consume(ctx_->world(), arrived + q * chunks_, static_cast<int>(chunks_), q, stream);
     step_gemm_->run(shard_args(q), stream);
-    if (Overlap::recording()) Overlap::mark(stream, str("step ", s, " GEMM (shard ", q, ")"));
+    if (trace::recording()) trace::mark(stream, str("step ", s, " GEMM (shard ", q, ")"));
   }
-  overlap_->join(stream);  // our pushes are done: the caller may overwrite its shard
+  pipe_->join(stream);  // our pushes are done: the caller may overwrite its shard
 }
 
 }  // namespace weft

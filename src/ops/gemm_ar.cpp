@@ -1,14 +1,18 @@
-// GEMM + AllReduce: the plan. Fused = GemmRs's ring, then a copy-engine
-// AllGather of the reduced blocks; the primitives are overlap.hpp's.
+// GEMM + AllReduce: the plan. Fused = GemmRs's ring (ring_executor.hpp) into
+// our rows of `out`, each chunk of our block shipped to every peer by copy
+// engine as the ring's last GEMM stores it; sequential = the GEMM, then an
+// AllReduce in place. path_choice.hpp picks between them on the first run.
 #include "weft/ops/gemm_ar.hpp"
 
+#include "copy_pipe.hpp"
 #include "overlap.hpp"
+#include "path_choice.hpp"
+#include "ring_executor.hpp"
 #include "schedule.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/nccl_type.hpp"
 
 namespace weft {
-
-using ops_detail::Overlap;
 
 GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
@@ -23,23 +27,18 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
   if (why_not_fused.empty() && o.m % world != 0)
     why_not_fused = str("M = ", o.m, " is not a multiple of the world size ", world, " (the ring's blocks)");
   options_.mode = ops_detail::runnable_mode("GemmAr", o.m, o.n, o.k, o.mode, why_not_fused);
+  ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
   if (o.mode != OverlapMode::sequential) {
     const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", shape, o.chunks_per_block, world, o.n * 2,
                                                              schedule::kMinStoredChunkBytes);
-    block_rows_ = rows.rows_per_rank;
-    chunks_ = rows.chunks;
-    chunk_rows_ = rows.chunk_rows;
-  }
-  ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
-  overlap_ = std::make_unique<Overlap>(ctx_, "gemm_ar", o.mode, str("GemmAr ", o.m, " x ", o.n, " x ", o.k));
-  if (o.mode != OverlapMode::sequential) {
-    reduce_ = std::make_unique<GemmRs>(ctx_, GemmRsOptions{.m = o.m, .n = o.n, .k = o.k, .dtype = o.dtype,
-                                                           .b_layout = o.b_layout, .mode = OverlapMode::fused,
-                                                           .chunks_per_block = o.chunks_per_block,
-                                                           .way = o.way});
-    arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64",
+    ring_ = std::make_unique<ops_detail::RingExecutor>(
+        ctx_, ops_detail::RingOptions{.who = "GemmAr", .shape = shape, .b_layout = o.b_layout, .way = o.way,
+                                      .rows = rows, .caller_ships = true});
+    arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * rows.chunks * 8), "u64",
                                "gemm_ar.arrived");
   }
+  choice_ = std::make_unique<ops_detail::PathChoice>(ctx_, o.mode, str("GemmAr ", o.m, " x ", o.n, " x ", o.k),
+                                                     ring_ ? &ring_->tile_waits() : nullptr);
   if (o.mode != OverlapMode::fused) {
     GemmOptions g = whole;
     g.allow_cublas = true;  // unhooked: cuBLAS where it is faster
@@ -52,14 +51,13 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
 
 GemmAr::~GemmAr() = default;
 
-std::string GemmAr::path() const { return overlap_->path(); }
-float GemmAr::measured_fused_ms() const { return overlap_->fused_ms(); }
-float GemmAr::measured_sequential_ms() const { return overlap_->sequential_ms(); }
+std::string GemmAr::path() const { return choice_->path(); }
+float GemmAr::measured_fused_ms() const { return choice_->fused_ms(); }
+float GemmAr::measured_sequential_ms() const { return choice_->sequential_ms(); }
 
 std::string GemmAr::gemm_config() const {
-  if (overlap_->path().empty()) return "";
-  return overlap_->fused() ? reduce_->fused_gemm_config(ops_detail::fused_way_of(overlap_->path()))
-                            : plain_gemm_->config();
+  if (choice_->path().empty()) return "";
+  return choice_->fused() ? ring_->gemm_config(ops_detail::fused_way_of(choice_->path())) : plain_gemm_->config();
 }
 
 void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
@@ -69,13 +67,13 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
                " ", to_string(options_.dtype), ") must be in the symmetric heap: peers write their blocks into it");
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmAr run: ", options_.m, " x ", options_.n, " x ", options_.k));
-  overlap_->run(
+  choice_->run(
       stream, {a, b, out},
       [&] {  // each fused way tunes its GEMMs on its first call (before its run starts)
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
       },
-      reduce_ ? ops_detail::fused_ways(*reduce_, [&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); })
-              : std::vector<Overlap::Fused>{},  // a sequential plan builds no ring
+      ring_ ? ring_->paths([&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); })
+            : std::vector<ops_detail::FusedPath>{},  // a sequential plan builds no ring
       [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
 }
 
@@ -89,35 +87,35 @@ void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_
 }
 
 void GemmAr::run_fused(const void* a, const void* b, void* out, cudaStream_t stream, FusedWay way) {
-  const bool one_launch = way == FusedWay::ring_one_launch;
   const int world = ctx_->world_size(), me = ctx_->rank();
-  const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(chunk_rows_ * options_.n * 2);
-  char* mine = static_cast<char*>(out) + me * chunks_ * chunk_bytes;
+  const ops_detail::RingLayout& L = ring_->layout();
+  char* mine = static_cast<char*>(out) + L.block_offset(me);
   auto* arrived = arrived_.as<std::uint64_t>();
-  // GemmRs's start also tells us every peer's out is free for this run (its
+  // The ring's start also tells us every peer's out is free for this run (its
   // side stream, where our sends go, waits for every peer's "free").
   // Each chunk of our block goes to every peer as soon as the ring's last step
   // has stored it, while the rest of the block computes.
-  // With one launch the ring's GEMM stores every block's partial sum in out
-  // (each leaves before its owner's final block arrives there); adding in one
-  // launch, out is where the peer's partial sum of our block lands.
-  reduce_->run_fused(a, b, mine, stream, way, [&](cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value) {
-    for (std::int64_t c = 0; c < chunks_; ++c)
+  auto ship = [&](cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value) {
+    for (std::int64_t c = 0; c < L.chunks; ++c)
       for (int turn = 1; turn < world; ++turn) {
         const int peer = schedule::shard_push_peer(me, turn, world);
         auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
-        Overlap::push_chunk_when_stored(ctx_->heap().peer_ptr(mine, peer), mine, chunk_bytes, c, done, done_value,
-                                        peer_arrived + me * chunks_, side);
-        if (Overlap::recording()) Overlap::mark(side, str("side: own chunk ", c, " sent to ", peer));
+        ops_detail::push_chunk_when_stored(ctx_->heap().peer_ptr(mine, peer), mine, L.chunk_bytes(), c, done,
+                                           done_value, peer_arrived + me * L.chunks, side);
+        if (ops_detail::trace::recording())
+          ops_detail::trace::mark(side, str("side: own chunk ", c, " sent to ", peer));
       }
-  }, one_launch || way == FusedWay::one_launch_add ? out : nullptr);
+  };
+  // With one launch the ring's GEMM stores every block's partial sum in out
+  // (each leaves before its owner's final block arrives there); adding in one
+  // launch, out is where the peer's partial sum of our block lands.
+  const bool all_rows = way == FusedWay::ring_one_launch || way == FusedWay::one_launch_add;
+  ring_->run(way, a, b, mine, stream, ship, all_rows ? out : nullptr);
   if (world == 1) return;
-  // The wait is the flags' only reader: it zeroes them as it sees them (no
-  // reset after it), unless WEFT_FLAG_RESET=memset asks for the old way.
-  const bool memset = overlap_->resets_by_memset();
-  overlap_->wait_all(arrived, static_cast<int>(world * chunks_), static_cast<int>(chunks_), stream, !memset);
-  Overlap::mark(stream, "every block arrived");
-  if (memset) Overlap::reset_flags(arrived, static_cast<int>(world * chunks_), stream);
+  // The wait is the flags' only reader: it zeroes them as it sees them.
+  ops_detail::wait_all_and_consume(ctx_->world(), arrived, static_cast<int>(world * L.chunks),
+                                   static_cast<int>(L.chunks), stream);
+  ops_detail::trace::mark(stream, "every block arrived");
 }
 
 }  // namespace weft

@@ -299,24 +299,6 @@ TEST(GemmRs, AddingInOneLaunchNeedsTwoRanksAndASymmetricOut) {
   for (void* p : {a, b, plain_out}) cudaFree(p);
 }
 
-// WEFT_FLAG_RESET=memset (the A/B switch): AllGather+GEMM's and
-// GEMM+AllReduce's flags reset by memsets instead of consumed by their readers.
-TEST(Overlap, FlagsResetByMemsetMatchToo) {
-  struct Setting {  // the plans read it as they are built
-    Setting() { setenv("WEFT_FLAG_RESET", "memset", 1); }
-    ~Setting() { unsetenv("WEFT_FLAG_RESET"); }
-  } memset_reset;
-  Cublas cb;
-  const int w = ctx().world_size();
-  for (AgWay way : {AgWay::one_gemm, AgWay::plain_steps}) {
-    if (way == AgWay::plain_steps && w == 1) continue;
-    AgResult r = check_ag_gemm(2048 * w, 768, 8192, OverlapMode::fused, cb, way);
-    EXPECT_LT(r.err, 1e-2) << "way " << static_cast<int>(way);
-    EXPECT_EQ(r.gathered_mismatch, 0u) << "way " << static_cast<int>(way);
-  }
-  EXPECT_LT(check_gemm_reduce(true, 512 * w, 8192, 1024, OverlapMode::fused, cb).err, 1e-2) << "GemmAr";
-}
-
 // 1,000 back-to-back fused runs of each operator, no host sync between them,
 // each compared on the device with the first run's bits; then a CUDA graph of
 // one run, replayed 100 times, compared with the same bits.
@@ -413,7 +395,7 @@ TEST(Overlap, ThousandRunsAndGraphReplaysAreBitwiseIdentical) {
 }
 
 // Fused calls after the first launch a CUDA graph captured per operand
-// pointers (Overlap::launch): other pointers must get their own graph, and a
+// pointers (GraphCache::launch): other pointers must get their own graph, and a
 // plan whose pointers keep changing must go back to direct calls - all with
 // the same bits as the first call on the same inputs.
 TEST(Overlap, CachedLaunchesFollowChangingOperands) {

@@ -68,8 +68,10 @@ struct AgGemmOptions {
 };
 
 namespace ops_detail {
-class Overlap;
-}
+class CopyPipe;
+class PathChoice;
+class TileWaits;
+}  // namespace ops_detail
 
 /// A planned AllGather + GEMM. Collective construction; runs many times
 /// (epochs: no resets), graph-capturable once its path is chosen.
@@ -117,13 +119,6 @@ class AgGemm {
  private:
   void run_fused(const void* b, void* c, cudaStream_t stream);
   void run_plain_steps(const void* b, void* c, cudaStream_t stream);
-  /// Starts a fused run (Overlap::begin) and returns the side stream. Our
-  /// flags of the last run were zeroed by whoever waited on them (the hooked
-  /// GEMM or the waits between plain steps: flags_consumed()), or are
-  /// zeroed now, by a memset (WEFT_FLAG_RESET=memset).
-  cudaStream_t begin_fused_run(cudaStream_t stream);
-  /// True unless WEFT_FLAG_RESET=memset: the waits zero the flags they saw.
-  bool flags_consumed() const;
   /// On the side stream: our shard to every peer, chunk by chunk, each chunk's flag raised there.
   void push_shard(cudaStream_t side);
   /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
@@ -137,7 +132,9 @@ class AgGemm {
   AgGemmOptions options_;
   unsigned operand_alignment_ = 16;  // operands' bytes: 16 for TMA, one element where cuBLAS alone runs
   std::int64_t shard_rows_, chunk_rows_, chunks_;
-  std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
+  std::unique_ptr<ops_detail::TileWaits> tile_waits_;  // WEFT_TILE_WAITS: per flag of arrived_
+  std::unique_ptr<ops_detail::CopyPipe> pipe_;         // fused: the side stream and the "free" exchange
+  std::unique_ptr<ops_detail::PathChoice> choice_;     // which path runs
   SymmetricBuffer gathered_;  // [M, K]
   SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
   std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;

@@ -21,6 +21,11 @@
 #include "weft/ops/all_reduce.hpp"
 #include "weft/ops/gemm_rs.hpp"
 
+namespace weft::ops_detail {
+class RingExecutor;
+class PathChoice;
+}  // namespace weft::ops_detail
+
 namespace weft {
 
 /// What a GemmAr plan is built for (the fields mean what they mean for GemmRs).
@@ -74,9 +79,8 @@ class GemmAr {
   std::shared_ptr<Context> ctx_;
   GemmArOptions options_;
   unsigned operand_alignment_ = 16;  // operands' bytes: 16 for TMA, one element where cuBLAS alone runs
-  std::int64_t block_rows_ = 0, chunk_rows_ = 0, chunks_ = 0;
-  std::unique_ptr<GemmRs> reduce_;  // fused: the ring into our rows of out
-  std::unique_ptr<ops_detail::Overlap> overlap_;  // the path; fused: the side stream and pushes
+  std::unique_ptr<ops_detail::RingExecutor> ring_;  // fused: GemmRs's ring into our rows of out, shipped by us
+  std::unique_ptr<ops_detail::PathChoice> choice_;  // which path runs
   SymmetricBuffer arrived_;  // u64 [W][chunks]: chunk c of rank q's block has landed in out
   std::unique_ptr<Gemm> plain_gemm_;
   std::unique_ptr<AllReduce> all_reduce_;

@@ -40,10 +40,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/collective.hpp"
@@ -53,8 +51,9 @@
 namespace weft {
 
 namespace ops_detail {
-class Overlap;
-}
+class RingExecutor;
+class PathChoice;
+}  // namespace ops_detail
 
 /// Which fused way a plan runs.
 enum class FusedWay {
@@ -150,56 +149,17 @@ class GemmRs {
   const GemmRsOptions& options() const { return options_; }
 
  private:
-  // GemmAr runs the ring and ships our block on from the side stream: the
-  // interface below is its, not a user's.
-  friend class GemmAr;
-
-  /// For a caller that ships `out` on (GemmAr): called once per fused run,
-  /// before the GEMMs are enqueued, with the side stream (forked from the run's
-  /// stream, past every peer's "free" for this run, joined back at the end) and the last step's
-  /// stored-row counters: chunk c of `out` (chunk_rows() rows) is final once
-  /// done[c] >= done_value. Work enqueued on `side` overlaps the GEMMs.
-  using OwnBlockStored = std::function<void(cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value)>;
-  /// A fused way alone (GemmAr builds on it); `own_block_stored` as above.
-  /// `all_rows`: where the caller has room for all
-  /// M rows, `out` being its block (GemmAr's out); the one-launch GEMM then
-  /// stores there (the other blocks' partial sums pass through it before they
-  /// leave), else into a private buffer from which the copy engine moves this
-  /// rank's block to `out` chunk by chunk.
-  void run_fused(const void* a, const void* b, void* out, cudaStream_t stream, FusedWay way,
-                 const OwnBlockStored& own_block_stored = {}, void* all_rows = nullptr);
-  /// Rows per chunk, the copy and signal unit.
-  std::int64_t chunk_rows() const { return chunk_rows_; }
-
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
-  /// The last ring step's GEMM when nobody ships our block, for `way`.
-  Gemm* last_step_gemm(FusedWay way) const;
-  /// FusedWay::one_launch_add (run_fused's arguments).
-  void run_one_launch_add(const void* a, const void* b, void* out, cudaStream_t stream,
-                          const OwnBlockStored& own_block_stored, void* all_rows);
 
   std::shared_ptr<Context> ctx_;
   GemmRsOptions options_;
   unsigned operand_alignment_ = 16;  // operands' bytes: 16 for TMA, one element where cuBLAS alone runs
-  std::int64_t block_rows_, chunk_rows_, chunks_;
-  std::unique_ptr<ops_detail::Overlap> overlap_;  // also holds the path (fused / sequential)
-  // Fused buffers are indexed by block (rows block b of the [M, N] sum):
-  SymmetricBuffer staging_;  // [M, N]: block b's partial sum from rank - 1; our first block's rows stay zero
-  SymmetricBuffer arrived_;  // u64 [W blocks][chunks] flags, then [W blocks][chunks] stored-row counters
-  SymmetricBuffer partial_;  // sequential: [M, N]
-  void* send_ = nullptr;     // [M, N], local: the partial sums that leave (one launch: every block)
-  // Per step: the first (reports), the steps that send on (wait, report),
-  // the last when nobody ships it (waits, any tile order); or one launch.
-  std::unique_ptr<Gemm> first_gemm_, step_gemm_, last_gemm_, whole_gemm_, plain_gemm_;
-  // A plain first step (FusedWay::ring_plain_first): its GEMM (no hook), and
-  // at 2 ranks the last step's, which waits in the order its source arrives
-  // (it leaves the previous rank as the step starts): by column band, along
-  // M, where band_cols_ > 0, else by row chunk, along N.
-  std::unique_ptr<Gemm> plain_first_gemm_, ordered_last_gemm_;
-  // FusedWay::one_launch_add: the GEMM over all M rows that adds our block into out (GemmHook::add_rows).
-  std::unique_ptr<Gemm> add_gemm_;
-  std::int64_t band_cols_ = 0;  // > 0: at 2 ranks, the plain first step's block leaves in column bands this wide
-  cudaEvent_t first_step_done_ = nullptr;  // the plain first step's GEMM has finished
+  std::int64_t block_rows_ = 0;
+  std::unique_ptr<ops_detail::RingExecutor> ring_;  // the fused ways (src/ops/ring_executor.hpp)
+  std::unique_ptr<ops_detail::PathChoice> choice_;  // which path runs
+  // The sequential path: the GEMM into partial_ [M, N], then the reduce-scatter.
+  std::unique_ptr<Gemm> plain_gemm_;
+  SymmetricBuffer partial_;
   std::unique_ptr<ReduceScatter> reduce_scatter_;
 };
 

@@ -1,0 +1,107 @@
+#include "path_choice.hpp"
+
+#include <algorithm>
+
+#include "overlap.hpp"
+#include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
+
+namespace weft::ops_detail {
+
+PathChoice::PathChoice(std::shared_ptr<Context> ctx, OverlapMode mode, std::string what, TileWaits* tile_waits)
+    : ctx_(std::move(ctx)),
+      mode_(mode),
+      what_(std::move(what)),
+      tile_waits_(tile_waits),
+      trace_left_(trace::calls_to_trace()) {}
+
+void PathChoice::run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
+                     const std::vector<FusedPath>& fused, const std::function<void(bool nccl)>& sequential) {
+  const int nf = static_cast<int>(fused.size());
+  if (path_ < 0) {
+    WEFT_REQUIRE(nf >= 1 || mode_ == OverlapMode::sequential,
+                 what_, ": a plan that may fuse must name at least one fused path");
+    fused_paths_ = nf;
+    std::vector<Path> paths;
+    for (int f = 0; f < nf; ++f)
+      paths.push_back({fused[f].name, [&, f] {
+                         if (tile_waits_) tile_waits_->count_call();
+                         graphs_.launch(stream, f, key, fused[f].enqueue);
+                       }});
+    paths.push_back({"sequential", [&] { sequential(false); }});
+    paths.push_back({"sequential, NCCL", [&] { sequential(true); }});
+    std::vector<int> candidates;
+    for (int i = 0; i < static_cast<int>(paths.size()); ++i) {
+      if (i == nf + 1 && !ctx_->has_nccl()) continue;  // ranks sharing a GPU: NCCL cannot run
+      if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i < nf)) candidates.push_back(i);
+    }
+    if (candidates.size() == 1 || capturing(stream)) {
+      path_ = candidates.front();  // nothing to time, or no timing under capture: the first candidate
+    } else {
+      if (candidates.front() < nf) first();  // it may tune the fused paths' GEMMs: not built for sequential plans
+      choose(paths, candidates, stream);
+    }
+    path_name_ = paths[path_].name;
+  }
+  if (path_ >= nf) {
+    sequential(path_ == nf + 1);
+    return;
+  }
+  if (tile_waits_) tile_waits_->count_call();
+  if (trace_left_ > 0 && !capturing(stream)) {
+    ctx_->barrier(stream);  // the ranks start together, as a layer's calls do after a collective
+    trace::start(stream);
+    try {
+      fused[path_].enqueue(stream);
+    } catch (...) {
+      trace::abandon();
+      throw;
+    }
+    trace::finish(stream, str(what_, ", rank ", ctx_->rank()));
+    --trace_left_;
+    return;
+  }
+  graphs_.launch(stream, path_, key, fused[path_].enqueue);
+}
+
+void PathChoice::choose(const std::vector<Path>& paths, std::vector<int> candidates, cudaStream_t stream) {
+  constexpr int runs = 7;
+  Event start(Event::Timing::on), stop(Event::Timing::on);
+  // A sample: a barrier, then three calls back to back (as a layer runs them),
+  // so launch skew after the barrier weighs as little as in steady use.
+  constexpr int kCalls = 3;
+  auto time_one = [&](const std::function<void()>& fn) {
+    ctx_->barrier(stream);
+    WEFT_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < kCalls; ++i) fn();
+    WEFT_CUDA(cudaEventRecord(stop, stream));
+    ctx_->synchronize(stream);
+    float ms = 0;
+    WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    return ms / kCalls;
+  };
+  for (int c : candidates) paths[c].call();  // warm-up
+  ctx_->synchronize(stream);
+  const std::size_t n = candidates.size();
+  std::vector<std::vector<float>> samples(n);
+  for (int i = 0; i < runs; ++i)  // interleaved, so drifting clocks hit all alike
+    for (std::size_t c = 0; c < n; ++c) samples[c].push_back(time_one(paths[candidates[c]].call));
+  std::vector<float> medians(n);
+  for (std::size_t c = 0; c < n; ++c) {
+    std::sort(samples[c].begin(), samples[c].end());
+    medians[c] = samples[c][samples[c].size() / 2];
+  }
+  max_over_ranks(ctx_->store(), medians, "overlapped path timings");  // the slowest rank's, as the GEMM tuner does
+  std::size_t best = 0;
+  std::string timings;
+  for (std::size_t c = 0; c < n; ++c) {
+    if (medians[c] < medians[best]) best = c;
+    float& kept = candidates[c] < fused_paths_ ? fused_ms_ : sequential_ms_;
+    if (kept == 0 || medians[c] < kept) kept = medians[c];
+    timings += str(c ? ", " : "", paths[candidates[c]].name, " ", medians[c], " ms");
+  }
+  WEFT_LOG(info, what_, ": ", timings, ": runs ", paths[candidates[best]].name);
+  path_ = candidates[best];
+}
+
+}  // namespace weft::ops_detail
