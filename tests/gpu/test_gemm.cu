@@ -494,7 +494,13 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
       for (std::int64_t f = 0; f < flags_n; ++f)
         EXPECT_EQ(after[f], !consume && f < late_rows / rows_per_flag ? 1u : 0u)
             << name << (consume ? ", consuming" : "") << ", flag " << f << " after the run";
-      EXPECT_GE(ns[0], 10'000'000ull) << name << ", flag 0";
+      // Flag 0 is raised 20 ms after the launch. On a GPU of its own the
+      // kernel starts at once, so its first tile waits most of that. Where 8
+      // ranks share the GPU, other ranks' kernels may hold the SMs past those
+      // 20 ms (once seen at world 8: 0.12 ms of wait): the tile then only
+      // proves that it waited at all.
+      if (ctx().team().shares_gpus()) EXPECT_GT(ns[0], 0ull) << name << ", flag 0";
+      else EXPECT_GE(ns[0], 10'000'000ull) << name << ", flag 0";
       for (std::int64_t f = 0; f < flags_n; ++f) {
         if (f < late_rows / rows_per_flag) EXPECT_GT(ns[f], 0ull) << name << ", flag " << f;
         else EXPECT_EQ(ns[f], 0ull) << name << ", flag " << f;
