@@ -33,13 +33,14 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   operand_alignment_ = ops_detail::operand_alignment(whole);
   options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(whole));
-  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", shape, o.chunks_per_shard, world, o.k * 2);
+  const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", shape, o.chunks_per_shard, *ctx_, o.k * 2);
   shard_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("AgGemm", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
   const std::string what = str("AgGemm ", o.m, " x ", o.n, " x ", o.k);
-  tile_waits_ = std::make_unique<ops_detail::TileWaits>(what, static_cast<int>(world * chunks_));
+  tile_waits_ = std::make_unique<ops_detail::TileWaits>(what, static_cast<int>(world * chunks_),
+                                                        ctx_->settings().tile_waits);
   pipe_ = std::make_unique<ops_detail::CopyPipe>(ctx_, "ag_gemm");
   choice_ = std::make_unique<ops_detail::PathChoice>(ctx_, o.mode, what, tile_waits_.get());
   gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), to_string(o.dtype), "ag_gemm.gathered");

@@ -29,7 +29,7 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
   options_.mode = ops_detail::runnable_mode("GemmAr", o.m, o.n, o.k, o.mode, why_not_fused);
   ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
   if (o.mode != OverlapMode::sequential) {
-    const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", shape, o.chunks_per_block, world, o.n * 2,
+    const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", shape, o.chunks_per_block, *ctx_, o.n * 2,
                                                              schedule::kMinStoredChunkBytes);
     ring_ = std::make_unique<ops_detail::RingExecutor>(
         ctx_, ops_detail::RingOptions{.who = "GemmAr", .shape = shape, .b_layout = o.b_layout, .way = o.way,

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
 
@@ -14,7 +13,7 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-GraphCache::GraphCache() : use_graphs_(env_int(process_env(), "WEFT_PLAN_GRAPHS", 1) != 0) {}
+GraphCache::GraphCache(bool use_graphs) : use_graphs_(use_graphs) {}
 
 GraphCache::~GraphCache() {
   for (Cached& g : graphs_) cudaGraphExecDestroy(g.exec);

@@ -7,7 +7,7 @@
 // call's operand pointers) on a private stream and launch the graph: one API
 // call. Up to 8 graphs are kept; a plan whose pointers keep changing (16
 // captures) goes back to enqueueing directly, as does a call made under the
-// caller's own capture, or WEFT_PLAN_GRAPHS=0. A plan with consumed flags runs
+// caller's own capture, or when graphs are off (WEFT_PLAN_GRAPHS=0). A plan with consumed flags runs
 // on one stream at a time (docs/decisions/0023, 0024).
 #pragma once
 
@@ -27,7 +27,8 @@ bool capturing(cudaStream_t stream);
 
 class GraphCache {
  public:
-  GraphCache();
+  /// `use_graphs`: Settings::plan_graphs (WEFT_PLAN_GRAPHS=0: never).
+  explicit GraphCache(bool use_graphs);
   ~GraphCache();
   GraphCache(const GraphCache&) = delete;
   GraphCache& operator=(const GraphCache&) = delete;

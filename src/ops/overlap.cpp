@@ -44,17 +44,18 @@ PlanShape require_shape(const char* who, std::int64_t m, std::int64_t n, std::in
   return {m, n, k, dtype};
 }
 
-RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, int world, std::int64_t row_bytes,
-                    std::int64_t min_chunk_bytes) {
+RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, const Context& ctx,
+                    std::int64_t row_bytes, std::int64_t min_chunk_bytes) {
   const std::int64_t m = shape.m;
+  const int world = ctx.world_size();
   WEFT_REQUIRE(m % world == 0, who, ": M = ", m, " must be a multiple of the world size ", world,
                " (each rank owns M / W rows)");
   WEFT_REQUIRE(chunks_wanted >= 1, who, ": chunks per rank must be >= 1, got ", chunks_wanted);
   RowChunks r;
   r.rows_per_rank = m / world;
   // WEFT_OVERLAP_MIN_CHUNK overrides the plan's floor, for measuring chunk sizes.
-  const std::int64_t min_chunk = static_cast<std::int64_t>(
-      env_bytes(process_env(), "WEFT_OVERLAP_MIN_CHUNK", static_cast<std::uint64_t>(min_chunk_bytes)));
+  const std::uint64_t setting = ctx.settings().overlap_min_chunk;
+  const std::int64_t min_chunk = setting ? static_cast<std::int64_t>(setting) : min_chunk_bytes;
   r.chunks = schedule::copy_chunks(r.rows_per_rank, row_bytes, chunks_wanted, min_chunk);
   r.chunk_rows = r.rows_per_rank / r.chunks;
   return r;

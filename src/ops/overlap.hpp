@@ -38,12 +38,12 @@ struct PlanShape {
 /// shape it checked.
 PlanShape require_shape(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, DType dtype);
 
-/// For a shape require_shape checked: M a multiple of the world size;
+/// For a shape require_shape checked: M a multiple of `ctx`'s world size;
 /// chunks_wanted >= 1. Throws naming `who`. Returns the row split: rows of
 /// `row_bytes` bytes in schedule::copy_chunks chunks (at most chunks_wanted,
-/// none under min_chunk_bytes or WEFT_OVERLAP_MIN_CHUNK where set, equal rows).
-RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, int world, std::int64_t row_bytes,
-                    std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
+/// none under min_chunk_bytes, or Settings::overlap_min_chunk where set, equal rows).
+RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, const Context& ctx,
+                    std::int64_t row_bytes, std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
 
 /// Why the GEMM engine cannot tile the plan's GEMM `g` ("" where it can;
 /// Gemm::can_tile's rule: for 2-byte elements, K and N multiples of 8). Such

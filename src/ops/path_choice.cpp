@@ -13,7 +13,8 @@ PathChoice::PathChoice(std::shared_ptr<Context> ctx, OverlapMode mode, std::stri
       mode_(mode),
       what_(std::move(what)),
       tile_waits_(tile_waits),
-      trace_left_(trace::calls_to_trace()) {}
+      graphs_(ctx_->settings().plan_graphs),
+      trace_left_(ctx_->settings().trace_overlap) {}
 
 void PathChoice::run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
                      const std::vector<FusedPath>& fused, const std::function<void(bool nccl)>& sequential) {

@@ -53,7 +53,8 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
       options_(options),
       pipe_(ctx_, options.caller_ships ? "gemm_ar" : "gemm_rs"),
       tile_waits_(str(options.who, " ", options.shape.m, " x ", options.shape.n, " x ", options.shape.k),
-                  ctx_->world_size() > 1 ? static_cast<int>(ctx_->world_size() * options.rows.chunks) : 0) {
+                  ctx_->world_size() > 1 ? static_cast<int>(ctx_->world_size() * options.rows.chunks) : 0,
+                  ctx_->settings().tile_waits) {
   const int world = ctx_->world_size(), steps = world - 1;
   const RingOptions& o = options_;
   const char* who = o.who;

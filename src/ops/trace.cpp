@@ -4,7 +4,6 @@
 #include <utility>
 #include <vector>
 
-#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
 
@@ -56,10 +55,8 @@ void trace::finish(cudaStream_t stream, const std::string& what) {
   WEFT_LOG(info, what, " trace, us:", line);
 }
 
-int trace::calls_to_trace() { return static_cast<int>(env_int(process_env(), "WEFT_TRACE_OVERLAP", 0)); }
-
-TileWaits::TileWaits(std::string what, int flags) : what_(std::move(what)) {
-  if (flags <= 0 || env_int(process_env(), "WEFT_TILE_WAITS", 0) == 0) return;
+TileWaits::TileWaits(std::string what, int flags, bool enabled) : what_(std::move(what)) {
+  if (flags <= 0 || !enabled) return;
   counters_ = DeviceBuffer(static_cast<std::size_t>(flags) * sizeof(unsigned long long));
   WEFT_CUDA(cudaMemset(counters_.get(), 0, counters_.bytes()));
   flags_ = flags;

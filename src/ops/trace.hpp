@@ -31,15 +31,14 @@ void start(cudaStream_t stream);
 void finish(cudaStream_t stream, const std::string& what);
 /// Ends the traced call without a log (the call threw).
 void abandon();
-/// WEFT_TRACE_OVERLAP: how many fused calls of each plan to trace (0: none).
-int calls_to_trace();
 }  // namespace trace
 
 /// WEFT_TILE_WAITS's counters for one plan: `flags` of them, indexed as its
-/// flags; empty (null counter, nothing measured) unless the setting is on.
+/// flags; empty (null counter, nothing measured) unless `enabled`
+/// (Settings::tile_waits).
 class TileWaits {
  public:
-  TileWaits(std::string what, int flags);
+  TileWaits(std::string what, int flags, bool enabled);
   ~TileWaits();  // logs the waits per fused call
   TileWaits(const TileWaits&) = delete;
   TileWaits& operator=(const TileWaits&) = delete;

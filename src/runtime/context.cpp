@@ -17,6 +17,7 @@ void launch_barrier_kernel(const dev::World& world, cudaStream_t stream);  // st
 
 std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
   EnvMap env = process_env();
+  const Settings settings = Settings::read(env);
   LaunchEnv launch = detect_launch_env(env);
   set_rank_for_messages(launch.rank, launch.world_size);
 
@@ -25,14 +26,17 @@ std::shared_ptr<Context> Context::from_env(const ContextOptions& options) {
   so.master_port = launch.master_port;
   so.rank = launch.rank;
   so.world_size = launch.world_size;
-  so.timeout = options.store_timeout.count() > 0
-                   ? options.store_timeout
-                   : env_seconds(env, "WEFT_STORE_TIMEOUT", std::chrono::seconds(120));
-  return create(launch, Store::connect(so), options);
+  so.timeout = options.store_timeout.count() > 0 ? options.store_timeout : settings.store_timeout;
+  return create(launch, Store::connect(so), options, settings);
 }
 
 std::shared_ptr<Context> Context::create(const LaunchEnv& launch, std::unique_ptr<Store> store,
                                          const ContextOptions& options) {
+  return create(launch, std::move(store), options, Settings::read(process_env()));
+}
+
+std::shared_ptr<Context> Context::create(const LaunchEnv& launch, std::unique_ptr<Store> store,
+                                         const ContextOptions& options, const Settings& settings) {
   // NVLink multicast must never be used on weft's machines (it can take a
   // shared host's GPUs down); make sure NCCL and NVSHMEM leave it off.
   ::setenv("NCCL_NVLS_ENABLE", "0", 0);
@@ -45,12 +49,12 @@ std::shared_ptr<Context> Context::create(const LaunchEnv& launch, std::unique_pt
   std::shared_ptr<Context> ctx(new Context());
   EnvMap env = process_env();
   ctx->env_ = launch;
+  ctx->settings_ = settings;
   set_rank_for_messages(ctx->env_.rank, ctx->env_.world_size);
   ctx->store_ = std::move(store);
   ctx->team_ = Team::discover(ctx->env_, *ctx->store_, options.virtual_nodes);
 
-  std::uint64_t heap_bytes = options.heap_bytes ? options.heap_bytes
-                                                : env_bytes(env, "WEFT_HEAP_SIZE", std::uint64_t{1} << 30);
+  std::uint64_t heap_bytes = options.heap_bytes ? options.heap_bytes : settings.heap_bytes;
   const HeapBackend backend = agree_heap_backend(options.heap_backend, env, ctx->team_.num_nodes, nvshmem_built(),
                                                  *ctx->store_, ctx->team_.virtual_nodes);
   ctx->heap_ = backend == HeapBackend::nvshmem ? make_nvshmem_heap(*ctx->store_, ctx->team_, heap_bytes)
@@ -69,10 +73,7 @@ std::shared_ptr<Context> Context::create(const LaunchEnv& launch, std::unique_pt
     WEFT_NCCL(ncclCommInitRank(&ctx->nccl_, ctx->world_size(), id, ctx->rank()));
   }
 
-  ctx->check_calls_ = env_int(env, "WEFT_CHECK_CALLS", 0) != 0;
-  ctx->wait_timeout_ = options.wait_timeout.count() >= 0
-                           ? options.wait_timeout
-                           : env_seconds(env, "WEFT_WAIT_TIMEOUT", std::chrono::seconds(60));
+  ctx->wait_timeout_ = options.wait_timeout.count() >= 0 ? options.wait_timeout : settings.wait_timeout;
   WEFT_CUDA(cudaHostAlloc(&ctx->wait_report_, sizeof(dev::WaitReport), cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(ctx->wait_report_, 0, sizeof(dev::WaitReport));
   WEFT_CUDA(cudaMalloc(&ctx->barrier_epoch_, sizeof(std::uint64_t)));

@@ -21,6 +21,7 @@
 
 #include "weft/runtime/heap.hpp"
 #include "weft/runtime/launch_env.hpp"
+#include "weft/runtime/settings.hpp"
 #include "weft/runtime/store.hpp"
 #include "weft/runtime/team.hpp"
 #include "weft/runtime/world.hpp"
@@ -130,12 +131,16 @@ class Context {
   void verify_same_call(const std::string& description);
   /// WEFT_CHECK_CALLS=1: compare every collective run across ranks (a store
   /// round trip per call: for debugging and tests, not for speed).
-  bool check_calls() const { return check_calls_; }
+  bool check_calls() const { return settings_.check_calls; }
+  /// The WEFT_* settings, read once as the Context was made.
+  const Settings& settings() const { return settings_; }
   /// Bound applied to device spin-waits (0 = none).
   std::chrono::milliseconds wait_timeout() const { return wait_timeout_; }
 
  private:
   Context() = default;
+  static std::shared_ptr<Context> create(const LaunchEnv& env, std::unique_ptr<Store> store,
+                                         const ContextOptions& options, const Settings& settings);
 
   LaunchEnv env_;
   std::unique_ptr<Store> store_;
@@ -146,7 +151,7 @@ class Context {
   dev::WaitReport* wait_report_ = nullptr;  // mapped pinned host memory
   std::uint64_t* barrier_epoch_ = nullptr;  // device memory
   std::chrono::milliseconds wait_timeout_{0};
-  bool check_calls_ = false;
+  Settings settings_;
   bool all_peers_direct_ = true;
   std::uint64_t calls_verified_ = 0;
 };
