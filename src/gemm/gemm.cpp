@@ -181,8 +181,8 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   WEFT_REQUIRE(o.max_sms >= 0, "Gemm: max_sms = ", o.max_sms, " must be >= 0 (0: every SM)");
   if (o.max_sms > 0) sm_count_ = std::min(sm_count_, o.max_sms);
   if (o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows || o.hook == GemmHook::add_rows) {
-    WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&exits_), sizeof(*exits_)));
-    WEFT_CUDA(cudaMemset(exits_, 0, sizeof(*exits_)));
+    exits_ = DeviceBuffer(sizeof(std::uint64_t));
+    WEFT_CUDA(cudaMemset(exits_.get(), 0, exits_.bytes()));
   }
   // Hooked kernels consume rows in the order they arrive: raster along N
   // (tile_hooks.cuh), whoever chooses the configuration, unless any order will do.
@@ -207,10 +207,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   }
 }
 
-Gemm::~Gemm() {
-  if (workspace_) cudaFree(workspace_);
-  if (exits_) cudaFree(exits_);
-}
+Gemm::~Gemm() = default;
 
 std::string Gemm::config() const {
   if (!chosen_) return "";
@@ -219,10 +216,9 @@ std::string Gemm::config() const {
 }
 
 void Gemm::reserve_workspace(std::size_t bytes) {
-  if (bytes <= workspace_bytes_) return;
-  if (workspace_) WEFT_CUDA(cudaFree(workspace_));  // synchronises: nothing may still use the old one
-  WEFT_CUDA(cudaMalloc(&workspace_, bytes));
-  workspace_bytes_ = bytes;
+  if (bytes <= workspace_.bytes()) return;
+  workspace_ = DeviceBuffer();  // cudaFree synchronises: nothing may still use the old one
+  workspace_ = DeviceBuffer(bytes);
 }
 
 std::vector<std::string> Gemm::configurations() const {
@@ -254,7 +250,7 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
     w.flags_per_rank = sig.flags_per_rank;
     w.from_rank = sig.from_rank;
     w.waited_ns = sig.waited_ns;
-    w.exits = sig.flags && sig.consume ? exits_ : nullptr;
+    w.exits = sig.flags && sig.consume ? exits_.as<std::uint64_t>() : nullptr;
     // The mainloop producer loads A; the epilogue producer loads the source.
     // Added rows wait before their A loads too: their adds come a mainloop
     // later, and that producer warp is the one a hooked kernel lets wait.
@@ -279,7 +275,7 @@ const char* Gemm::launch_unhooked(const GemmArgs& args, const gemm_detail::Confi
   gemm_detail::Problem p = problem(local, swizzle, raster);
   if (const char* why = cfg.check(p); *why) return why;
   reserve_workspace(cfg.workspace(p));
-  p.workspace = workspace_;
+  p.workspace = workspace_.get();
   return cfg.run(p, stream);
 }
 
@@ -298,19 +294,9 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // GPU heats (the H200s here spend most busy time capped, 1250-1600 MHz), so
   // a candidate always timed early would look faster than one timed late; a
   // linear drift cancels out of the sum over a forward and a backward pass.
-  struct Marks {  // destroyed on every way out, a throwing launch included
-    std::vector<cudaEvent_t> events;
-    ~Marks() {
-      for (cudaEvent_t e : events) cudaEventDestroy(e);
-    }
-  } pass_marks;
-  std::vector<cudaEvent_t>& marks = pass_marks.events;
+  std::vector<Event> marks;  // released on every way out, a throwing launch included
   auto time_pass = [&](std::vector<Candidate>& cs, int runs, bool reversed) {
-    while (marks.size() < cs.size() + 1) {
-      cudaEvent_t e = nullptr;
-      WEFT_CUDA(cudaEventCreate(&e));
-      marks.push_back(e);
-    }
+    while (marks.size() < cs.size() + 1) marks.emplace_back(Event::Timing::on);
     const std::size_t n = cs.size();
     WEFT_CUDA(cudaEventRecord(marks[0], stream));
     for (std::size_t i = 0; i < n; ++i) {
@@ -598,7 +584,7 @@ void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
   reserve_workspace(chosen_->workspace(p));
-  p.workspace = workspace_;
+  p.workspace = workspace_.get();
   const char* err = chosen_->run(p, stream);
   WEFT_REQUIRE(!*err, "Gemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);
 }

@@ -149,15 +149,12 @@ GroupedGemm::GroupedGemm(const GroupedGemmOptions& options) : options_(options) 
   const std::int64_t rows = o.expected_rows ? o.expected_rows : o.max_rows;
   chosen_ = candidates_[gemm_detail::choose_grouped_tile(tiles, o.n, rows, o.experts, sm_count_)];
   workspace_bytes_ = chosen_->workspace(o.experts, sm_count_);
-  WEFT_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
-  WEFT_CUDA(cudaMalloc(reinterpret_cast<void**>(&faults_), 2 * sizeof(std::uint32_t)));
-  WEFT_CUDA(cudaMemset(faults_, 0, 2 * sizeof(std::uint32_t)));
+  workspace_ = DeviceBuffer(workspace_bytes_);
+  faults_ = DeviceBuffer(2 * sizeof(std::uint32_t));
+  WEFT_CUDA(cudaMemset(faults_.get(), 0, faults_.bytes()));
 }
 
-GroupedGemm::~GroupedGemm() {
-  if (workspace_) cudaFree(workspace_);
-  if (faults_) cudaFree(faults_);
-}
+GroupedGemm::~GroupedGemm() = default;
 
 std::string GroupedGemm::config() const { return chosen_->name; }
 
@@ -172,17 +169,17 @@ void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {
   WEFT_REQUIRE(why.empty(), "GroupedGemm::run: ", why);
   const gemm_detail::GroupedProblem p{options_.experts, options_.n,  options_.k,       options_.max_rows,
                                       args.a,           args.w,      args.out,         args.expert_rows,
-                                      workspace_,       faults_,     sm_count_};
+                                      workspace_.get(), faults_.as<std::uint32_t>(), sm_count_};
   const char* err = chosen_->run(p, stream);
   WEFT_REQUIRE(!*err, "GroupedGemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);
 }
 
 void GroupedGemm::check_counts(cudaStream_t stream) {
   std::uint32_t record[2] = {0, 0};
-  WEFT_CUDA(cudaMemcpyAsync(record, faults_, sizeof(record), cudaMemcpyDeviceToHost, stream));
+  WEFT_CUDA(cudaMemcpyAsync(record, faults_.get(), sizeof(record), cudaMemcpyDeviceToHost, stream));
   WEFT_CUDA(cudaStreamSynchronize(stream));
   if (record[0] == 0) return;
-  WEFT_CUDA(cudaMemsetAsync(faults_, 0, sizeof(record), stream));
+  WEFT_CUDA(cudaMemsetAsync(faults_.get(), 0, sizeof(record), stream));
   WEFT_CUDA(cudaStreamSynchronize(stream));
   WEFT_FAIL(gemm_detail::grouped_fault_message(options_, record[0], record[1]));
 }

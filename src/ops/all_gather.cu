@@ -219,21 +219,12 @@ AllGather::AllGather(std::shared_ptr<Context> ctx, const AllGatherOptions& optio
   signals_ = SignalArray(ctx_->heap(), schedule::all_gather_flags(world, blocks_),
                          str("all_gather.", to_string(variant_), ".flags"));
   if (variant_ == AllGatherVariant::copy_engine) {
-    WEFT_CUDA(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
     side_streams_.resize(world);
     side_events_.resize(world);
-    for (int p = 0; p < world; ++p) {
-      WEFT_CUDA(cudaStreamCreateWithFlags(&side_streams_[p], cudaStreamNonBlocking));
-      WEFT_CUDA(cudaEventCreateWithFlags(&side_events_[p], cudaEventDisableTiming));
-    }
   }
 }
 
-AllGather::~AllGather() {
-  for (auto s : side_streams_) cudaStreamDestroy(s);
-  for (auto e : side_events_) cudaEventDestroy(e);
-  if (fork_event_) cudaEventDestroy(fork_event_);
-}
+AllGather::~AllGather() = default;
 
 void AllGather::validate(const void* input, const void* output) const {
   const std::uint64_t total = bytes_ * ctx_->world_size();

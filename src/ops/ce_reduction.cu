@@ -30,7 +30,7 @@ CopyEngineReduction::CopyEngineReduction(Context& ctx, std::uint64_t total, std:
   // Chunks of at least 16 MB and at most 4 of them: measured on 2 x H200 at
   // 32 MB - 1 GB (docs/decisions/0010), more and smaller chunks cost more in per-copy
   // overhead than they gain in overlap. WEFT_CE_CHUNK fixes the size, for tuning.
-  const std::uint64_t chunk_bytes = env_bytes(process_env(), "WEFT_CE_CHUNK", 0);
+  const std::uint64_t chunk_bytes = ctx.settings().ce_chunk;
   chunks_ = chunk_bytes ? static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunk_bytes, 1, 16))
                         : static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / kMinChunkBytes, 1, 4));
   sum_blocks_ = static_cast<int>(std::clamp<std::uint64_t>(slice_bytes / chunks_ / (64u << 10), 1,
@@ -38,23 +38,12 @@ CopyEngineReduction::CopyEngineReduction(Context& ctx, std::uint64_t total, std:
   const auto w64 = static_cast<std::uint64_t>(world);
   flags_ = SignalArray(ctx.heap(), w64 + 2 * w64 * chunks_, name + ".flags");
   scratch_ = SymmetricBuffer(ctx.heap(), w64 * slice_bytes, to_string(dtype), name + ".scratch");
-  WEFT_CUDA(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   side_.resize(world);
   side_done_.resize(world);
-  for (int p = 0; p < world; ++p) {
-    WEFT_CUDA(cudaStreamCreateWithFlags(&side_[p], cudaStreamNonBlocking));
-    WEFT_CUDA(cudaEventCreateWithFlags(&side_done_[p], cudaEventDisableTiming));
-  }
   chunk_summed_.resize(chunks_);
-  for (auto& e : chunk_summed_) WEFT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
-CopyEngineReduction::~CopyEngineReduction() {
-  for (auto s : side_) cudaStreamDestroy(s);
-  for (auto e : side_done_) cudaEventDestroy(e);
-  for (auto e : chunk_summed_) cudaEventDestroy(e);
-  if (fork_) cudaEventDestroy(fork_);
-}
+CopyEngineReduction::~CopyEngineReduction() = default;
 
 void CopyEngineReduction::run(const void* input, void* output, cudaStream_t stream) {
   const dev::World& w = ctx_.world();

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/cuda_resources.hpp"
 #include "weft/ops/collective.hpp"
 #include "weft/runtime/context.hpp"
 
@@ -50,9 +51,9 @@ class CopyEngineReduction {
   int chunks_ = 1, sum_blocks_ = 1;
   SignalArray flags_;       // ready[W], arrived[W][K], reduced[W][K]
   SymmetricBuffer scratch_; // [W][slice]
-  std::vector<cudaStream_t> side_;
-  std::vector<cudaEvent_t> side_done_, chunk_summed_;
-  cudaEvent_t fork_ = nullptr;
+  std::vector<Stream> side_;  // one per peer
+  std::vector<Event> side_done_, chunk_summed_;
+  Event fork_;
 };
 
 }  // namespace weft::ops_detail

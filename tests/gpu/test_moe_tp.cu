@@ -166,13 +166,13 @@ Routed make_routing(const Case& c, int s, int world) {
   return r;
 }
 
-struct DeviceBuffer {
+struct TestBuffer {
   void* p = nullptr;
   std::size_t bytes = 0;
-  explicit DeviceBuffer(std::size_t n) : bytes(std::max<std::size_t>(n, 16)) { WEFT_CUDA(cudaMalloc(&p, bytes)); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  explicit TestBuffer(std::size_t n) : bytes(std::max<std::size_t>(n, 16)) { WEFT_CUDA(cudaMalloc(&p, bytes)); }
+  ~TestBuffer() { cudaFree(p); }
+  TestBuffer(const TestBuffer&) = delete;
+  TestBuffer& operator=(const TestBuffer&) = delete;
   template <class T>
   T* as() const { return static_cast<T*>(p); }
   template <class T>
@@ -228,11 +228,11 @@ class Layer {
           wu[(e * n_local_ + n) * H + h] = bits(up_[(e * F + n_lo_ + n) * H + h]);
           wd[(e * H + h) * n_local_ + n] = bits(down_[(e * H + h) * F + n_lo_ + n]);
         }
-    x_ = std::make_unique<DeviceBuffer>(x.size() * 2);
-    topk_ = std::make_unique<DeviceBuffer>(routes_[me_].topk.size() * 8);
-    weights_ = std::make_unique<DeviceBuffer>(routes_[me_].weights.size() * 4);
-    w_up_ = std::make_unique<DeviceBuffer>(wu.size() * 2);
-    w_down_ = std::make_unique<DeviceBuffer>(wd.size() * 2);
+    x_ = std::make_unique<TestBuffer>(x.size() * 2);
+    topk_ = std::make_unique<TestBuffer>(routes_[me_].topk.size() * 8);
+    weights_ = std::make_unique<TestBuffer>(routes_[me_].weights.size() * 4);
+    w_up_ = std::make_unique<TestBuffer>(wu.size() * 2);
+    w_down_ = std::make_unique<TestBuffer>(wd.size() * 2);
     x_->upload(x);
     topk_->upload(routes_[me_].topk);
     weights_->upload(routes_[me_].weights);
@@ -253,8 +253,8 @@ class Layer {
                                                                        .max_tokens_per_rank = cap_,
                                                                        .dtype = c.dtype,
                                                                        .scatter = c.scatter});
-    h_ = std::make_unique<DeviceBuffer>(static_cast<std::size_t>(up_plan_->max_rows()) * n_local_ * 2);
-    out_ = std::make_unique<DeviceBuffer>(static_cast<std::size_t>(T) * H * 2);
+    h_ = std::make_unique<TestBuffer>(static_cast<std::size_t>(up_plan_->max_rows()) * n_local_ * 2);
+    out_ = std::make_unique<TestBuffer>(static_cast<std::size_t>(T) * H * 2);
   }
 
   /// NaN into both outputs.
@@ -287,8 +287,8 @@ class Layer {
   }
 
   AgMoe& up() { return *up_plan_; }
-  const DeviceBuffer& h() const { return *h_; }
-  const DeviceBuffer& out() const { return *out_; }
+  const TestBuffer& h() const { return *h_; }
+  const TestBuffer& out() const { return *out_; }
 
  private:
   // The gathered routing, ids outside [0, E) as none (what the plan computes with).
@@ -409,7 +409,7 @@ class Layer {
   std::vector<Routed> routes_;
   std::vector<float> xs_;         // [W][cap][H], every rank's tokens
   std::vector<float> up_, down_;  // [E][F][H], [E][H][F]: the unsharded weights
-  std::unique_ptr<DeviceBuffer> x_, topk_, weights_, w_up_, w_down_, h_, out_;
+  std::unique_ptr<TestBuffer> x_, topk_, weights_, w_up_, w_down_, h_, out_;
   std::unique_ptr<AgMoe> up_plan_;
   std::unique_ptr<MoeRs> down_plan_;
 };
@@ -497,7 +497,7 @@ TEST(MoeTp, AThousandBackToBackRunsAreBitwiseEqualToTheFirst) {
     error = layer.check();
     const MoeRouting& r = layer.up().routing();
     const std::size_t G = static_cast<std::size_t>(r.world) * r.capacity;
-    DeviceBuffer first_h(layer.h().bytes), first_out(layer.out().bytes), first_rows(r.max_rows * 4),
+    TestBuffer first_h(layer.h().bytes), first_out(layer.out().bytes), first_rows(r.max_rows * 4),
         first_token_row(G * r.top_k * 4);
     WEFT_CUDA(cudaMemcpyAsync(first_h.p, layer.h().p, layer.h().bytes, cudaMemcpyDeviceToDevice, s));
     WEFT_CUDA(cudaMemcpyAsync(first_out.p, layer.out().p, layer.out().bytes, cudaMemcpyDeviceToDevice, s));
@@ -537,7 +537,7 @@ TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
     layer.poison(s);
     layer.run(s);  // eager first: plans choose and load their kernels outside the capture
     error = layer.check();
-    DeviceBuffer eager_h(layer.h().bytes), eager_out(layer.out().bytes);
+    TestBuffer eager_h(layer.h().bytes), eager_out(layer.out().bytes);
     WEFT_CUDA(cudaMemcpyAsync(eager_h.p, layer.h().p, layer.h().bytes, cudaMemcpyDeviceToDevice, s));
     WEFT_CUDA(cudaMemcpyAsync(eager_out.p, layer.out().p, layer.out().bytes, cudaMemcpyDeviceToDevice, s));
     WEFT_CUDA(cudaMemsetAsync(bad, 0, 2 * sizeof(unsigned long long), s));

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/cuda_resources.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/device/world.cuh"
 
@@ -267,13 +268,12 @@ class Gemm {
   std::vector<const gemm_detail::Config*> candidates_;
   const gemm_detail::Config* chosen_ = nullptr;
   int swizzle_ = 1, raster_ = 0;  // the tile scheduler's settings for chosen_
-  void* workspace_ = nullptr;
-  std::size_t workspace_bytes_ = 0;
+  DeviceBuffer workspace_;
   int sm_count_ = 0;
   bool from_cache_ = false;
   bool cublas_only_ = false;  // a shape weft's kernels cannot tile (K or N): cuBLAS alone (allow_cublas)
   bool launched_ = false;  // prepare() launched chosen_ (or every candidate) once, outside graph capture
-  std::uint64_t* exits_ = nullptr;  // hooked plans: CTAs past their last wait (RowSignals::consume), 0 between runs
+  DeviceBuffer exits_;  // u64, hooked plans: CTAs past their last wait (RowSignals::consume), 0 between runs
 };
 
 }  // namespace weft

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/cuda_resources.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/gemm/gemm.hpp"
 
@@ -91,9 +92,9 @@ class GroupedGemm {
   std::vector<const gemm_detail::GroupedConfig*> candidates_;
   const gemm_detail::GroupedConfig* chosen_ = nullptr;
   int sm_count_ = 0;
-  void* workspace_ = nullptr;  // the per-expert arrays, then CUTLASS's workspace
+  DeviceBuffer workspace_;  // the per-expert arrays, then CUTLASS's workspace
   std::size_t workspace_bytes_ = 0;
-  std::uint32_t* faults_ = nullptr;  // device: fault bits, and the first total that overflowed (check_counts)
+  DeviceBuffer faults_;  // u32: fault bits, and the first total that overflowed (check_counts)
 };
 
 }  // namespace weft

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/cuda_resources.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft {
@@ -91,9 +92,9 @@ class AllGather {
   std::uint64_t runs_ = 0;
   SignalArray signals_;  // [0, W): ready; [W, 2W): arrived / done-reading; ring: [2W, 2W + (W-1) x blocks) per step
   SymmetricBuffer staging_;  // ll: [2 parities][W senders][words] 8-byte lines
-  std::vector<cudaStream_t> side_streams_;
-  std::vector<cudaEvent_t> side_events_;
-  cudaEvent_t fork_event_ = nullptr;
+  std::vector<Stream> side_streams_;  // copy_engine: one per peer
+  std::vector<Event> side_events_;
+  Event fork_event_;
   std::unique_ptr<ops_detail::TwoLevelRun> two_level_;  // two_level: weft::internode's plan
 
  public:

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/core/cuda_resources.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft {
@@ -139,7 +140,7 @@ class ExpertParallel {
   SignalArray exchange_signals_;  // [W]: counts row from rank p
   SignalArray dispatch_signals_;  // [W]: tokens from rank p have arrived
   SignalArray combine_signals_;   // [W]: rank p's partial sums are ready
-  void* scratch_ = nullptr;       // local device memory, see ep.cu
+  DeviceBuffer scratch_;          // local device memory, see ep.cu
   std::int64_t* host_counts_ = nullptr;  // pinned [W][row]
 };
 
@@ -208,7 +209,7 @@ class ExpertParallelLowLatency {
   /// received row's scales (channel c of a row is its e4m3 value x scale c / 128); else null.
   const float* recv_scales() const { return opt_.fp8_dispatch ? recv_scales_.as<float>() : nullptr; }
   /// [local experts][W] int32 (device): rows received per local expert and source.
-  const std::int32_t* recv_count() const { return recv_count_; }
+  const std::int32_t* recv_count() const { return recv_count_.as<std::int32_t>(); }
   /// [local experts][W][M] int32 (symmetric heap): each row's token index at its source x 32 + its slot.
   const std::int32_t* recv_source() const { return recv_src_.as<std::int32_t>(); }
   /// Synchronises `stream` and throws if a dispatch since the last check met a
@@ -229,8 +230,8 @@ class ExpertParallelLowLatency {
   SignalArray count_signals_;   // [per][W]: (epoch << 32) | rows, set by each source
   SignalArray combine_signals_; // [W]: rank p's outputs for this rank are here
   SignalArray recv_signals_;    // the receive kernel's epoch (no flags used)
-  std::int32_t* recv_count_ = nullptr;  // device [per][W]
-  std::uint64_t* scratch_ = nullptr;    // device: [0] error key, [1] send blocks done, [2] combine blocks done
+  DeviceBuffer recv_count_;  // i32 [per][W]
+  DeviceBuffer scratch_;     // u64: [0] error key, [1] send blocks done, [2] combine blocks done
 };
 
 }  // namespace weft

@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <string>
 
+#include "weft/core/cuda_resources.hpp"
 #include "weft/core/dtype.hpp"
 
 namespace weft {
@@ -171,7 +172,7 @@ class FlashDecode {
   /// q_heads, splits], float), even with one split, and run() launches only
   /// the attention; args.out and args.lse are not written.
   FlashDecode(const FlashDecodeOptions& o, bool partials_only);
-  const float* partial_outputs() const { return static_cast<const float*>(workspace_); }
+  const float* partial_outputs() const { return workspace_.as<const float>(); }
   const float* partial_lses() const;
   /// The last_block merge runs (its arrival counters follow the partials in the workspace).
   bool uses_arrivals() const;
@@ -184,7 +185,7 @@ class FlashDecode {
   PageLookup page_lookup_ = PageLookup::automatic;
   int sm_count_ = 0;
   float scale_ = 0;
-  void* workspace_ = nullptr;
+  DeviceBuffer workspace_;
   std::uint64_t workspace_bytes_ = 0;
   std::uint64_t arrivals_offset_ = 0;
 };

@@ -51,6 +51,7 @@
 #include <memory>
 #include <string>
 
+#include "weft/core/cuda_resources.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/ops/all_gather.hpp"
 #include "weft/ops/reduce_scatter.hpp"
@@ -159,8 +160,8 @@ class AgMoe {
   std::map<std::int64_t, std::unique_ptr<GroupedGemm>> gemms_;  // per n_local used
   GroupedGemm* gemm_ = nullptr;                                  // opt_.n_local's
   SymmetricBuffer shards_;        // [W] shards (moe_tp_layout.hpp's ShardLayout)
-  void* scratch_ = nullptr;       // local: the sort's counts and maps, the error record
-  void* sorted_a_ = nullptr;      // local: [max_rows][H], the pairs' token rows by expert
+  DeviceBuffer scratch_;          // local: the sort's counts and maps, the error record
+  DeviceBuffer sorted_a_;         // local: [max_rows][H], the pairs' token rows by expert
 };
 
 /// The down-projection's grouped GEMM + top-k weighted sum + ReduceScatter. Collective to build and to run.
@@ -199,7 +200,7 @@ class MoeRs {
   std::map<std::int64_t, std::unique_ptr<GroupedGemm>> gemms_;  // per k_local used
   GroupedGemm* gemm_ = nullptr;                                  // opt_.k_local's
   SymmetricBuffer partial_;  // [W][capacity][H]: token-order partial sums, the ReduceScatter's input
-  void* y_ = nullptr;        // local: [max_rows][H], the pairs' down-projections
+  DeviceBuffer y_;           // local: [max_rows][H], the pairs' down-projections
 };
 
 }  // namespace weft

@@ -783,11 +783,11 @@ FlashDecode::FlashDecode(const FlashDecodeOptions& options, bool partials_only)
       arrivals_offset_ = (workspace_bytes_ + 7) / 8 * 8;
       workspace_bytes_ = arrivals_offset_ + std::uint64_t(o_.batch) * o_.kv_heads * head_tiles(o_) * 8;
     }
-    WEFT_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+    workspace_ = DeviceBuffer(workspace_bytes_);
     if (uses_arrivals()) {
       // The counters start at zero; each run's last blocks leave them at zero. The plan may run on a
       // non-blocking stream, unordered with the default one: wait for the memset here, at plan time.
-      WEFT_CUDA(cudaMemsetAsync(static_cast<char*>(workspace_) + arrivals_offset_, 0,
+      WEFT_CUDA(cudaMemsetAsync(workspace_.as<char>() + arrivals_offset_, 0,
                                 workspace_bytes_ - arrivals_offset_, nullptr));
       WEFT_CUDA(cudaStreamSynchronize(nullptr));
     }
@@ -798,9 +798,7 @@ bool FlashDecode::uses_arrivals() const {
   return merge_ == DecodeMerge::last_block && splits_ > 1 && !partials_only_;
 }
 
-FlashDecode::~FlashDecode() {
-  if (workspace_) cudaFree(workspace_);
-}
+FlashDecode::~FlashDecode() = default;
 
 const float* FlashDecode::partial_lses() const {
   return partial_outputs() + std::uint64_t(o_.batch) * o_.q_heads * splits_ * o_.head_dim;
@@ -862,13 +860,13 @@ void FlashDecode::run(const FlashDecodeArgs& a, cudaStream_t stream) {
     p.page_stride = p.head_stride * o_.kv_heads;
   }
   p.scale_log2 = scale_ * kLog2e;
-  if (workspace_) {
+  if (workspace_.get()) {
     const std::uint64_t parts = std::uint64_t(o_.batch) * o_.q_heads * splits_;
-    p.part_o = static_cast<float*>(workspace_);
+    p.part_o = workspace_.as<float>();
     p.part_lse = p.part_o + parts * o_.head_dim;
   }
   p.arrivals = uses_arrivals()
-                   ? reinterpret_cast<std::uint64_t*>(static_cast<char*>(workspace_) + arrivals_offset_)
+                   ? reinterpret_cast<std::uint64_t*>(workspace_.as<char>() + arrivals_offset_)
                    : nullptr;
   if (o_.layout == KvLayout::paged) p.page_div = FastDiv::make(static_cast<std::uint32_t>(o_.page_size));
   const dim3 grid(static_cast<unsigned>(p.head_tiles * splits_), static_cast<unsigned>(o_.kv_heads),

@@ -503,8 +503,8 @@ ExpertParallel::ExpertParallel(std::shared_ptr<Context> ctx, const EpOptions& op
 
   std::uint64_t bytes = 0;
   carve(nullptr, opt_.max_tokens, opt_.experts, W, opt_.top_k, &bytes);
-  WEFT_CUDA(cudaMalloc(&scratch_, bytes));
-  WEFT_CUDA(cudaMemset(scratch_, 0, bytes));
+  scratch_ = DeviceBuffer(bytes);
+  WEFT_CUDA(cudaMemset(scratch_.get(), 0, bytes));
   WEFT_CUDA(cudaMallocHost(&host_counts_, static_cast<std::size_t>(W) * row * 8));
   const int count_smem = kCountWarps * (opt_.experts + W) * 4;
   if (count_smem > 48 * 1024)
@@ -512,7 +512,6 @@ ExpertParallel::ExpertParallel(std::shared_ptr<Context> ctx, const EpOptions& op
 }
 
 ExpertParallel::~ExpertParallel() {
-  if (scratch_) cudaFree(scratch_);
   if (host_counts_) cudaFreeHost(host_counts_);
 }
 
@@ -535,7 +534,7 @@ EpHandle ExpertParallel::layout(const std::int64_t* topk_idx, std::int64_t num_t
                " must be in [0, max_tokens = ", opt_.max_tokens, "]");
   WEFT_REQUIRE(num_tokens == 0 || topk_idx, "ExpertParallel::layout: topk_idx is null for ", num_tokens, " tokens");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel layout #", layouts_ + 1));
-  const Scratch s = carve(scratch_, opt_.max_tokens, E, W, k, nullptr);
+  const Scratch s = carve(scratch_.get(), opt_.max_tokens, E, W, k, nullptr);
   WEFT_CUDA(cudaMemsetAsync(s.error, 0xff, 8, stream));
   if (num_tokens > 0) {
     const auto chunks = (num_tokens + kChunk - 1) / kChunk;
@@ -639,7 +638,7 @@ void ExpertParallel::dispatch_rows(const EpHandle& h, bool fp8, const void* x, c
   WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(x) | reinterpret_cast<std::uintptr_t>(recv_x)) % 16 == 0,
                "ExpertParallel::", call, ": x and recv_x must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel ", call, " #", h.id));
-  const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
+  const Scratch s = carve(scratch_.get(), opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
   std::int64_t self_lo = 0;  // this rank's own tokens come after those of lower ranks
   for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
   MoveArgs a{.w = ctx_->world(),
@@ -683,7 +682,7 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel combine #", h.id));
   std::int64_t self_lo = 0;  // this rank's own tokens are staged after those of lower ranks
   for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
-  const Scratch s = carve(scratch_, opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
+  const Scratch s = carve(scratch_.get(), opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
   MoveArgs a{.w = ctx_->world(),
              .experts = opt_.experts,
              .world = ctx_->world_size(),

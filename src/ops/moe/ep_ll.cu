@@ -300,17 +300,14 @@ ExpertParallelLowLatency::ExpertParallelLowLatency(std::shared_ptr<Context> ctx,
   count_signals_ = SignalArray(ctx_->heap(), per * W, "ep_ll.count.flags");
   combine_signals_ = SignalArray(ctx_->heap(), W, "ep_ll.combine.flags");
   recv_signals_ = SignalArray(ctx_->heap(), 1, "ep_ll.recv.epoch");
-  WEFT_CUDA(cudaMalloc(&recv_count_, per * W * 4));
-  WEFT_CUDA(cudaMemset(recv_count_, 0, per * W * 4));
-  WEFT_CUDA(cudaMalloc(&scratch_, 3 * 8));
+  recv_count_ = DeviceBuffer(per * W * 4);
+  WEFT_CUDA(cudaMemset(recv_count_.get(), 0, per * W * 4));
+  scratch_ = DeviceBuffer(3 * 8);
   const std::uint64_t init[3] = {kNoErrorLl, 0, 0};
-  WEFT_CUDA(cudaMemcpy(scratch_, init, sizeof(init), cudaMemcpyHostToDevice));
+  WEFT_CUDA(cudaMemcpy(scratch_.get(), init, sizeof(init), cudaMemcpyHostToDevice));
 }
 
-ExpertParallelLowLatency::~ExpertParallelLowLatency() {
-  if (recv_count_) cudaFree(recv_count_);
-  if (scratch_) cudaFree(scratch_);
-}
+ExpertParallelLowLatency::~ExpertParallelLowLatency() = default;
 
 void ExpertParallelLowLatency::dispatch_send(const std::int64_t* topk_idx, const void* x, std::int64_t num_tokens,
                                              cudaStream_t stream) {
@@ -339,8 +336,8 @@ void ExpertParallelLowLatency::dispatch_send(const std::int64_t* topk_idx, const
   a.recv_scales = opt_.fp8_dispatch ? recv_scales_.as<float>() : nullptr;
   a.recv_src = recv_src_.as<std::int32_t>();
   a.count_flags = count_signals_.flags();
-  a.error = scratch_;
-  a.done = scratch_ + 1;
+  a.error = scratch_.as<std::uint64_t>();
+  a.done = scratch_.as<std::uint64_t>() + 1;
   a.epoch = count_signals_.launch_epoch();
   const int grid = static_cast<int>(std::clamp<std::int64_t>((num_tokens + kWarpsLl - 1) / kWarpsLl, 1, blocks_));
   launch_pdl(ll_send_kernel, grid, kThreadsLl, stream, a);
@@ -356,7 +353,7 @@ void ExpertParallelLowLatency::dispatch_recv(cudaStream_t stream) {
   a.experts = opt_.experts;
   a.world = ctx_->world_size();
   a.count_flags = count_signals_.flags();
-  a.recv_count = recv_count_;
+  a.recv_count = recv_count_.as<std::int32_t>();
   a.epoch = recv_signals_.launch_epoch();
   launch_pdl(ll_recv_kernel, 1, kRecvThreads, stream, a);
   WEFT_CUDA(cudaGetLastError());
@@ -388,10 +385,10 @@ void ExpertParallelLowLatency::combine(const void* y, const std::int64_t* topk_i
   a.y = static_cast<const uint4*>(y);
   a.out = static_cast<uint4*>(out);
   a.recv_src = recv_src_.as<std::int32_t>();
-  a.recv_count = recv_count_;
+  a.recv_count = recv_count_.as<std::int32_t>();
   a.comb_buf = comb_buf_.as<uint4>();
   a.comb_flags = combine_signals_.flags();
-  a.done = scratch_ + 2;
+  a.done = scratch_.as<std::uint64_t>() + 2;
   a.epoch = combine_signals_.launch_epoch();
   const std::int64_t slots = static_cast<std::int64_t>(opt_.experts) * opt_.max_tokens;  // per x W x M
   const std::int64_t work = std::max<std::int64_t>(slots / 4, num_tokens);
@@ -403,11 +400,11 @@ void ExpertParallelLowLatency::combine(const void* y, const std::int64_t* topk_i
 
 void ExpertParallelLowLatency::check_errors(cudaStream_t stream) {
   std::uint64_t key = kNoErrorLl;
-  WEFT_CUDA(cudaMemcpyAsync(&key, scratch_, 8, cudaMemcpyDeviceToHost, stream));
+  WEFT_CUDA(cudaMemcpyAsync(&key, scratch_.get(), 8, cudaMemcpyDeviceToHost, stream));
   ctx_->synchronize(stream);
   if (key == kNoErrorLl) return;
   const std::uint64_t none = kNoErrorLl;
-  WEFT_CUDA(cudaMemcpy(scratch_, &none, 8, cudaMemcpyHostToDevice));
+  WEFT_CUDA(cudaMemcpy(scratch_.get(), &none, 8, cudaMemcpyHostToDevice));
   WEFT_FAIL("ExpertParallelLowLatency: rank ", ctx_->rank(), "'s token ", key >> 8, " (slot ", (key >> 2) & 63u, ") ",
             (key & 3u) == 2 ? "lists an expert twice" : "has an expert id out of range",
             ": ids must be in [-1, ", opt_.experts, ") and distinct within a token; the token was not sent");

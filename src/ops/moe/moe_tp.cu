@@ -389,11 +389,11 @@ AgMoe::AgMoe(std::shared_ptr<Context> ctx, const AgMoeOptions& options) : ctx_(s
   const std::int64_t max_rows = moe_detail::max_pair_rows(W, opt_.max_tokens_per_rank, opt_.top_k);
   std::uint64_t bytes = 0;
   carve(nullptr, W, opt_.max_tokens_per_rank, opt_.top_k, opt_.experts, &bytes);
-  WEFT_CUDA(cudaMalloc(&scratch_, bytes));
-  WEFT_CUDA(cudaMemset(scratch_, 0, bytes));
-  const SortScratch s = carve(scratch_, W, opt_.max_tokens_per_rank, opt_.top_k, opt_.experts, nullptr);
+  scratch_ = DeviceBuffer(bytes);
+  WEFT_CUDA(cudaMemset(scratch_.get(), 0, bytes));
+  const SortScratch s = carve(scratch_.get(), W, opt_.max_tokens_per_rank, opt_.top_k, opt_.experts, nullptr);
   WEFT_CUDA(cudaMemset(s.error, 0xff, kErrorWords * 8));  // no key, and no key's id
-  WEFT_CUDA(cudaMalloc(&sorted_a_, static_cast<std::size_t>(max_rows) * opt_.hidden * es));
+  sorted_a_ = DeviceBuffer(static_cast<std::size_t>(max_rows) * opt_.hidden * es);
   const int count_smem = kCountWarps * opt_.experts * 4;
   if (count_smem > 48 * 1024)
     WEFT_CUDA(cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, count_smem));
@@ -414,10 +414,7 @@ AgMoe::AgMoe(std::shared_ptr<Context> ctx, const AgMoeOptions& options) : ctx_(s
   WEFT_CUDA(cudaDeviceSynchronize());  // the memsets above run on the legacy stream; runs use the caller's
 }
 
-AgMoe::~AgMoe() {
-  if (scratch_) cudaFree(scratch_);
-  if (sorted_a_) cudaFree(sorted_a_);
-}
+AgMoe::~AgMoe() = default;
 
 std::string AgMoe::gemm_config() const { return gemm_->config(); }
 
@@ -463,9 +460,9 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
   WEFT_CUDA(cudaGetLastError());
   gather_->run(mine, shards, stream);  // in place: this rank's shard is its slot
 
-  const SortScratch s = carve(scratch_, W, cap, k, opt_.experts, nullptr);
+  const SortScratch s = carve(scratch_.get(), W, cap, k, opt_.experts, nullptr);
   SortArgs sa{shards, l, cap, moe_detail::gathered_tokens(W, cap), W, opt_.experts, k, vecs, s,
-              static_cast<uint4*>(sorted_a_)};
+              sorted_a_.as<uint4>()};
   const std::int64_t chunks = moe_detail::sort_chunks(W, cap);
   count_kernel<<<static_cast<unsigned>((chunks + kCountWarps - 1) / kCountWarps), kCountWarps * 32,
                  kCountWarps * opt_.experts * 4, stream>>>(sa);
@@ -474,7 +471,7 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
   WEFT_CUDA(cudaGetLastError());
   place_kernel<<<clamp_grid(sa.tokens, kWarpsPerBlock, 8 * sms_), kWarpThreads, 0, stream>>>(sa);
   WEFT_CUDA(cudaGetLastError());
-  gemm_->run({.a = sorted_a_, .w = w_up, .out = out, .expert_rows = s.expert_rows}, stream);
+  gemm_->run({.a = sorted_a_.get(), .w = w_up, .out = out, .expert_rows = s.expert_rows}, stream);
 
   ++runs_;
   routing_.run = runs_;
@@ -483,7 +480,7 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
 
 void AgMoe::check_errors(cudaStream_t stream) {
   ctx_->synchronize(stream);
-  const SortScratch s = carve(scratch_, ctx_->world_size(), opt_.max_tokens_per_rank, opt_.top_k, opt_.experts, nullptr);
+  const SortScratch s = carve(scratch_.get(), ctx_->world_size(), opt_.max_tokens_per_rank, opt_.top_k, opt_.experts, nullptr);
   std::uint64_t e[kErrorWords];
   WEFT_CUDA(cudaMemcpy(e, s.error, sizeof(e), cudaMemcpyDeviceToHost));
   if (e[0] == kNoError) return;
@@ -523,14 +520,12 @@ MoeRs::MoeRs(std::shared_ptr<Context> ctx, const MoeRsOptions& options) : ctx_(s
                              to_string(opt_.dtype), "moe_rs.partial");
   scatter_ = std::make_unique<ReduceScatter>(
       ctx_, ReduceScatterOptions{static_cast<std::uint64_t>(cap * opt_.hidden), opt_.dtype, opt_.scatter, opt_.max_sms});
-  WEFT_CUDA(cudaMalloc(&y_, static_cast<std::size_t>(max_rows_) * opt_.hidden * es));
+  y_ = DeviceBuffer(static_cast<std::size_t>(max_rows_) * opt_.hidden * es);
   use_slice(opt_.k_local);
   WEFT_CUDA(cudaDeviceSynchronize());  // the allocations' set-up, before any run's stream uses them
 }
 
-MoeRs::~MoeRs() {
-  if (y_) cudaFree(y_);
-}
+MoeRs::~MoeRs() = default;
 
 std::string MoeRs::gemm_config() const { return gemm_->config(); }
 
@@ -567,11 +562,11 @@ void MoeRs::run(const void* h, const MoeRouting& routing, const void* w_down, vo
   WEFT_REQUIRE(routing.num_tokens == 0 || out, "MoeRs::run: out is null for ", routing.num_tokens, " tokens");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("MoeRs run #", runs_ + 1));
 
-  gemm_->run({.a = h, .w = w_down, .out = y_, .expert_rows = routing.expert_rows}, stream);
+  gemm_->run({.a = h, .w = w_down, .out = y_.get(), .expert_rows = routing.expert_rows}, stream);
   const int es = static_cast<int>(dtype_size(opt_.dtype));
   const std::int64_t vecs = opt_.hidden * es / 16;
   const std::int64_t tokens = moe_detail::gathered_tokens(W, cap);
-  CombineArgs ca{routing.token_row, routing.token_weight, static_cast<const uint4*>(y_), partial_.as<uint4>(),
+  CombineArgs ca{routing.token_row, routing.token_weight, y_.as<const uint4>(), partial_.as<uint4>(),
                  tokens, opt_.top_k, vecs};
   const int grid = clamp_grid(tokens, kWarpsPerBlock, 8 * sms_);
   if (opt_.dtype == DType::bf16) combine_kernel<__nv_bfloat16><<<grid, kWarpThreads, 0, stream>>>(ca);
