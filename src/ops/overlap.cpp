@@ -54,8 +54,8 @@ RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, 
   RowChunks r;
   r.rows_per_rank = m / world;
   // WEFT_OVERLAP_MIN_CHUNK overrides the plan's floor, for measuring chunk sizes.
-  const std::uint64_t setting = ctx.settings().overlap_min_chunk;
-  const std::int64_t min_chunk = setting ? static_cast<std::int64_t>(setting) : min_chunk_bytes;
+  const std::optional<std::uint64_t>& setting = ctx.settings().overlap_min_chunk;
+  const std::int64_t min_chunk = setting ? static_cast<std::int64_t>(*setting) : min_chunk_bytes;
   r.chunks = schedule::copy_chunks(r.rows_per_rank, row_bytes, chunks_wanted, min_chunk);
   r.chunk_rows = r.rows_per_rank / r.chunks;
   return r;

@@ -41,7 +41,7 @@ PlanShape require_shape(const char* who, std::int64_t m, std::int64_t n, std::in
 /// For a shape require_shape checked: M a multiple of `ctx`'s world size;
 /// chunks_wanted >= 1. Throws naming `who`. Returns the row split: rows of
 /// `row_bytes` bytes in schedule::copy_chunks chunks (at most chunks_wanted,
-/// none under min_chunk_bytes, or Settings::overlap_min_chunk where set, equal rows).
+/// none under min_chunk_bytes, or under Settings::overlap_min_chunk where set, equal rows).
 RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, const Context& ctx,
                     std::int64_t row_bytes, std::int64_t min_chunk_bytes = schedule::kMinChunkBytes);
 

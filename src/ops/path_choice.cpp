@@ -58,7 +58,7 @@ void PathChoice::run(cudaStream_t stream, std::initializer_list<const void*> key
       trace::abandon();
       throw;
     }
-    trace::finish(stream, str(what_, ", rank ", ctx_->rank()));
+    trace::finish(stream, what_, ctx_->rank());
     --trace_left_;
     return;
   }

@@ -77,8 +77,10 @@ class RingExecutor {
   using ShipOwnBlock = std::function<void(cudaStream_t side, const std::uint64_t* done, std::uint64_t done_value)>;
   /// out [M / W, N] = our block of the sum, `way`'s ring enqueued on `stream`.
   /// `all_rows`: where the caller has room for all M rows, `out` being our
-  /// block of it (GemmAr's out); the whole-ring GEMMs then store there, else
-  /// into the private send buffer, from which our block moves to `out`.
+  /// block of it (GemmAr's out). One launch then stores there (else into the
+  /// private send buffer, from which our block moves to `out`); one launch
+  /// adding stores into the send buffer either way, and its peer's partial
+  /// sum of our block lands in `all_rows`'s block of ours (else in `out`).
   void run(FusedWay way, const void* a, const void* b, void* out, cudaStream_t stream,
            const ShipOwnBlock& ship_own = {}, void* all_rows = nullptr);
 

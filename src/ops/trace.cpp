@@ -11,11 +11,11 @@ namespace weft::ops_detail {
 namespace {
 
 // One traced call at a time per process (the call synchronises before it
-// returns), nested plans included.
+// returns).
 struct Recorder {
   bool recording = false;
   std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  std::vector<Event> events;  // kept for the process: a handful
+  std::vector<Event> events;  // reused by every traced call: a handful
 } recorder;
 
 }  // namespace
@@ -38,7 +38,7 @@ void trace::start(cudaStream_t stream) {
 
 void trace::abandon() { recorder.recording = false; }
 
-void trace::finish(cudaStream_t stream, const std::string& what) {
+void trace::finish(cudaStream_t stream, const std::string& what, int rank) {
   mark(stream, "end");
   recorder.recording = false;
   WEFT_CUDA(cudaStreamSynchronize(stream));
@@ -52,7 +52,7 @@ void trace::finish(cudaStream_t stream, const std::string& what) {
   std::stable_sort(at.begin(), at.end());
   std::string line;
   for (const auto& [us, label] : at) line += str(" | ", label, " ", static_cast<int>(us + 0.5f));
-  WEFT_LOG(info, what, " trace, us:", line);
+  WEFT_LOG(info, what, " trace, rank ", rank, ", us:", line);
 }
 
 TileWaits::TileWaits(std::string what, int flags, bool enabled) : what_(std::move(what)) {

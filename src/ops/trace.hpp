@@ -4,7 +4,7 @@
 // WEFT_TRACE_OVERLAP=N: a plan's first N fused calls after its path choice run
 // traced (PathChoice runs them): each logs its timeline at info level, every
 // mark's time since the call started, in us. Plans mark where their streams
-// reach a step (trace::mark(stream, "step 0 GEMM")), nested plans included.
+// reach a step (trace::mark(stream, "step 0 GEMM")).
 //
 // WEFT_TILE_WAITS=1: device counters, one per flag of a plan, that its hooked
 // GEMMs add their tiles' waiting time to (RowSignals::waited_ns), logged when
@@ -27,8 +27,9 @@ void mark(cudaStream_t stream, const std::string& label);
 /// Starts a traced call: later marks are recorded, the first being "start".
 void start(cudaStream_t stream);
 /// Ends the traced call started last (marks "end" on `stream`, waits for it)
-/// and logs its timeline at info level, prefixed by `what`.
-void finish(cudaStream_t stream, const std::string& what);
+/// and logs its timeline at info level: "<what> trace, rank <rank>, us: | start 0 | ..."
+/// (scripts/gpu_session.sh's trace stage reads that form).
+void finish(cudaStream_t stream, const std::string& what, int rank);
 /// Ends the traced call without a log (the call threw).
 void abandon();
 }  // namespace trace

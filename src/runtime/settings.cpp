@@ -25,7 +25,7 @@ Settings Settings::read(const EnvMap& env) {
                trace);
   s.trace_overlap = static_cast<int>(trace);
   s.tile_waits = env_switch(env, "WEFT_TILE_WAITS", s.tile_waits);
-  s.overlap_min_chunk = env_bytes(env, "WEFT_OVERLAP_MIN_CHUNK", s.overlap_min_chunk);
+  if (env.count("WEFT_OVERLAP_MIN_CHUNK")) s.overlap_min_chunk = env_bytes(env, "WEFT_OVERLAP_MIN_CHUNK", 0);
   s.ce_chunk = env_bytes(env, "WEFT_CE_CHUNK", s.ce_chunk);
   return s;
 }

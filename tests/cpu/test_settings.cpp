@@ -20,8 +20,10 @@ TEST(Settings, DefaultsWhereNothingIsSet) {
   EXPECT_TRUE(s.plan_graphs);
   EXPECT_EQ(s.trace_overlap, 0);
   EXPECT_FALSE(s.tile_waits);
-  EXPECT_EQ(s.overlap_min_chunk, 0u);
+  EXPECT_FALSE(s.overlap_min_chunk.has_value()) << "absent: each plan's own floor";
   EXPECT_EQ(s.ce_chunk, 0u);
+  // Set to 0: no floor at all, which is not the same as absent.
+  EXPECT_EQ(Settings::read(EnvMap{{"WEFT_OVERLAP_MIN_CHUNK", "0"}}).overlap_min_chunk, std::optional<std::uint64_t>(0));
 }
 
 TEST(Settings, EveryVariableIsRead) {
@@ -41,7 +43,7 @@ TEST(Settings, EveryVariableIsRead) {
   EXPECT_FALSE(s.plan_graphs);
   EXPECT_EQ(s.trace_overlap, 3);
   EXPECT_TRUE(s.tile_waits);
-  EXPECT_EQ(s.overlap_min_chunk, 2ull << 20);
+  EXPECT_EQ(s.overlap_min_chunk, std::optional<std::uint64_t>(2ull << 20));
   EXPECT_EQ(s.ce_chunk, 16ull << 20);
 }
 

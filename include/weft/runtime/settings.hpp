@@ -4,13 +4,16 @@
 //
 // Settings read elsewhere, and why: WEFT_HEAP_BACKEND and WEFT_VIRTUAL_NODES
 // by the ranks' agreement on them (runtime/heap_backend.cpp, team.cpp);
-// launch variables by detect_launch_env; WEFT_TUNE_CACHE and WEFT_PDL by the
+// launch variables by detect_launch_env, and WEFT_DEVICE as the team picks
+// each rank's GPU (team.cpp); WEFT_NVSHMEM_LIBRARY as the NVSHMEM backend
+// opens its library (nvshmem_heap.cpp); WEFT_TUNE_CACHE and WEFT_PDL by the
 // GEMM engine and the launch helpers, which serve every Context of the
 // process; WEFT_LOG_LEVEL by the logger.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 
 #include "weft/core/env.hpp"
 
@@ -32,8 +35,9 @@ struct Settings {
   /// WEFT_TILE_WAITS=1: hooked tiles' waits summed per flag, logged as a plan is destroyed.
   bool tile_waits = false;
   /// WEFT_OVERLAP_MIN_CHUNK: the overlapped plans' smallest copy chunk, in
-  /// place of each plan's floor (0: the plan's), for measuring chunk sizes.
-  std::uint64_t overlap_min_chunk = 0;
+  /// place of each plan's floor (0: no floor), for measuring chunk sizes;
+  /// absent: each plan's floor.
+  std::optional<std::uint64_t> overlap_min_chunk;
   /// WEFT_CE_CHUNK: the copy-engine collectives' chunk size (0: their rule).
   std::uint64_t ce_chunk = 0;
 
