@@ -140,7 +140,9 @@ TEST(RingPlan, StepsRunTheGemmsTheirSendsNeed) {
     const RingStep& last = p.steps.back();
     for (const RingStep& step : p.steps)
       for (const BlockSend& send : step.sends)
-        if (send.when == SendWhen::stored) EXPECT_TRUE(reports_rows(step.gemm)) << "block " << step.block;
+        if (send.when == SendWhen::stored) {
+          EXPECT_TRUE(reports_rows(step.gemm)) << "block " << step.block;
+        }
     if (p.world == 1) {  // one plain GEMM into out
       EXPECT_EQ(first.gemm, RingGemm::plain);
       EXPECT_TRUE(first.sends.empty());
@@ -214,7 +216,9 @@ TEST(RingPlan, AddingSendsThePeersBlockToItsOutAndAddsOurs) {
       EXPECT_EQ(whole.sends[0].to, SendTo::peer_out);
       EXPECT_EQ(whole.sends[0].block, 1 - r);
       EXPECT_EQ(whole.sends[0].rank, 1 - r);
-      if (ships) EXPECT_EQ(whole.sends[1].to, SendTo::caller);
+      if (ships) {
+        EXPECT_EQ(whole.sends[1].to, SendTo::caller);
+      }
     }
 }
 
