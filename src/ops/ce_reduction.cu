@@ -2,7 +2,6 @@
 
 #include "ce_signals.hpp"
 #include "kernel_util.cuh"
-#include "weft/core/env.hpp"
 #include "weft/device.cuh"
 
 namespace weft::ops_detail {

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "schedule.hpp"
-#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
 

@@ -58,7 +58,6 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
   const int world = ctx_->world_size(), steps = world - 1;
   const RingOptions& o = options_;
   const char* who = o.who;
-  k_ = o.shape.k;
   layout_ = RingLayout{.world = world,
                        .n = o.shape.n,
                        .block_rows = o.rows.rows_per_rank,
@@ -91,20 +90,27 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
   // (docs/ROADMAP.md): automatic picks a way by its time alone. At one rank
   // every way is the one GEMM: automatic times it once (the per-step ring's).
   const bool one = ((any && steps == 1) || o.way == FusedWay::ring_one_launch) && one_launch_possible;
-  builds_[way_index(FusedWay::ring_one_launch)] = one;
-  builds_[way_index(FusedWay::ring_per_step)] = any || o.way == FusedWay::ring_per_step || (steps == 0 && !one);
-  builds_[way_index(FusedWay::ring_plain_first)] = (any || o.way == FusedWay::ring_plain_first) && steps > 0;
+  const bool per_step = any || o.way == FusedWay::ring_per_step || (steps == 0 && !one);
+  const bool plain_first = (any || o.way == FusedWay::ring_plain_first) && steps > 0;
   // Only when asked for: its GEMM's one-lane reduce-add has no GPU figure
   // beside the others yet (docs/decisions/0033), and automatic picks a way by
   // its time alone.
-  builds_[way_index(FusedWay::one_launch_add)] = o.way == FusedWay::one_launch_add && one_launch_add_possible;
+  const bool adding = o.way == FusedWay::one_launch_add && one_launch_add_possible;
 
   // At 2 ranks a plain first step's block leaves as the last step starts, by
   // column band (2-D copies), so the last step's tiles walk along M as a
   // plain GEMM may, where N splits into bands of whole 256-column tiles.
-  if (builds(FusedWay::ring_plain_first) && steps == 1 && !o.caller_ships)
+  if (plain_first && steps == 1 && !o.caller_ships)
     for (std::int64_t bands = layout_.chunks; bands >= 1 && !band_cols_; --bands)
       if (layout_.n % bands == 0 && layout_.n / bands % 256 == 0) band_cols_ = layout_.n / bands;
+  // Each built way's ring, as this rank runs it on every call.
+  for (FusedWay way : kFusedWays) {
+    const bool built = way == FusedWay::ring_per_step     ? per_step
+                       : way == FusedWay::ring_one_launch ? one
+                       : way == FusedWay::ring_plain_first ? plain_first
+                                                           : adding;
+    if (built) plans_[way_index(way)] = ring_plan(way, ctx_->rank(), world, o.caller_ships, band_cols_ > 0);
+  }
 
   GemmOptions g = gemm_options(layout_.block_rows, o.shape.n, o.shape.k, o.shape.dtype, o.b_layout);
   // Unhooked GEMMs take cuBLAS where it is faster: a ring step's where no
@@ -136,13 +142,12 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
     return x;
   };
   // One Gemm per kind that a built way's steps run.
-  for (FusedWay way : kFusedWays) {
-    if (!builds(way)) continue;
-    for (const RingStep& step : ring_plan(way, ctx_->rank(), world, o.caller_ships, band_cols_ > 0).steps) {
-      auto& slot = gemms_[static_cast<int>(step.gemm)];
-      if (!slot) slot = std::make_unique<Gemm>(options_for(step.gemm));
-    }
-  }
+  for (const std::optional<RingPlan>& p : plans_)
+    if (p)
+      for (const RingStep& step : p->steps) {
+        auto& slot = gemms_[static_cast<int>(step.gemm)];
+        if (!slot) slot = std::make_unique<Gemm>(options_for(step.gemm));
+      }
   if (steps > 0) {
     const std::string name = o.caller_ships ? "gemm_ar.ring" : "gemm_rs";
     staging_ = SymmetricBuffer(ctx_->heap(), layout_.all_bytes(), to_string(o.shape.dtype), name + ".staging");
@@ -154,7 +159,13 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
 
 bool RingExecutor::builds(FusedWay way) const {
   const int i = way_index(way);
-  return i >= 0 && builds_[i];
+  return i >= 0 && plans_[i].has_value();
+}
+
+const RingPlan& RingExecutor::plan(FusedWay way) const {
+  WEFT_REQUIRE(builds(way), options_.who, ": this plan did not build the fused way '", path_name(way),
+               "' (its options' way; builds())");
+  return *plans_[way_index(way)];
 }
 
 std::vector<FusedPath> RingExecutor::paths(const std::function<void(cudaStream_t, FusedWay)>& enqueue) const {
@@ -173,8 +184,7 @@ Gemm& RingExecutor::gemm(RingGemm kind) const {
 std::string RingExecutor::gemm_config(FusedWay way) const {
   if (!builds(way)) return "";
   std::vector<RingGemm> kinds;  // in step order, each once
-  for (const RingStep& step :
-       ring_plan(way, ctx_->rank(), ctx_->world_size(), options_.caller_ships, band_cols_ > 0).steps)
+  for (const RingStep& step : plan(way).steps)
     if (std::find(kinds.begin(), kinds.end(), step.gemm) == kinds.end()) kinds.push_back(step.gemm);
   std::string text = gemm(kinds[0]).config();
   for (std::size_t i = 1; i < kinds.size(); ++i)
@@ -196,7 +206,7 @@ GemmArgs RingExecutor::step_args(const RingStep& step, const void* a, const void
                                 .from_rank = step.source_rank,
                                 .waited_ns = waited ? waited + L.arrived_word(blk) : nullptr};
   const RowsDone block_done{.counters = flags ? flags + L.stored_word(blk) : nullptr, .rows_per_counter = L.chunk_rows};
-  GemmArgs args{.a = static_cast<const char*>(a) + first_row * k_ * L.element_bytes,
+  GemmArgs args{.a = static_cast<const char*>(a) + first_row * options_.shape.k * L.element_bytes,
                 .b = b,
                 .c = step.stores_to_out ? out : d + L.block_offset(blk)};
   switch (step.gemm) {
@@ -300,11 +310,9 @@ void RingExecutor::run(FusedWay way, const void* a, const void* b, void* out, cu
                        const ShipOwnBlock& ship_own, void* all_rows) {
   const int world = ctx_->world_size(), me = ctx_->rank();
   const RingLayout& L = layout_;
-  WEFT_REQUIRE(builds(way), options_.who, ": this plan did not build the fused way '", path_name(way),
-               "' (its options' way; builds())");
+  const RingPlan& ring = plan(way);
   WEFT_REQUIRE(static_cast<bool>(ship_own) == options_.caller_ships, options_.who,
                ": a ring built for a caller that ships our block runs with one, and only it");
-  const RingPlan plan = ring_plan(way, me, world, options_.caller_ships, band_cols_ > 0);
   // Non-final blocks are stored here; with one launch and the caller's room
   // for all M rows, there (the other blocks' partial sums pass through it
   // before they leave, and ours is final where the caller wants it).
@@ -324,14 +332,14 @@ void RingExecutor::run(FusedWay way, const void* a, const void* b, void* out, cu
                  "sum there");
   }
   if (world == 1) {  // one rank: the one GEMM, nothing to wait for or send
-    gemm(RingGemm::plain).run(step_args(plan.steps[0], a, b, out, d), stream);
+    gemm(RingGemm::plain).run(step_args(ring.steps[0], a, b, out, d), stream);
     return;
   }
   // Tune (first run only) before the run starts, so no peer waits on a tuning
   // rank: each GEMM on its first step's operands. The counters and flags tell
   // the tuner how many rows move together.
   std::array<bool, kRingGemmKinds> prepared{};
-  for (const RingStep& step : plan.steps)
+  for (const RingStep& step : ring.steps)
     if (!std::exchange(prepared[static_cast<int>(step.gemm)], true))
       gemm(step.gemm).prepare(step_args(step, a, b, out, d), stream);
 
@@ -346,10 +354,10 @@ void RingExecutor::run(FusedWay way, const void* a, const void* b, void* out, cu
   // forever (docs/decisions/0049).
   cudaStream_t side = pipe_.begin(stream, flags_.as<std::uint64_t>(), L.flag_words());
   trace::mark(stream, "start");
-  for (std::size_t s = 0; s < plan.steps.size(); ++s) {
-    const RingStep& step = plan.steps[s];
+  for (std::size_t s = 0; s < ring.steps.size(); ++s) {
+    const RingStep& step = ring.steps[s];
     gemm(step.gemm).run(step_args(step, a, b, out, d), stream);
-    if (trace::recording()) trace::mark(stream, plan.steps.size() == 1 ? std::string("GEMM") : str("step ", s, " GEMM"));
+    if (trace::recording()) trace::mark(stream, ring.steps.size() == 1 ? std::string("GEMM") : str("step ", s, " GEMM"));
     bool waited_for_step = false;
     for (const BlockSend& send : step.sends) {
       if (send.when != SendWhen::stored && !std::exchange(waited_for_step, true)) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "copy_pipe.hpp"
@@ -86,6 +87,7 @@ class RingExecutor {
 
  private:
   Gemm& gemm(RingGemm kind) const;
+  const RingPlan& plan(FusedWay way) const;
   /// The step's GEMM arguments: `d` is where non-final blocks are stored.
   GemmArgs step_args(const RingStep& step, const void* a, const void* b, void* out, char* d) const;
   void enqueue_send(const BlockSend& send, void* out, char* d, void* all_rows, cudaStream_t side,
@@ -94,9 +96,8 @@ class RingExecutor {
   std::shared_ptr<Context> ctx_;
   RingOptions options_;
   RingLayout layout_;
-  std::int64_t k_ = 0;
   std::int64_t band_cols_ = 0;  // > 0: a plain first step's block leaves in column bands this wide (2 ranks)
-  std::array<bool, 4> builds_{};  // per way of kFusedWays
+  std::array<std::optional<RingPlan>, 4> plans_;  // per way of kFusedWays: this rank's ring, where built
   std::array<std::unique_ptr<Gemm>, kRingGemmKinds> gemms_;
   CopyPipe pipe_;
   TileWaits tile_waits_;

@@ -14,49 +14,43 @@
 
 namespace weft {
 
-/// A stream that does not synchronise with the legacy default stream.
-class Stream {
+namespace cuda_detail {
+/// A CUDA handle that `Release` destroys when its owner goes: moves, never copies.
+template <class Handle, cudaError_t (*Release)(Handle)>
+class Owned {
  public:
-  Stream() { WEFT_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() {
-    if (s_) cudaStreamDestroy(s_);
+  Owned() = default;
+  ~Owned() {
+    if (h_) Release(h_);
   }
-  Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-  Stream& operator=(Stream&& o) noexcept {
-    std::swap(s_, o.s_);
+  Owned(Owned&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  Owned& operator=(Owned&& o) noexcept {
+    std::swap(h_, o.h_);
     return *this;
   }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
-  operator cudaStream_t() const { return s_; }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  Handle get() const { return h_; }
+  operator Handle() const { return h_; }
 
- private:
-  cudaStream_t s_ = nullptr;
+ protected:
+  Handle h_ = nullptr;
+};
+}  // namespace cuda_detail
+
+/// A stream that does not synchronise with the legacy default stream.
+class Stream : public cuda_detail::Owned<cudaStream_t, cudaStreamDestroy> {
+ public:
+  Stream() { WEFT_CUDA(cudaStreamCreateWithFlags(&h_, cudaStreamNonBlocking)); }
 };
 
 /// An event; without timing (the default) it costs the least to record and wait on.
-class Event {
+class Event : public cuda_detail::Owned<cudaEvent_t, cudaEventDestroy> {
  public:
   enum class Timing { off, on };
   explicit Event(Timing timing = Timing::off) {
-    WEFT_CUDA(cudaEventCreateWithFlags(&e_, timing == Timing::on ? cudaEventDefault : cudaEventDisableTiming));
+    WEFT_CUDA(cudaEventCreateWithFlags(&h_, timing == Timing::on ? cudaEventDefault : cudaEventDisableTiming));
   }
-  ~Event() {
-    if (e_) cudaEventDestroy(e_);
-  }
-  Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  Event& operator=(Event&& o) noexcept {
-    std::swap(e_, o.e_);
-    return *this;
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return e_; }
-  operator cudaEvent_t() const { return e_; }
-
- private:
-  cudaEvent_t e_ = nullptr;
 };
 
 /// `bytes` of device memory on the current device (none for 0), not initialised.
