@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "weft/device/world.cuh"
-#include "weft/gemm/gemm.hpp"
+#include "weft/core/dtype.hpp"
+#include "weft/gemm/gemm_types.hpp"
 
 namespace weft::gemm_detail {
 

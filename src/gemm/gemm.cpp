@@ -103,9 +103,40 @@ bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
          ((h != GemmHook::report_rows && h != GemmHook::add_rows) || c.reports);
 }
 
-/// True if configuration `c` computes what `o` asks: its types, B layout and hook.
+/// True if configuration `c` computes what `o` asks: its types, B layout and
+/// hook, and reports stored rows where the plan's runs may (HookLayout).
 bool serves(const gemm_detail::Config& c, const GemmOptions& o) {
-  return c.input == o.input && c.output == o.output && c.b_layout == o.b_layout && hook_matches(c, o.hook);
+  return c.input == o.input && c.output == o.output && c.b_layout == o.b_layout && hook_matches(c, o.hook) &&
+         (o.hook_layout.rows_per_report == 0 || c.reports);
+}
+
+bool waits(GemmHook h) {
+  return h == GemmHook::wait_a_rows || h == GemmHook::wait_source_rows || h == GemmHook::add_rows;
+}
+
+/// "" if a plan's HookLayout fits its hook, else what was expected.
+std::string hook_layout_error(const GemmOptions& o) {
+  const HookLayout& l = o.hook_layout;
+  if (l.rows_per_flag < 0 || l.cols_per_flag < 0 || l.present_rows < 0 || l.rows_per_report < 0 ||
+      l.descending_block_rows < 0)
+    return "every HookLayout field must be >= 0 (0: not used)";
+  if (o.hook == GemmHook::none && (l.rows_per_flag || l.cols_per_flag || l.present_rows || l.rows_per_report ||
+                                   l.descending_block_rows))
+    return "a plan without a hook (GemmHook::none) takes no HookLayout";
+  if ((l.rows_per_flag || l.cols_per_flag) && !waits(o.hook))
+    return str("flags (HookLayout::rows_per_flag, cols_per_flag) are for plans that wait (wait_a_rows, "
+               "wait_source_rows, add_rows); got a plan", hook_name(o.hook));
+  if (l.cols_per_flag && o.hook != GemmHook::wait_source_rows)
+    return "flags by column band (HookLayout::cols_per_flag) are for wait_source_rows plans only";
+  if (l.present_rows && o.hook != GemmHook::wait_a_rows)
+    return "HookLayout::present_rows is for wait_a_rows plans only";
+  if (l.descending_block_rows && o.m % l.descending_block_rows != 0)
+    return str("a walk by descending blocks of ", l.descending_block_rows, " rows needs M = ", o.m,
+               " a multiple of them");
+  if (o.any_tile_order && (l.rows_per_report || l.descending_block_rows))
+    return "GemmOptions::any_tile_order lets tiles walk in any order, so its runs can neither report stored rows "
+           "(HookLayout::rows_per_report) nor walk blocks descending (HookLayout::descending_block_rows)";
+  return "";
 }
 
 }  // namespace
@@ -150,6 +181,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   WEFT_REQUIRE(!o.any_tile_order || o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows,
                "Gemm: GemmOptions::any_tile_order is for plans that wait (wait_a_rows, wait_source_rows) and report "
                "nothing; got a plan", *hook_name(o.hook) ? hook_name(o.hook) : " without a hook");
+  if (const std::string why = hook_layout_error(o); !why.empty()) WEFT_FAIL("Gemm ", describe(o), ": ", why);
   // "NAME" forces a configuration; "NAME, swizzle S along M|N" (what config()
   // prints) forces its tile-scheduler settings too.
   std::string name;
@@ -173,6 +205,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
                   c->hooked ? (c->with_source ? ", hooked, + source" : ", hooked") : "", ": ",
                   c->name);
     WEFT_FAIL("Gemm: no compiled configuration for ", describe(o),
+              o.hook_layout.rows_per_report ? " that reports stored rows" : "",
               o.config.empty() ? std::string() : str(" named '", o.config, "'"), "; available:", have);
   }
   int device = 0;
@@ -180,7 +213,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   WEFT_REQUIRE(o.max_sms >= 0, "Gemm: max_sms = ", o.max_sms, " must be >= 0 (0: every SM)");
   if (o.max_sms > 0) sm_count_ = std::min(sm_count_, o.max_sms);
-  if (o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows || o.hook == GemmHook::add_rows) {
+  if (waits(o.hook)) {
     exits_ = DeviceBuffer(sizeof(std::uint64_t));
     WEFT_CUDA(cudaMemset(exits_.get(), 0, exits_.bytes()));
   }
@@ -229,24 +262,28 @@ std::vector<std::string> Gemm::configurations() const {
 
 gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) const {
   gemm_detail::Problem p{options_.m, options_.n, options_.k, x.a, x.b, x.c, nullptr, sm_count_, swizzle, raster};
-  p.source = x.source;
-  p.no_source_begin = x.no_source_begin;
-  p.no_source_end = x.no_source_end;
-  p.add_into = x.add_into;
-  p.add_begin = x.add_begin;
-  p.add_end = x.add_end;
+  if (const auto* add = std::get_if<AddSource>(&x.epilogue)) {
+    p.source = add->source;
+    p.no_source_begin = add->plain_begin;
+    p.no_source_end = add->plain_end;
+  } else if (const auto* rows = std::get_if<ReduceAddRows>(&x.epilogue)) {
+    p.add_into = rows->into;
+    p.add_begin = rows->begin;
+    p.add_end = rows->end;
+  }
   if (options_.hook != GemmHook::none) {
+    const HookLayout& layout = options_.hook_layout;
     gemm_detail::TileWaitParams& w = p.wait;
-    const RowSignals& sig = x.signals;
+    const RowSignals& sig = x.wait;
     if (sig.world) w.world = *sig.world;
     w.flags = sig.flags;
-    w.rows_per_flag = sig.rows_per_flag;
-    w.cols_per_flag = sig.cols_per_flag;
+    w.rows_per_flag = layout.rows_per_flag > 0 ? layout.rows_per_flag : 1;
+    w.cols_per_flag = layout.cols_per_flag;
     w.value = sig.value;
     w.ready_begin = sig.ready_begin;
     w.ready_end = sig.ready_end;
     w.rotate_rows = x.first_row;
-    w.descending_block_rows = x.descending_block_rows;
+    w.descending_block_rows = layout.descending_block_rows;
     w.flags_per_rank = sig.flags_per_rank;
     w.from_rank = sig.from_rank;
     w.waited_ns = sig.waited_ns;
@@ -258,8 +295,8 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
                     ? gemm_detail::WaitIn::mainloop
                 : options_.hook == GemmHook::wait_source_rows ? gemm_detail::WaitIn::epilogue
                                                                : gemm_detail::WaitIn::none;
-    w.done = x.done.counters;
-    w.rows_per_done = x.done.rows_per_counter;
+    w.done = x.report.counters;
+    w.rows_per_done = layout.rows_per_report > 0 ? layout.rows_per_report : 1;
   }
   return p;
 }
@@ -267,11 +304,12 @@ gemm_detail::Problem Gemm::problem(const GemmArgs& x, int swizzle, int raster) c
 const char* Gemm::launch_unhooked(const GemmArgs& args, const gemm_detail::Config& cfg, int swizzle, int raster,
                                   cudaStream_t stream) {
   GemmArgs local = args;
-  local.signals.flags = nullptr;  // tuning and warm-up never wait: every row counts as present ...
-  local.done.counters = nullptr;  // ... and report nothing
-  if (local.add_into)  // ... and write nothing outside C: the added rows add onto C's own rows
-    local.add_into = static_cast<char*>(local.c) +
-                     local.add_begin * options_.n * static_cast<std::int64_t>(dtype_size(options_.output));
+  local.wait.flags = nullptr;      // tuning and warm-up never wait: every row counts as present ...
+  local.report.counters = nullptr;  // ... and report nothing
+  if (auto* rows = std::get_if<ReduceAddRows>(&local.epilogue); rows && rows->into)
+    // ... and write nothing outside C: the added rows add onto C's own rows
+    rows->into = static_cast<char*>(local.c) +
+                 rows->begin * options_.n * static_cast<std::int64_t>(dtype_size(options_.output));
   gemm_detail::Problem p = problem(local, swizzle, raster);
   if (const char* why = cfg.check(p); *why) return why;
   reserve_workspace(cfg.workspace(p));
@@ -325,22 +363,21 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   // order (raster along N), so rows are consumed in the order they arrive,
   // unless the plan said any order will do (GemmOptions::any_tile_order).
   const bool any_order = options_.hook == GemmHook::none || options_.any_tile_order;
-  // A source that arrives by column band (RowSignals::cols_per_flag) is
+  // A source that arrives by column band (HookLayout::cols_per_flag) is
   // consumed band by band: tiles walk along M.
-  const bool by_columns = args.signals.flags && args.signals.cols_per_flag > 0;
+  const HookLayout& layout = options_.hook_layout;
+  const bool by_columns = layout.cols_per_flag > 0;
   const std::vector<int> rasters = by_columns  ? std::vector<int>{1}
                                    : any_order ? std::vector<int>{1, 2}
                                                : std::vector<int>{2};
   // A swizzle band (swizzle x cluster_m x tile_m rows) is walked across all
   // of N before the next, so hooked GEMMs keep bands no taller than the rows
   // that move together (swizzle 1 always fits):
-  // - wait_a_rows: the rows already present (this rank's shard). A taller
-  //   band puts remote rows into the first wave, whose tiles idle until their
-  //   copy lands (4096 x 8192 x 8192 at swizzle 8, 256-row tiles in 2-CTA
-  //   clusters, ran 1.35x its GEMM alone). A shard-major walk, column-major
-  //   within each shard, was tried for it and never chosen.
+  // - wait_a_rows: the rows already present (HookLayout::present_rows). A
+  //   shard-major walk, column-major within each shard, was tried for it and
+  //   never chosen.
   // - report_rows and wait_source_rows (rows sent on as they are stored): one
-  //   chunk (RowsDone::rows_per_counter, RowSignals::rows_per_flag), and a
+  //   chunk (HookLayout::rows_per_report, rows_per_flag), and a
   //   swizzle of 1 or 2, so each chunk is stored, and sent, while the GEMM
   //   goes on rather than with its last wave.
   const bool rows_leave_early =
@@ -348,21 +385,20 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
                      options_.hook == GemmHook::add_rows);
   const std::vector<int> swizzles = rows_leave_early ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 4, 8};
   std::int64_t band_rows = std::numeric_limits<std::int64_t>::max();
-  if (options_.hook == GemmHook::wait_a_rows && args.signals.flags && !any_order)
-    band_rows = args.signals.ready_end - args.signals.ready_begin;
-  if (rows_leave_early && args.done.counters) band_rows = std::min(band_rows, args.done.rows_per_counter);
-  if (rows_leave_early && args.signals.flags) band_rows = std::min(band_rows, args.signals.rows_per_flag);
-  // Walking blocks descending (GemmArgs::descending_block_rows), a band must
+  if (options_.hook == GemmHook::wait_a_rows && layout.present_rows > 0 && !any_order) band_rows = layout.present_rows;
+  if (rows_leave_early && layout.rows_per_report > 0) band_rows = std::min(band_rows, layout.rows_per_report);
+  if (rows_leave_early && layout.rows_per_flag > 0) band_rows = std::min(band_rows, layout.rows_per_flag);
+  // Walking blocks descending (HookLayout::descending_block_rows), a band must
   // also divide a block: one that held the end of a block and the start of
   // the next in the walk would mix tiles of two ring steps, and a CTA waiting
   // in the later step's tile could hold back a tile the earlier step needs.
   // Walking along M, a swizzle band is swizzle x cluster_n x tile_n columns,
   // no wider than a flag's column band.
-  const std::int64_t block_rows = args.descending_block_rows;
+  const std::int64_t block_rows = layout.descending_block_rows;
   auto band_fits = [&](const gemm_detail::Config* cfg, int swizzle) {
     if (by_columns)
       return swizzle == 1 ||
-             static_cast<std::int64_t>(swizzle) * cfg->cluster_n * cfg->tile_n <= args.signals.cols_per_flag;
+             static_cast<std::int64_t>(swizzle) * cfg->cluster_n * cfg->tile_n <= layout.cols_per_flag;
     const std::int64_t band = static_cast<std::int64_t>(swizzle) * cfg->cluster_m * cfg->tile_m;
     if (block_rows > 0 && block_rows % band != 0) return false;
     return swizzle == 1 || band <= band_rows;
@@ -374,7 +410,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   const std::string key =
       str(describe(options_), " | rasters ", rasters.size() == 2 ? "MN" : rasters.front() == 1 ? "M" : "N",
           " | swizzles ", swizzles.back(), " | band rows ", band_rows == std::numeric_limits<std::int64_t>::max() ? -1 : band_rows,
-          " | column bands ", by_columns ? args.signals.cols_per_flag : 0, " | reports ", args.done.counters ? 1 : 0,
+          " | column bands ", layout.cols_per_flag, " | reports ", layout.rows_per_report > 0 ? 1 : 0,
           block_rows > 0 ? str(" | descending blocks ", block_rows) : std::string(),
           " | agree ", options_.agree ? 1 : 0, " | ", device_name(), ", ", sm_count_, " SMs | ", names);
   gemm_detail::TuneCache& cache = gemm_detail::TuneCache::process();
@@ -389,7 +425,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     bool usable = cfg && (cfg->cublas ? raster == 0
                                       : std::find(rasters.begin(), rasters.end(), raster) != rasters.end() &&
                                             std::find(swizzles.begin(), swizzles.end(), swizzle) != swizzles.end() &&
-                                            band_fits(cfg, swizzle) && (!args.done.counters || cfg->reports));
+                                            band_fits(cfg, swizzle));
     if (options_.agree) {  // all ranks hold it, and the same one: max(h) == -max(-h) only if every h is equal
       // 24 bits: a float holds them exactly, so equal maxima mean equal hashes.
       const float h = usable ? static_cast<float>(std::hash<std::string>{}(cached) & 0xffffff) : 0.0f;
@@ -423,7 +459,6 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
       for (int raster : rasters) {
         if (cfg->cublas && (swizzle != swizzles.front() || raster != rasters.front())) continue;
         if (!band_fits(cfg, swizzle)) continue;
-        if (args.done.counters && !cfg->reports) continue;  // the run will report its stored rows
         Candidate c{cfg, swizzle, raster};
         if (*launch(c)) continue;  // warm-up, and a check that it can run
         all.push_back(c);
@@ -465,8 +500,99 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   cache.store(key, config());
 }
 
+std::string Gemm::can_implement(const GemmArgs& x) const {
+  const GemmOptions& o = options_;
+  const HookLayout& layout = o.hook_layout;
+  if (!x.a || !x.b || !x.c) return "A, B and C must be device pointers";
+  // cuBLAS alone (an untileable shape) needs whole elements; TMA, 16 bytes.
+  const std::uintptr_t align = cublas_only_ ? dtype_size(o.input) : 16;
+  for (const void* ptr : {x.a, x.b, static_cast<const void*>(x.c)})
+    if (reinterpret_cast<std::uintptr_t>(ptr) % align != 0)
+      return str(ptr, " is not ", align, "-byte aligned", cublas_only_ ? "" : " (TMA needs 16-byte aligned matrices)");
+  // A row range a tile picks its epilogue by (no source, added) holds whole
+  // tiles whichever configuration runs: bounds on 256-row lines, or M.
+  const std::int64_t m = o.m;
+  auto bound = [&](std::int64_t row) { return row >= 0 && row <= m && (row % kTallestTileRows == 0 || row == m); };
+  auto aligned16 = [](const void* ptr) { return ptr && (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0; };
+  const RowSignals& sig = x.wait;
+  // The epilogue: the one the plan's hook computes.
+  if (o.hook == GemmHook::wait_source_rows) {
+    const auto* add = std::get_if<AddSource>(&x.epilogue);
+    if (!add || !aligned16(add->source))
+      return str("this plan adds a source matrix S [M, N] (GemmHook::wait_source_rows): expected the epilogue "
+                 "AddSource with a 16-byte aligned device pointer, got ",
+                 add ? str("source ", add->source) : std::string("another epilogue"));
+    if (add->plain_begin != add->plain_end) {
+      if (!(add->plain_begin < add->plain_end && bound(add->plain_begin) && bound(add->plain_end)))
+        return str("rows without a source [", add->plain_begin, ", ", add->plain_end,
+                   ") must be whole row tiles: bounds in [0, M = ", m, "], multiples of ", kTallestTileRows, " or M");
+      if (sig.flags && !(sig.ready_begin <= add->plain_begin && add->plain_end <= sig.ready_end))
+        return str("rows without a source [", add->plain_begin, ", ", add->plain_end,
+                   ") read no source, so nothing may wait for theirs: mark them ready (RowSignals::ready_begin, "
+                   "ready_end = [", sig.ready_begin, ", ", sig.ready_end, "))");
+    }
+  } else if (o.hook == GemmHook::add_rows) {
+    const auto* rows = std::get_if<ReduceAddRows>(&x.epilogue);
+    if (!rows) return "this plan adds rows into a partial sum (GemmHook::add_rows): expected the epilogue ReduceAddRows";
+    if (!(rows->begin <= rows->end && bound(rows->begin) && bound(rows->end)))
+      return str("the added rows [", rows->begin, ", ", rows->end, ") must be whole row tiles: bounds in [0, M = ", m,
+                 "], multiples of ", kTallestTileRows, " or M");
+    if (rows->begin != rows->end && !aligned16(rows->into))
+      return str("the added rows need ReduceAddRows::into, a 16-byte aligned device pointer; got ", rows->into);
+    // Rows that wait wait for the partial sum they add onto.
+    const bool before_ok = sig.ready_begin <= 0 || (rows->begin <= 0 && sig.ready_begin <= rows->end);
+    const bool after_ok = sig.ready_end >= m || (rows->begin <= sig.ready_end && m <= rows->end);
+    if (sig.flags && !(before_ok && after_ok))
+      return str("rows outside the ready rows [", sig.ready_begin, ", ", sig.ready_end,
+                 ") wait for a partial sum, so they must be among the added rows [", rows->begin, ", ", rows->end, ")");
+  } else if (!std::holds_alternative<StoreProduct>(x.epilogue)) {
+    return str("this plan stores A x B (GemmHook ", *hook_name(o.hook) ? hook_name(o.hook) + 2 : "none",
+               "): expected the epilogue StoreProduct; AddSource needs GemmHook::wait_source_rows, ReduceAddRows "
+               "GemmHook::add_rows");
+  }
+  // The mainloop wait.
+  if (sig.consume && !sig.flags) return "RowSignals::consume asks the GEMM to reset its flags, but no flags were given";
+  if (sig.flags) {
+    if (!waits(o.hook)) return "row signals were given to a plan whose hook waits for nothing";
+    if (!sig.world) return "row signals need the World (for the wait's bound and report)";
+    if (layout.rows_per_flag <= 0 && layout.cols_per_flag <= 0)
+      return "row signals were given to a plan built without HookLayout::rows_per_flag (or cols_per_flag): "
+             "how many rows one flag covers is the plan's";
+  }
+  // The report.
+  if (x.report.counters && layout.rows_per_report <= 0)
+    return "stored-row counters (GemmArgs::report) were given to a plan built without HookLayout::rows_per_report";
+  // The tile walk.
+  if (x.first_row != 0 && (o.hook == GemmHook::none || o.any_tile_order))
+    return str("GemmArgs::first_row = ", x.first_row, " rotates the tile order, which only a hooked plan without "
+               "GemmOptions::any_tile_order keeps");
+  if (x.first_row < 0 || x.first_row >= m) return str("GemmArgs::first_row = ", x.first_row, " must be in [0, M = ", m, ")");
+  if (layout.descending_block_rows > 0 && x.first_row % layout.descending_block_rows != 0)
+    return str("a walk by descending blocks of ", layout.descending_block_rows,
+               " rows starts at a block's first row; GemmArgs::first_row = ", x.first_row);
+  return "";
+}
+
+namespace {
+/// A run's operands but for their addresses: the values validation reads,
+/// which pointers are given, and their alignment. Runs alike in these are
+/// validated once.
+std::vector<std::int64_t> args_shape(const GemmArgs& x) {
+  auto ptr = [](const void* p) { return p ? 1 + static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p) & 15u) : 0; };
+  std::vector<std::int64_t> v{ptr(x.a), ptr(x.b), ptr(x.c), ptr(x.wait.flags), ptr(x.wait.world),
+                              x.wait.ready_begin, x.wait.ready_end, x.wait.consume, ptr(x.report.counters),
+                              x.first_row, static_cast<std::int64_t>(x.epilogue.index())};
+  if (const auto* add = std::get_if<AddSource>(&x.epilogue))
+    v.insert(v.end(), {ptr(add->source), add->plain_begin, add->plain_end});
+  else if (const auto* rows = std::get_if<ReduceAddRows>(&x.epilogue))
+    v.insert(v.end(), {ptr(rows->into), rows->begin, rows->end});
+  return v;
+}
+}  // namespace
+
 void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {
   if (launched_) return;
+  if (const std::string why = can_implement(args); !why.empty()) WEFT_FAIL("Gemm ", describe(options_), ": ", why);
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) {  // nothing can be timed or warmed inside a capture
@@ -485,6 +611,26 @@ void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {
   launched_ = true;
 }
 
+void Gemm::validate_run(const GemmArgs& x) {
+  std::vector<std::int64_t> shape = args_shape(x);
+  if (shape == validated_shape_) return;
+  validated_shape_.clear();  // until this run's checks pass
+  if (const std::string why = can_implement(x); !why.empty()) WEFT_FAIL("Gemm::run ", describe(options_), ": ", why);
+  // The epilogue decides by a tile's first row: a range of whole 256-row
+  // bands holds whole tiles only where the tile height divides 256.
+  const bool ranges = (std::holds_alternative<AddSource>(x.epilogue) &&
+                       std::get<AddSource>(x.epilogue).plain_begin != std::get<AddSource>(x.epilogue).plain_end) ||
+                      (std::holds_alternative<ReduceAddRows>(x.epilogue) &&
+                       std::get<ReduceAddRows>(x.epilogue).begin != std::get<ReduceAddRows>(x.epilogue).end);
+  WEFT_REQUIRE(!ranges || kTallestTileRows % chosen_->tile_m == 0, "Gemm::run: rows without a source, or added rows, "
+               "need tiles whose height divides ", kTallestTileRows, "; '", chosen_->name, "' has ", chosen_->tile_m);
+  gemm_detail::Problem p = problem(x, swizzle_, raster_);
+  const char* why = chosen_->check(p);
+  WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
+  reserve_workspace(chosen_->workspace(p));
+  validated_shape_ = std::move(shape);
+}
+
 void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {
   GemmArgs args;
   args.a = a;
@@ -494,96 +640,9 @@ void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {
 }
 
 void Gemm::run(const GemmArgs& x, cudaStream_t stream) {
-  WEFT_REQUIRE(x.a && x.b && x.c, "Gemm::run: A, B and C must be device pointers");
-  // cuBLAS alone (an untileable shape) needs whole elements; TMA, 16 bytes.
-  const std::uintptr_t align = cublas_only_ ? dtype_size(options_.input) : 16;
-  for (const void* ptr : {x.a, x.b, static_cast<const void*>(x.c)})
-    WEFT_REQUIRE(reinterpret_cast<std::uintptr_t>(ptr) % align == 0, "Gemm::run: ", ptr, " is not ", align,
-                 "-byte aligned", cublas_only_ ? "" : " (TMA needs 16-byte aligned matrices)");
-  if (options_.hook == GemmHook::wait_source_rows)
-    WEFT_REQUIRE(x.source && (reinterpret_cast<std::uintptr_t>(x.source) & 15u) == 0,
-                 "Gemm::run: this plan adds a source matrix S [M, N]; expected a 16-byte aligned device pointer, got ",
-                 x.source);
-  else
-    WEFT_REQUIRE(!x.source, "Gemm::run: a source matrix was given to a plan built without one (GemmHook::wait_source_rows)");
-  // A row range a tile picks its epilogue by (no source, added) holds whole
-  // tiles whichever configuration runs: bounds on 256-row lines, or M.
-  const std::int64_t m = options_.m;
-  auto bound = [&](std::int64_t row) { return row >= 0 && row <= m && (row % kTallestTileRows == 0 || row == m); };
-  if (x.no_source_begin != x.no_source_end) {
-    WEFT_REQUIRE(options_.hook == GemmHook::wait_source_rows,
-                 "Gemm::run: rows without a source (GemmArgs::no_source_*) were given to a plan that adds none");
-    WEFT_REQUIRE(x.no_source_begin < x.no_source_end && bound(x.no_source_begin) && bound(x.no_source_end),
-                 "Gemm::run: rows without a source [", x.no_source_begin, ", ", x.no_source_end,
-                 ") must be whole row tiles: bounds in [0, M = ", m, "], multiples of ", kTallestTileRows, " or M");
-    WEFT_REQUIRE(!x.signals.flags || (x.signals.ready_begin <= x.no_source_begin && x.no_source_end <= x.signals.ready_end),
-                 "Gemm::run: rows without a source [", x.no_source_begin, ", ", x.no_source_end,
-                 ") read no source, so nothing may wait for theirs: mark them ready (RowSignals::ready_begin, ready_end = [",
-                 x.signals.ready_begin, ", ", x.signals.ready_end, "))");
-  }
-  if (options_.hook == GemmHook::add_rows) {
-    WEFT_REQUIRE(x.add_begin <= x.add_end && bound(x.add_begin) && bound(x.add_end),
-                 "Gemm::run: the added rows [", x.add_begin, ", ", x.add_end,
-                 ") must be whole row tiles: bounds in [0, M = ", m, "], multiples of ", kTallestTileRows, " or M");
-    WEFT_REQUIRE(x.add_begin == x.add_end || (x.add_into && (reinterpret_cast<std::uintptr_t>(x.add_into) & 15u) == 0),
-                 "Gemm::run: the added rows need add_into, a 16-byte aligned device pointer; got ", x.add_into);
-    // Rows that wait wait for the partial sum they add onto.
-    const RowSignals& sig = x.signals;
-    const bool before_ok = sig.ready_begin <= 0 || (x.add_begin <= 0 && sig.ready_begin <= x.add_end);
-    const bool after_ok = sig.ready_end >= m || (x.add_begin <= sig.ready_end && m <= x.add_end);
-    WEFT_REQUIRE(!sig.flags || (before_ok && after_ok), "Gemm::run: rows outside the ready rows [", sig.ready_begin,
-                 ", ", sig.ready_end, ") wait for a partial sum, so they must be among the added rows [", x.add_begin,
-                 ", ", x.add_end, ")");
-  } else {
-    WEFT_REQUIRE(x.add_begin == x.add_end && !x.add_into,
-                 "Gemm::run: rows to add into a partial sum (GemmArgs::add_*) were given to a plan built without "
-                 "GemmHook::add_rows");
-  }
-  WEFT_REQUIRE(!options_.any_tile_order || (!x.done.counters && x.first_row == 0 && x.descending_block_rows == 0),
-               "Gemm::run: a plan built with GemmOptions::any_tile_order may walk its tiles in any order, so its runs "
-               "can neither report stored rows (GemmArgs::done) nor rotate the order (GemmArgs::first_row = ",
-               x.first_row, ", descending_block_rows = ", x.descending_block_rows, ")");
-  if (x.descending_block_rows != 0) {
-    const std::int64_t rows = x.descending_block_rows;
-    WEFT_REQUIRE(options_.hook != GemmHook::none,
-                 "Gemm::run: a walk by descending blocks (GemmArgs::descending_block_rows) needs a hooked plan");
-    WEFT_REQUIRE(rows > 0 && m % rows == 0 && x.first_row >= 0 && x.first_row < m && x.first_row % rows == 0,
-                 "Gemm::run: a walk by descending blocks of ", rows, " rows needs M = ", m,
-                 " a multiple of them and first_row (", x.first_row, ") the first row of one");
-  }
-  if (x.done.counters) {
-    WEFT_REQUIRE(options_.hook != GemmHook::none, "Gemm::run: stored-row counters were given to a plan built without a hook");
-    WEFT_REQUIRE(x.done.rows_per_counter > 0, "Gemm::run: rows_per_counter must be positive, got ",
-                 x.done.rows_per_counter);
-  }
-  WEFT_REQUIRE(!x.signals.consume || x.signals.flags,
-               "Gemm::run: RowSignals::consume asks the GEMM to reset its flags, but no flags were given");
-  if (x.signals.flags) {
-    WEFT_REQUIRE(options_.hook == GemmHook::wait_a_rows || options_.hook == GemmHook::wait_source_rows ||
-                     options_.hook == GemmHook::add_rows,
-                 "Gemm::run: row signals were given to a plan whose hook waits for nothing");
-    WEFT_REQUIRE(x.signals.world, "Gemm::run: row signals need the World (for the wait's bound and report)");
-    WEFT_REQUIRE(x.signals.rows_per_flag > 0, "Gemm::run: rows_per_flag must be positive, got ",
-                 x.signals.rows_per_flag);
-    WEFT_REQUIRE(x.signals.cols_per_flag >= 0, "Gemm::run: cols_per_flag must be 0 (flags by rows) or positive, got ",
-                 x.signals.cols_per_flag);
-    WEFT_REQUIRE(x.signals.cols_per_flag == 0 || options_.hook == GemmHook::wait_source_rows,
-                 "Gemm::run: flags by column band (cols_per_flag) are for wait_source_rows plans only");
-  }
-  prepare(x, stream);
-  WEFT_REQUIRE(!x.done.counters || chosen_->reports, "Gemm::run: stored-row counters were given, but the configuration '",
-               chosen_->name, "' does not report (pingpong kernels only wait); pass the counters to prepare() so the "
-               "tuner keeps to configurations that report, or force a cooperative one");
-  // The epilogue decides by a tile's first row: a range of whole 256-row
-  // bands holds whole tiles only where the tile height divides 256.
-  WEFT_REQUIRE((x.no_source_begin == x.no_source_end && x.add_begin == x.add_end) ||
-                   kTallestTileRows % chosen_->tile_m == 0,
-               "Gemm::run: rows without a source, or added rows, need tiles whose height divides ", kTallestTileRows, "; '",
-               chosen_->name, "' has ", chosen_->tile_m);
+  prepare(x, stream);  // the first run: validates, and chooses the configuration
+  validate_run(x);
   gemm_detail::Problem p = problem(x, swizzle_, raster_);
-  const char* why = chosen_->check(p);
-  WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
-  reserve_workspace(chosen_->workspace(p));
   p.workspace = workspace_.get();
   const char* err = chosen_->run(p, stream);
   WEFT_REQUIRE(!*err, "Gemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);

@@ -6,6 +6,7 @@
 
 #include "grouped_config.hpp"
 #include "weft/core/error.hpp"
+#include "weft/gemm/gemm.hpp"
 
 namespace weft {
 namespace gemm_detail {

@@ -49,7 +49,7 @@
 #include "row_bands.hpp"
 #include "tile_walk.hpp"
 #include "weft/device/signal.cuh"
-#include "weft/gemm/gemm.hpp"
+#include "weft/gemm/gemm_types.hpp"
 
 namespace weft::gemm_detail {
 

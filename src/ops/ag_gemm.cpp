@@ -55,6 +55,8 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
     if (o.way != AgWay::plain_steps) {
       GemmOptions hooked = g;
       hooked.hook = GemmHook::wait_a_rows;
+      // A tile waits for its rows' chunk; our own shard is present from the start.
+      hooked.hook_layout = HookLayout{.rows_per_flag = chunk_rows_, .present_rows = shard_rows_};
       fused_gemm_ = std::make_unique<Gemm>(hooked);
     }
     if (o.way != AgWay::one_gemm && world > 1) {
@@ -128,17 +130,16 @@ void AgGemm::run_sequential(const void* b, void* c, cudaStream_t stream, bool nc
 GemmArgs AgGemm::fused_args(const void* b, void* c) const {
   const int me = ctx_->rank();
   GemmArgs args{.a = gathered_.get(), .b = b, .c = c, .first_row = me * shard_rows_};
-  args.signals = RowSignals{.world = &ctx_->world(),
-                            .flags = arrived_.as<std::uint64_t>(),
-                            .rows_per_flag = chunk_rows_,
-                            .value = 1,
-                            .ready_begin = me * shard_rows_,
-                            .ready_end = (me + 1) * shard_rows_,
-                            .flags_per_rank = static_cast<int>(chunks_),
-                            .waited_ns = tile_waits_->counters(),
-                            // The GEMM zeroes its flags once every tile saw
-                            // them: no reset before the next run. Tuning never waits.
-                            .consume = true};
+  args.wait = RowSignals{.world = &ctx_->world(),
+                         .flags = arrived_.as<std::uint64_t>(),
+                         .value = 1,
+                         .ready_begin = me * shard_rows_,
+                         .ready_end = (me + 1) * shard_rows_,
+                         .flags_per_rank = static_cast<int>(chunks_),
+                         .waited_ns = tile_waits_->counters(),
+                         // The GEMM zeroes its flags once every tile saw
+                         // them: no reset before the next run. Tuning never waits.
+                         .consume = true};
   return args;
 }
 

@@ -65,7 +65,7 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
                        .chunk_rows = o.rows.chunk_rows};
   // One launch computes the blocks in the ring's order within one tile order:
   // its hooked scheduler walks whole blocks from the first step's block down
-  // (GemmArgs::descending_block_rows), the order the side stream sends them
+  // (HookLayout::descending_block_rows), the order the side stream sends them
   // in, so the block sent at step s is the one its tiles compute at step s at
   // any number of ranks (the CPU tests check the walk against
   // schedule::ring_gemm_block at 1 to 8). A tile must not straddle two blocks
@@ -120,22 +120,40 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
   g.max_sms = sms_beside_copies(*ctx_);  // ranks sharing a GPU: room for copies that run as kernels
   GemmOptions hooked = g;
   hooked.hook = GemmHook::wait_source_rows;
+  // Partial sums land, and stored rows leave, by chunk; at one rank nothing
+  // moves, and no run waits or reports.
+  const std::int64_t chunk_rows = steps > 0 ? layout_.chunk_rows : 0;
+  hooked.hook_layout.rows_per_flag = chunk_rows;
   auto options_for = [&](RingGemm kind) {
     GemmOptions x = kind == RingGemm::plain || kind == RingGemm::reporting || kind == RingGemm::whole_adding ? g
                                                                                                               : hooked;
     switch (kind) {
       case RingGemm::plain: return cooperative_step(x);
-      case RingGemm::reporting: x.hook = GemmHook::report_rows; return cooperative_step(x);
-      case RingGemm::source_reporting: return cooperative_step(x);
+      case RingGemm::reporting:
+        x.hook = GemmHook::report_rows;
+        x.hook_layout.rows_per_report = chunk_rows;
+        return cooperative_step(x);
+      case RingGemm::source_reporting: x.hook_layout.rows_per_report = chunk_rows; return cooperative_step(x);
       // Sends nothing on: its tiles may walk in any order (along M too, and
       // in the pingpong kernel, whose epilogue with its source load runs
       // under the other warpgroup's mainloop).
       case RingGemm::source_any_order: x.any_tile_order = true; return cooperative_step(x);
-      case RingGemm::source_arrival_order: x.any_tile_order = band_cols_ > 0; return cooperative_step(x);
-      case RingGemm::whole_ring: x.m = o.shape.m; return x;
+      case RingGemm::source_arrival_order:
+        // Its source arrives by column band where the plain first step's
+        // block leaves by column band: flags per band of columns.
+        x.any_tile_order = band_cols_ > 0;
+        x.hook_layout.cols_per_flag = band_cols_;
+        return cooperative_step(x);
+      case RingGemm::whole_ring:
+        x.m = o.shape.m;
+        x.hook_layout.rows_per_report = chunk_rows;
+        // Whole blocks from the first down: the ring's order (schedule::ring_gemm_block).
+        x.hook_layout.descending_block_rows = layout_.block_rows;
+        return x;
       case RingGemm::whole_adding:
         x.m = o.shape.m;
         x.hook = GemmHook::add_rows;
+        x.hook_layout.rows_per_report = chunk_rows;
         x.allow_cublas = false;
         return x;
     }
@@ -194,31 +212,29 @@ std::string RingExecutor::gemm_config(FusedWay way) const {
 
 GemmArgs RingExecutor::step_args(const RingStep& step, const void* a, const void* b, void* out, char* d) const {
   const RingLayout& L = layout_;
-  auto* flags = flags_.as<std::uint64_t>();
+  auto* flags = flags_.as<std::uint64_t>();  // none at one rank: nothing waits or reports
   unsigned long long* waited = tile_waits_.counters();
   const int blk = step.block;
   const std::int64_t first_row = blk * L.block_rows;
   // The partial sum from rank - 1 lands by chunk; each tile waits for its chunk's flag.
   const RowSignals block_source{.world = &ctx_->world(),
                                 .flags = flags ? flags + L.arrived_word(blk) : nullptr,
-                                .rows_per_flag = L.chunk_rows,
                                 .value = 1,
                                 .from_rank = step.source_rank,
                                 .waited_ns = waited ? waited + L.arrived_word(blk) : nullptr};
-  const RowsDone block_done{.counters = flags ? flags + L.stored_word(blk) : nullptr, .rows_per_counter = L.chunk_rows};
+  const RowsDone block_done{.counters = flags ? flags + L.stored_word(blk) : nullptr};
   GemmArgs args{.a = static_cast<const char*>(a) + first_row * options_.shape.k * L.element_bytes,
                 .b = b,
                 .c = step.stores_to_out ? out : d + L.block_offset(blk)};
   switch (step.gemm) {
     case RingGemm::plain: break;
-    case RingGemm::reporting: args.done = block_done; break;
+    case RingGemm::reporting: args.report = block_done; break;
     case RingGemm::source_reporting:
     case RingGemm::source_any_order:
     case RingGemm::source_arrival_order:
-      args.source = staging_.as<char>() + L.block_offset(blk);
-      args.signals = block_source;
-      if (step.gemm == RingGemm::source_reporting) args.done = block_done;
-      if (step.gemm == RingGemm::source_arrival_order && band_cols_ > 0) args.signals.cols_per_flag = band_cols_;
+      args.epilogue = AddSource{.source = staging_.as<char>() + L.block_offset(blk)};
+      args.wait = block_source;
+      if (step.gemm == RingGemm::source_reporting) args.report = block_done;
       break;
     case RingGemm::whole_ring:
     case RingGemm::whole_adding: {
@@ -226,30 +242,23 @@ GemmArgs RingExecutor::step_args(const RingStep& step, const void* a, const void
       const std::int64_t block_end = first_row + L.block_rows;
       args.a = a;
       args.c = d;
-      args.signals = RowSignals{.world = &ctx_->world(),
-                                .flags = flags + L.arrived_word(0),
-                                .rows_per_flag = L.chunk_rows,
-                                .value = 1,
-                                // The first block adds nothing (one launch:
-                                // nobody sends it) or is stored, not added
-                                // (adding): nothing to wait for there.
-                                .ready_begin = first_row,
-                                .ready_end = block_end,
-                                .from_rank = step.source_rank,
-                                .waited_ns = waited};
-      args.done = RowsDone{.counters = flags + L.stored_word(0), .rows_per_counter = L.chunk_rows};
+      args.wait = RowSignals{.world = &ctx_->world(),
+                             .flags = flags ? flags + L.arrived_word(0) : nullptr,
+                             .value = 1,
+                             // The first block adds nothing (one launch:
+                             // nobody sends it) or is stored, not added
+                             // (adding): nothing to wait for there.
+                             .ready_begin = first_row,
+                             .ready_end = block_end,
+                             .from_rank = step.source_rank,
+                             .waited_ns = waited};
+      args.report = RowsDone{.counters = flags ? flags + L.stored_word(0) : nullptr};
       args.first_row = first_row;
       if (step.gemm == RingGemm::whole_ring) {
-        args.source = staging_.get();
-        // Whole blocks from the first down: the ring's order (schedule::ring_gemm_block).
-        args.descending_block_rows = L.block_rows;
-        args.no_source_begin = first_row;
-        args.no_source_end = block_end;
+        args.epilogue = AddSource{.source = staging_.get(), .plain_begin = first_row, .plain_end = block_end};
       } else {
         const int me = ctx_->rank();
-        args.add_into = out;
-        args.add_begin = me * L.block_rows;
-        args.add_end = (me + 1) * L.block_rows;
+        args.epilogue = ReduceAddRows{.into = out, .begin = me * L.block_rows, .end = (me + 1) * L.block_rows};
       }
       break;
     }

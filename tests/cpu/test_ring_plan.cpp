@@ -18,7 +18,7 @@ namespace {
 /// The block the tile at position `position` of one launch's walk computes
 /// (FusedWay::ring_one_launch), its blocks `tiles_per_block` row tiles each.
 /// GemmRs runs that GEMM with GemmArgs::first_row at the first step's block
-/// and descending_block_rows = M / W, so the hooked scheduler walks whole
+/// and HookLayout::descending_block_rows = M / W, so the hooked scheduler walks whole
 /// blocks down from it (src/gemm/tile_walk.hpp): the block the ring sends at step
 /// s, (r - 1 - s) mod W, is the one its tiles compute at step s. (An ascending
 /// walk agrees with the sends at 1 and 2 ranks only; from 3 on each rank's

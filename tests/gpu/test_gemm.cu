@@ -114,8 +114,8 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
   named.config = "no such tile";
   EXPECT_NE(error_of(named).find("available:"), std::string::npos);
   // Any tile order is for plans that only wait: a plan that reports stored
-  // rows is refused, and so is a run that rotates the order, walks descending
-  // blocks or reports.
+  // rows is refused, and so is one whose layout reports or walks blocks
+  // descending (plan-time), and a run that rotates the order or reports.
   GemmOptions reporting{1024, 1024, 512};
   reporting.hook = GemmHook::report_rows;
   reporting.any_tile_order = true;
@@ -123,55 +123,86 @@ TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
   GemmOptions waiting{1024, 1024, 512};
   waiting.hook = GemmHook::wait_a_rows;
   waiting.any_tile_order = true;
+  for (const HookLayout& layout : {HookLayout{.rows_per_report = 128}, HookLayout{.descending_block_rows = 512}}) {
+    GemmOptions o = waiting;
+    o.hook_layout = layout;
+    EXPECT_NE(error_of(o).find("can neither report stored rows"), std::string::npos) << error_of(o);
+  }
+  // A plan's layout fits its hook.
+  GemmOptions plain_with_layout{1024, 1024, 512};
+  plain_with_layout.hook_layout.rows_per_flag = 128;
+  EXPECT_NE(error_of(plain_with_layout).find("takes no HookLayout"), std::string::npos) << error_of(plain_with_layout);
+  GemmOptions columns_on_a{1024, 1024, 512};
+  columns_on_a.hook = GemmHook::wait_a_rows;
+  columns_on_a.hook_layout.cols_per_flag = 256;
+  EXPECT_NE(error_of(columns_on_a).find("wait_source_rows plans only"), std::string::npos) << error_of(columns_on_a);
+  GemmOptions blocks_not_tiling_m{1024, 1024, 512};
+  blocks_not_tiling_m.hook = GemmHook::report_rows;
+  blocks_not_tiling_m.hook_layout.descending_block_rows = 384;
+  EXPECT_NE(error_of(blocks_not_tiling_m).find("a walk by descending blocks"), std::string::npos);
+
+  // Runs, refused by can_implement before anything is launched (prepare and
+  // run say the same). Fake pointers: aligned, never used.
   Gemm any_order(waiting);
-  void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // aligned; refused before any use
+  void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
   std::uint64_t counters[8] = {};
-  for (const GemmArgs& args : {GemmArgs{.a = fake, .b = fake, .c = fake, .first_row = 512},
-                               GemmArgs{.a = fake, .b = fake, .c = fake, .descending_block_rows = 512},
-                               GemmArgs{.a = fake, .b = fake, .c = fake, .done = RowsDone{.counters = counters}}}) {
+  auto refusal = [](Gemm& plan, const GemmArgs& args) {
+    const std::string why = plan.can_implement(args);
     try {
-      any_order.run(args, test::stream());
-      ADD_FAILURE() << "a run that rotates or reports was accepted by an any-order plan";
+      plan.run(args, test::stream());
+      ADD_FAILURE() << "refused by can_implement (" << why << "), but run accepted it";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("can neither report stored rows"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what() << " | " << why;
     }
-  }
-  // A walk by descending blocks: blocks that tile M, first_row the first row of one.
-  GemmOptions hooked{1024, 1024, 512};
-  hooked.hook = GemmHook::report_rows;
-  Gemm reporting_plan(hooked);
-  const GemmArgs not_tiling_m{.a = fake, .b = fake, .c = fake, .descending_block_rows = 384};
-  const GemmArgs inside_a_block{.a = fake, .b = fake, .c = fake, .first_row = 256, .descending_block_rows = 512};
-  for (const GemmArgs& args : {not_tiling_m, inside_a_block}) {
-    try {
-      reporting_plan.run(args, test::stream());
-      ADD_FAILURE() << "a walk by blocks that do not tile M, or from inside a block, was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("a walk by descending blocks"), std::string::npos) << e.what();
-    }
-  }
-  // Rows without a source: whole row tiles, of a plan that adds one, not waited on.
+    return why;
+  };
+  EXPECT_EQ(any_order.can_implement(GemmArgs{.a = fake, .b = fake, .c = fake}), "");
+  EXPECT_NE(refusal(any_order, GemmArgs{.a = fake, .b = fake, .c = fake, .first_row = 512}).find("rotates the tile order"),
+            std::string::npos);
+  EXPECT_NE(refusal(any_order, GemmArgs{.a = fake, .b = fake, .c = fake, .report = RowsDone{.counters = counters}})
+                .find("built without HookLayout::rows_per_report"),
+            std::string::npos);
+  EXPECT_NE(refusal(any_order, GemmArgs{.a = fake, .b = nullptr, .c = fake}).find("must be device pointers"),
+            std::string::npos);
+  // Row signals need the plan's flag granularity, and a plan that waits.
+  const RowSignals signals{.world = &ctx().world(), .flags = counters, .ready_begin = 256, .ready_end = 1024};
+  EXPECT_NE(refusal(any_order, GemmArgs{.a = fake, .b = fake, .c = fake, .wait = signals}).find("HookLayout::rows_per_flag"),
+            std::string::npos);
+  // A walk by descending blocks starts at a block's first row.
+  GemmOptions blocks{1024, 1024, 512};
+  blocks.hook = GemmHook::report_rows;
+  blocks.hook_layout.descending_block_rows = 512;
+  Gemm block_walk(blocks);
+  EXPECT_EQ(block_walk.can_implement(GemmArgs{.a = fake, .b = fake, .c = fake, .first_row = 512}), "");
+  EXPECT_NE(refusal(block_walk, GemmArgs{.a = fake, .b = fake, .c = fake, .first_row = 256}).find("a walk by descending blocks"),
+            std::string::npos);
+  EXPECT_NE(refusal(block_walk, GemmArgs{.a = fake, .b = fake, .c = fake, .wait = signals}).find("waits for nothing"),
+            std::string::npos);
+  // The epilogue is the hook's: a source for wait_source_rows, added rows for
+  // add_rows, a plain store for the rest. Rows without a source: whole row
+  // tiles, of a plan that adds one, not waited on.
   GemmOptions adding{1024, 1024, 512};
   adding.hook = GemmHook::wait_source_rows;
+  adding.hook_layout.rows_per_flag = 128;
   Gemm with_source(adding);
-  GemmArgs part_tile{.a = fake, .b = fake, .c = fake, .source = fake, .no_source_begin = 128, .no_source_end = 512};
-  GemmArgs waited = part_tile;
-  waited.no_source_begin = 0;
-  waited.signals = RowSignals{.world = &ctx().world(), .flags = counters, .rows_per_flag = 128, .ready_begin = 256,
-                              .ready_end = 1024};
-  GemmArgs no_source_plan = part_tile;
-  no_source_plan.source = nullptr;
-  no_source_plan.no_source_begin = 0;
-  const std::pair<Gemm*, GemmArgs> refused[] = {{&with_source, part_tile}, {&with_source, waited}, {&any_order, no_source_plan}};
-  const char* why[] = {"must be whole row tiles", "mark them ready", "to a plan that adds none"};
-  for (int i = 0; i < 3; ++i) {
-    try {
-      refused[i].first->run(refused[i].second, test::stream());
-      ADD_FAILURE() << "rows without a source, case " << i << ", were accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(why[i]), std::string::npos) << e.what();
-    }
-  }
+  EXPECT_EQ(with_source.can_implement(GemmArgs{.a = fake, .b = fake, .c = fake, .epilogue = AddSource{.source = fake}}), "");
+  EXPECT_NE(refusal(with_source, GemmArgs{.a = fake, .b = fake, .c = fake}).find("expected the epilogue AddSource"),
+            std::string::npos);
+  EXPECT_NE(refusal(with_source, GemmArgs{.a = fake, .b = fake, .c = fake, .epilogue = ReduceAddRows{.into = fake}})
+                .find("expected the epilogue AddSource"),
+            std::string::npos);
+  EXPECT_NE(refusal(with_source, GemmArgs{.a = fake, .b = fake, .c = fake,
+                                         .epilogue = AddSource{.source = fake, .plain_begin = 128, .plain_end = 512}})
+                .find("must be whole row tiles"),
+            std::string::npos);
+  EXPECT_NE(refusal(with_source, GemmArgs{.a = fake, .b = fake, .c = fake, .wait = signals,
+                                         .epilogue = AddSource{.source = fake, .plain_begin = 0, .plain_end = 512}})
+                .find("mark them ready"),
+            std::string::npos);
+  EXPECT_NE(refusal(any_order, GemmArgs{.a = fake, .b = fake, .c = fake,
+                                       .epilogue = AddSource{.source = fake, .plain_begin = 0, .plain_end = 512}})
+                .find("expected the epilogue StoreProduct"),
+            std::string::npos);
 }
 
 TEST(Gemm, AConfigStringForcesTheConfigurationAndItsSchedulerSettings) {
@@ -275,13 +306,15 @@ TEST(Gemm, ASecondGemmWithTheSameOptionsTakesTheTunedChoiceFromTheCache) {
 }
 
 TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {
-  // GemmArgs::done: after the run, band b's counter holds exactly its rows x N
+  // GemmArgs::report: after the run, band b's counter holds exactly its rows x N
   // (a copy engine waits for that value); and the product is still right.
+  // A run unlike the validated ones is validated again: refused after good runs.
   Cublas cb;
   cudaStream_t s = test::stream();
   GemmOptions o{1000, 1032, 512};  // neither M nor N a multiple of any tile
   o.hook = GemmHook::report_rows;
   const std::int64_t per = 100, bands = (o.m + per - 1) / per;
+  o.hook_layout.rows_per_report = per;
   void *a, *b, *c;
   float* ref;
   std::uint64_t* counters;
@@ -303,7 +336,7 @@ TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {
     for (int run = 0; run < 3; ++run) {
       bench::poison(c, o.m * o.n * 2, 0xFF, s);
       WEFT_CUDA(cudaMemsetAsync(counters, 0, bands * 8, s));
-      args.done = RowsDone{.counters = counters, .rows_per_counter = per};
+      args.report = RowsDone{.counters = counters};
       gemm.run(args, s);
       std::vector<std::uint64_t> got(bands);
       WEFT_CUDA(cudaMemcpyAsync(got.data(), counters, bands * 8, cudaMemcpyDeviceToHost, s));
@@ -314,12 +347,20 @@ TEST(Gemm, HookedConfigurationsReportEveryStoredRowOnce) {
     }
     reference(cb.h, o, a, b, ref);
     EXPECT_LT(bench::relative_error_vs_fp32(c, "bf16", ref, o.m * o.n, s), 1e-2) << name;
+    GemmArgs outside = args;
+    outside.first_row = o.m;
+    try {
+      gemm.run(outside, s);
+      ADD_FAILURE() << name << ": a run starting outside M was accepted after validated runs";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("must be in [0, M"), std::string::npos) << e.what();
+    }
   }
   for (void* p : {a, b, c, static_cast<void*>(ref), static_cast<void*>(counters)}) cudaFree(p);
 }
 
 TEST(Gemm, ADescendingBlockWalkComputesAndReportsEveryTileOnce) {
-  // GemmArgs::descending_block_rows (GEMM+ReduceScatter's ring in one
+  // HookLayout::descending_block_rows (GEMM+ReduceScatter's ring in one
   // launch): 4 blocks of 512 rows walked from block 1 down (1, 0, 3, 2). Each
   // reporting configuration, at each swizzle whose bands fit in a block:
   // every band's counter ends at its rows x N, and the product is right.
@@ -328,6 +369,7 @@ TEST(Gemm, ADescendingBlockWalkComputesAndReportsEveryTileOnce) {
   GemmOptions o{2048, 1032, 512};  // N not a multiple of any tile
   o.hook = GemmHook::report_rows;
   const std::int64_t block_rows = 512, per = 128, bands = o.m / per;
+  o.hook_layout = HookLayout{.rows_per_report = per, .descending_block_rows = block_rows};
   void *a, *b, *c;
   float* ref;
   std::uint64_t* counters;
@@ -346,12 +388,7 @@ TEST(Gemm, ADescendingBlockWalkComputesAndReportsEveryTileOnce) {
     for (int swizzle : {1, 2}) {
       if (name.find("pingpong") != std::string::npos) continue;  // they wait, but do not report
       o.config = str(name, ", swizzle ", swizzle, " along N");
-      const GemmArgs args{.a = a,
-                          .b = b,
-                          .c = c,
-                          .done = RowsDone{.counters = counters, .rows_per_counter = per},
-                          .first_row = block_rows,
-                          .descending_block_rows = block_rows};
+      const GemmArgs args{.a = a, .b = b, .c = c, .report = RowsDone{.counters = counters}, .first_row = block_rows};
       auto gemm = std::make_unique<Gemm>(o);
       try {
         gemm->prepare(args, s);
@@ -382,12 +419,12 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
   // then raises the flags. A tile that read before its flag would carry the
   // NaNs into C. wait_a_rows waits for rows of A; wait_source_rows for rows of
   // the source S, which it adds (C = A x B + S), except on its last 256 rows,
-  // which take none (GemmArgs::no_source_*): NaNs there too, never to be read.
+  // which take none (AddSource::plain_*): NaNs there too, never to be read.
   Cublas cb;
   cudaStream_t s = test::stream(), late;
   WEFT_CUDA(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
   const std::int64_t m = 1024, n = 1032, k = 512, rows_per_flag = 128, late_rows = 512, flags_n = m / rows_per_flag;
-  const std::int64_t no_source_begin = 768;  // wait_source_rows: rows [768, m) add no source (GemmArgs::no_source_*)
+  const std::int64_t no_source_begin = 768;  // wait_source_rows: rows [768, m) add no source (AddSource::plain_*)
   void *a, *b, *c, *src;
   float* ref;
   std::uint64_t* flags;
@@ -413,6 +450,7 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
     GemmOptions o{m, n, k};
     o.hook = hook;
     o.b_layout = layout;
+    o.hook_layout.rows_per_flag = rows_per_flag;
     std::vector<std::string> configs;
     try {
       configs = Gemm(o).configurations();
@@ -454,23 +492,19 @@ TEST(Gemm, HookedConfigurationsWaitForTheirRowsThenReadThem) {
       bench::poison(waited, late_rows * row_bytes, 0xFF, s);  // NaNs until the flags say otherwise
       WEFT_CUDA(cudaMemsetAsync(flags, 0, flags_n * 8, s));
       bench::poison(c, m * n * 2, 0xFF, s);
-      GemmArgs args{.a = a, .b = b, .c = c, .source = source ? src : nullptr};
-      if (source) {
-        args.no_source_begin = no_source_begin;
-        args.no_source_end = m;
-      }
-      args.signals = RowSignals{.world = &ctx().world(),
-                                .flags = flags,
-                                .rows_per_flag = rows_per_flag,
-                                .value = 1,
-                                .ready_begin = late_rows,  // the rest is present from the start
-                                .ready_end = m,
-                                .from_rank = ctx().rank(),
-                                .waited_ns = wait_ns};
+      GemmArgs args{.a = a, .b = b, .c = c};
+      if (source) args.epilogue = AddSource{.source = src, .plain_begin = no_source_begin, .plain_end = m};
+      args.wait = RowSignals{.world = &ctx().world(),
+                             .flags = flags,
+                             .value = 1,
+                             .ready_begin = late_rows,  // the rest is present from the start
+                             .ready_end = m,
+                             .from_rank = ctx().rank(),
+                             .waited_ns = wait_ns};
       // Every other configuration consumes its flags (RowSignals::consume),
       // in both tile orders across the configurations.
       const bool consume = ((tried / 2) % 2 == 0) != any_order;
-      args.signals.consume = consume;
+      args.wait.consume = consume;
       WEFT_CUDA(cudaMemsetAsync(wait_ns, 0, flags_n * 8, s));
       if (!any_order) args.first_row = late_rows;  // the present rows first, as AllGather + GEMM starts on its own shard
       gemm.prepare(args, s);        // tuning never waits
@@ -536,7 +570,7 @@ std::uint16_t float_to_bf16_rn(float v) {  // round to nearest even (finite valu
 TEST(Gemm, AddedRowsWaitForTheirPartialSumThenAddOntoItInOneRounding) {
   // GemmHook::add_rows, as GemmRs's one-launch way runs it at 2 ranks: the
   // stored rows go to C, the added rows wait for their flags, then add onto
-  // the partial sum a copy engine wrote into add_into meanwhile. The partial
+  // the partial sum a copy engine wrote into ReduceAddRows::into meanwhile. The partial
   // sum starts as NaNs with its flags at 0 and arrives 20 ms after the GEMM
   // started: a tile that added before its flag would carry the NaNs. The sum
   // must be bf16(P + bf16(A x B)), one rounding, bit for bit, where bf16(A x B)
@@ -571,6 +605,7 @@ TEST(Gemm, AddedRowsWaitForTheirPartialSumThenAddOntoItInOneRounding) {
       Gemm plain(plain_o);
       GemmOptions o{m, n, k, DType::bf16, DType::bf16, layout};
       o.hook = GemmHook::add_rows;
+      o.hook_layout = HookLayout{.rows_per_flag = rows_per_flag, .rows_per_report = rows_per_flag};
       Gemm gemm(o);
       EXPECT_NE(gemm.configurations().at(0).find("hooked+add"), std::string::npos) << name;
       bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(ctx().rank(), 201 + tried), s);
@@ -581,19 +616,16 @@ TEST(Gemm, AddedRowsWaitForTheirPartialSumThenAddOntoItInOneRounding) {
       GemmArgs args{.a = a,
                     .b = b,
                     .c = c,
-                    .signals = RowSignals{.world = &ctx().world(),
-                                          .flags = flags,
-                                          .rows_per_flag = rows_per_flag,
-                                          .value = 1,
-                                          .ready_begin = stored_begin,
-                                          .ready_end = stored_begin + half,
-                                          .from_rank = ctx().rank(),
-                                          .waited_ns = wait_ns},
-                    .done = RowsDone{.counters = done, .rows_per_counter = rows_per_flag},
-                    .first_row = stored_begin,
-                    .add_into = into,
-                    .add_begin = add_begin,
-                    .add_end = add_begin + half};
+                    .wait = RowSignals{.world = &ctx().world(),
+                                       .flags = flags,
+                                       .value = 1,
+                                       .ready_begin = stored_begin,
+                                       .ready_end = stored_begin + half,
+                                       .from_rank = ctx().rank(),
+                                       .waited_ns = wait_ns},
+                    .epilogue = ReduceAddRows{.into = into, .begin = add_begin, .end = add_begin + half},
+                    .report = RowsDone{.counters = done},
+                    .first_row = stored_begin};
       gemm.prepare(args, s);  // tuning never waits and writes only into C
       bench::poison(into, half * n * 2, 0xFF, s);  // NaNs until the flags say otherwise
       bench::poison(c, m * n * 2, 0xFF, s);
@@ -640,11 +672,11 @@ TEST(Gemm, AddedRowsWaitForTheirPartialSumThenAddOntoItInOneRounding) {
   // A plan that adds refuses rows that wait without being added onto, and bounds inside a tile.
   GemmOptions o{m, n, k};
   o.hook = GemmHook::add_rows;
+  o.hook_layout.rows_per_flag = 128;
   Gemm gemm(o);
-  GemmArgs bad{.a = a, .b = b, .c = c, .add_into = into, .add_begin = 512, .add_end = 1024};
-  bad.signals = RowSignals{.world = &ctx().world(), .flags = flags, .rows_per_flag = 128, .ready_begin = 256,
-                           .ready_end = 512};
-  GemmArgs part_tile{.a = a, .b = b, .c = c, .add_into = into, .add_begin = 128, .add_end = 1024};
+  GemmArgs bad{.a = a, .b = b, .c = c, .epilogue = ReduceAddRows{.into = into, .begin = 512, .end = 1024}};
+  bad.wait = RowSignals{.world = &ctx().world(), .flags = flags, .ready_begin = 256, .ready_end = 512};
+  GemmArgs part_tile{.a = a, .b = b, .c = c, .epilogue = ReduceAddRows{.into = into, .begin = 128, .end = 1024}};
   const std::pair<GemmArgs, const char*> refused[] = {{bad, "must be among the added rows"},
                                                       {part_tile, "must be whole row tiles"}};
   for (const auto& [args, why] : refused) {

@@ -76,6 +76,7 @@ TEST(WaitTimeout, AGemmWhoseSourceRowsNeverArriveNamesTheFlag) {
   const std::int64_t m = 512, n = 512, k = 256, rows_per_flag = 128;
   GemmOptions o{m, n, k};
   o.hook = GemmHook::wait_source_rows;
+  o.hook_layout.rows_per_flag = rows_per_flag;
   std::string pingpong;
   for (const std::string& c : Gemm(o).configurations())
     if (c.find("pingpong") != std::string::npos) pingpong = c;
@@ -88,12 +89,11 @@ TEST(WaitTimeout, AGemmWhoseSourceRowsNeverArriveNamesTheFlag) {
   cudaStream_t s = test::stream();
   for (void* p : {a, b, src}) WEFT_CUDA(cudaMemsetAsync(p, 0x3c, m * std::max(n, k) * 2, s));
   WEFT_CUDA(cudaMemsetAsync(flags.get(), 0, m / rows_per_flag * 8, s));  // raised by nobody
-  GemmArgs args{.a = a, .b = b, .c = c, .source = src};
-  args.signals = RowSignals{.world = &ctx().world(),
-                            .flags = static_cast<std::uint64_t*>(flags.get()),
-                            .rows_per_flag = rows_per_flag,
-                            .value = 1,
-                            .from_rank = ctx().rank()};
+  GemmArgs args{.a = a, .b = b, .c = c, .epilogue = AddSource{.source = src}};
+  args.wait = RowSignals{.world = &ctx().world(),
+                         .flags = static_cast<std::uint64_t*>(flags.get()),
+                         .value = 1,
+                         .from_rank = ctx().rank()};
   gemm.prepare(args, s);  // tuning never waits
   WEFT_CUDA(cudaStreamSynchronize(s));
   auto t0 = std::chrono::steady_clock::now();

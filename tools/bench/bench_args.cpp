@@ -203,7 +203,7 @@ const OptionInfo kOptions[] = {
      "(GemmOptions::any_tile_order; its tuner also walks along M) (default: row-major order)"},
     {"--no-source-rows", true, kGemm, "--no-source-rows B,E",
      "with --hook wait_source_rows: rows [B, E) add no source and load none\n"
-     "(GemmArgs::no_source_begin/end; B and E multiples of 256, or M) (default: every row adds one)"},
+     "(AddSource::plain_begin/end; B and E multiples of 256, or M) (default: every row adds one)"},
     {"--cases", true, kDecode, "--cases LIST",
      "B,HQ,HKV,L[,P];... : batch, query heads, KV heads, keys per sequence, and a page size\n"
      "(paged KV) or none (contiguous) (default: batch 1 at 96/12 and 32/8 heads, KV 32K, 128K\n"

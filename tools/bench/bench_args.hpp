@@ -58,7 +58,7 @@ struct BenchArgs {
   GemmHook hook = GemmHook::none;                   ///< --hook: a hooked kernel alone, nothing waited on
   bool any_order = false;  ///< --any-order: a waiting --hook's plan allows any tile order (GemmOptions::any_tile_order)
   /// --no-source-rows B,E: with --hook wait_source_rows, rows [B, E) add no
-  /// source (GemmArgs::no_source_begin/end; Gemm::run checks the bounds)
+  /// source (AddSource::plain_begin/end; Gemm::can_implement checks the bounds)
   std::int64_t no_source_begin = 0, no_source_end = 0;
   // ep only
   std::int64_t ep_tokens = 4096;  ///< --tokens: tokens each rank routes

@@ -73,18 +73,12 @@ int bench_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     const std::int64_t add_begin = o.hook == GemmHook::add_rows ? o.m / 2 / 256 * 256 : 0;
     const std::int64_t add_end = o.hook == GemmHook::add_rows ? o.m : 0;
     char* add_into = o.hook == GemmHook::add_rows ? static_cast<char*>(c) + add_begin * o.n * dtype_size(out) : nullptr;
-    auto run_weft = [&] {
-      gemm.run(GemmArgs{.a = a,
-                        .b = b,
-                        .c = c,
-                        .source = source,
-                        .no_source_begin = args.no_source_begin,
-                        .no_source_end = args.no_source_end,
-                        .add_into = add_into,
-                        .add_begin = add_begin,
-                        .add_end = add_end},
-               stream);
-    };
+    GemmArgs run_args{.a = a, .b = b, .c = c};
+    if (o.hook == GemmHook::wait_source_rows)
+      run_args.epilogue = AddSource{.source = source, .plain_begin = args.no_source_begin, .plain_end = args.no_source_end};
+    else if (o.hook == GemmHook::add_rows)
+      run_args.epilogue = ReduceAddRows{.into = add_into, .begin = add_begin, .end = add_end};
+    auto run_weft = [&] { gemm.run(run_args, stream); };
     auto poison_c = [&] {  // NaN pattern: unwritten elements fail the check; added rows start at 0
       poison(c, c_n * dtype_size(out), 0xFF, stream);
       if (add_into) WEFT_CUDA(cudaMemsetAsync(add_into, 0, (add_end - add_begin) * o.n * dtype_size(out), stream));

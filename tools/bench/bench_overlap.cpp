@@ -295,22 +295,23 @@ int bench_overlap(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
             whole->run(GemmArgs{.a = a,
                                 .b = b,
                                 .c = c_ref,
-                                .first_row = peer * rows_per_rank,
-                                .add_into = static_cast<char*>(c_ref) + me * rows_per_rank * N * 2,
-                                .add_begin = me * rows_per_rank,
-                                .add_end = (me + 1) * rows_per_rank},
+                                .epilogue = ReduceAddRows{.into = static_cast<char*>(c_ref) + me * rows_per_rank * N * 2,
+                                                          .begin = me * rows_per_rank,
+                                                          .end = (me + 1) * rows_per_rank},
+                                .first_row = peer * rows_per_rank},
                        stream);
             return;
           }
           if (one_launch) {
-            whole->run(GemmArgs{.a = a, .b = b, .c = c_ref, .source = whole_source}, stream);
+            whole->run(GemmArgs{.a = a, .b = b, .c = c_ref, .epilogue = AddSource{.source = whole_source}}, stream);
             return;
           }
           auto a_block = [&](int s) { return static_cast<const char*>(a) + s * rows_per_rank * k * 2; };
           auto c_block = [&](int s) { return static_cast<char*>(c_ref) + s * rows_per_rank * N * 2; };
           ring_first.run(GemmArgs{.a = a_block(0), .b = b, .c = c_block(0)}, stream);
           for (int s = 1; s < world; ++s)
-            ring_step.run(GemmArgs{.a = a_block(s), .b = b, .c = c_block(s), .source = c_block(s - 1)}, stream);
+            ring_step.run(GemmArgs{.a = a_block(s), .b = b, .c = c_block(s), .epilogue = AddSource{.source = c_block(s - 1)}},
+                          stream);
         };
         auto weft_coll = [&] {
           if (ar) weft_ar->run(comm_buf.get(), comm_buf.get(), stream);

@@ -19,53 +19,29 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "weft/core/cuda_resources.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/device/world.cuh"
+#include "weft/gemm/gemm_types.hpp"
 
 namespace weft {
 
-/// How B is stored.
-enum class BLayout {
-  nk,  ///< [N, K] row-major: C = A x B^T (PyTorch Linear weight)
-  kn   ///< [K, N] row-major: C = A x B
-};
-
-/// The communication hook a plan's kernels carry (used by the overlapped
-/// operators; plain GEMMs leave it at none). Every hooked plan can also report
-/// the rows it has stored (GemmArgs::done).
-enum class GemmHook {
-  none,          ///< a plain persistent GEMM
-  wait_a_rows,   ///< before loading a tile's rows of A, wait for their flags (AllGather + GEMM)
-  wait_source_rows,  ///< D = A x B + S; before loading a tile's rows of S, wait for their flags (GEMM + ReduceScatter)
-  report_rows,   ///< no wait: only report stored rows (a ring step whose output is sent on)
-  /// Rows [GemmArgs::add_begin, add_end) of A x B are added into
-  /// GemmArgs::add_into, whose rows already hold a partial sum, by TMA
-  /// reduce-add (one bf16 rounding of the two bf16 values); the other rows
-  /// are stored into C. A tile of the added rows first waits, in the
-  /// mainloop's producer warp, for the flags of its rows (GemmArgs::signals:
-  /// the partial sum has landed), and every tile reports its rows once its
-  /// stores or adds are complete (GemmArgs::done). GEMM + ReduceScatter at 2
-  /// ranks in one launch (GemmRs, FusedWay::one_launch_add).
-  add_rows
-};
-
-/// Flags that say which rows of A (wait_a_rows) or of the source (wait_source_rows)
-/// have arrived, for one run. The tile holding row r waits, in one warp, until
-/// flags[r / rows_per_flag] >= value (acquire, system scope), then fences the
-/// async proxy and loads. Rows in [ready_begin, ready_end) are known present.
-/// With cols_per_flag > 0 the flags cover column bands of every row instead
-/// (wait_source_rows only): the tile holding column c waits for flags[c /
-/// cols_per_flag], and its tiles walk along M (a source that arrives by column band).
+/// What a hooked run's tiles wait for: flags that say which rows of A
+/// (wait_a_rows, add_rows) or of the source (wait_source_rows) have arrived.
+/// The tile holding row r waits, in one warp, until flags[r / rows_per_flag]
+/// >= value (acquire, system scope), then fences the async proxy and loads;
+/// with flags by column band (HookLayout::cols_per_flag) the tile holding
+/// column c waits for flags[c / cols_per_flag]. How many rows or columns a
+/// flag covers is the plan's (GemmOptions::hook_layout); the flags, and the
+/// rows already present, are the run's. No flags: every row is present.
 struct RowSignals {
   const dev::World* world = nullptr;     ///< names the rank and bounds the wait (its timeout)
   const std::uint64_t* flags = nullptr;  ///< device memory written by copy engines or peers
-  std::int64_t rows_per_flag = 1;
-  std::int64_t cols_per_flag = 0;  ///< > 0: flags by column band (see above)
   std::uint64_t value = 1;
-  std::int64_t ready_begin = 0, ready_end = 0;
+  std::int64_t ready_begin = 0, ready_end = 0;  ///< rows known present: their tiles do not wait
   int flags_per_rank = 0;  ///< > 0: flag i is raised by rank i / flags_per_rank (for the timeout report)
   int from_rank = -1;      ///< else the rank that raises them all
   /// Optional diagnostics (device memory, zeroed by the caller, one counter
@@ -84,54 +60,97 @@ struct RowSignals {
   bool consume = false;
 };
 
-/// Where a hooked plan reports the rows of C it has stored, for one run. Once
-/// the TMA stores of a tile are complete, the tile adds (its rows in band b) x
-/// (its columns) to counters[b] (band b = rows [b * rows_per_counter, (b + 1) *
-/// rows_per_counter)), with release semantics at system scope. Band b is
-/// therefore complete when counters[b] reaches (its rows) x N: a copy engine
-/// can wait for that (cuStreamWaitValue64) and send the band while the GEMM
-/// goes on. Zero the counters before the run.
+/// Where a hooked run reports the rows of C it has stored. Once the TMA
+/// stores of a tile are complete, the tile adds (its rows in band b) x (its
+/// columns) to counters[b] (band b = rows [b * HookLayout::rows_per_report,
+/// (b + 1) * rows_per_report)), with release semantics at system scope. Band b
+/// is therefore complete when counters[b] reaches (its rows) x N: a copy
+/// engine can wait for that (cuStreamWaitValue64) and send the band while the
+/// GEMM goes on. Zero the counters before the run. No counters: no report.
 struct RowsDone {
   std::uint64_t* counters = nullptr;  ///< device memory, one per band
-  std::int64_t rows_per_counter = 1;
 
   /// A band's counter once every tile of an [M, n] product has stored its
-  /// `band_rows` rows (rows_per_counter, or fewer for a last, short band).
+  /// `band_rows` rows (rows_per_report, or fewer for a last, short band).
   static constexpr std::uint64_t complete_value(std::int64_t band_rows, std::int64_t n) {
     return static_cast<std::uint64_t>(band_rows * n);
   }
 };
 
-/// One run's operands.
+/// The epilogue of a run, one of three; which one follows from the plan's
+/// hook (Gemm::can_implement says so where a run's does not match).
+/// C = A x B: every plan but the two below.
+struct StoreProduct {};
+
+/// GemmHook::wait_source_rows: C = A x B + S, S [M, N] of the output type
+/// (16-byte aligned). Rows [plain_begin, plain_end) add no source (C = A x B
+/// there): their tiles neither load S nor add it. Both bounds are multiples
+/// of 256 (the tallest tile) or M; rows that wait must not be among them (mark
+/// them ready: RowSignals::ready_begin, ready_end).
+struct AddSource {
+  const void* source = nullptr;
+  std::int64_t plain_begin = 0, plain_end = 0;
+};
+
+/// GemmHook::add_rows: rows [begin, end) of A x B are added by TMA reduce-add
+/// into `into` (row `begin` of the product onto its row 0, with C's row
+/// stride; 16-byte aligned), whose rows already hold a partial sum; the other
+/// rows are stored into C. Both bounds multiples of 256 (the tallest tile) or
+/// M. Rows that wait (outside the ready rows) must be among the added ones:
+/// the partial sum they wait for is what they add onto.
+struct ReduceAddRows {
+  void* into = nullptr;
+  std::int64_t begin = 0, end = 0;
+};
+
+using GemmEpilogue = std::variant<StoreProduct, AddSource, ReduceAddRows>;
+
+/// One run's operands: A, B and C, and for hooked plans the mainloop wait,
+/// the epilogue and the report. Gemm::prepare validates them against the plan
+/// (Gemm::can_implement); a run is validated again only where its hook
+/// operands differ from the last validated run's in more than their pointers.
 struct GemmArgs {
-  const void* a = nullptr;       ///< [M, K] row-major
-  const void* b = nullptr;       ///< [N, K] or [K, N]
-  void* c = nullptr;             ///< [M, N] row-major, the output
-  const void* source = nullptr;  ///< wait_source_rows: S [M, N] (output type), added to A x B
-  RowSignals signals{};          ///< hooked plans: what tiles wait for
-  RowsDone done{};               ///< hooked plans: where tiles report their stored rows (optional)
-  std::int64_t first_row = 0;    ///< hooked plans: tiles start at the row tile holding this row, then wrap
-  /// Hooked plans, > 0: the rows are blocks of this many rows (M a multiple of
-  /// it), and tiles walk them whole from first_row's block down, wrapping:
-  /// block f, f - 1, ..., 0, B - 1, ..., f + 1, each block's row tiles in
-  /// ascending order (GEMM+ReduceScatter's ring in one launch computes its
-  /// blocks in the order the ring sends them). first_row is then a block's
-  /// first row. Only configurations whose swizzle band (swizzle x cluster x
-  /// tile rows) divides a block run it, so no band mixes two blocks.
+  const void* a = nullptr;  ///< [M, K] row-major
+  const void* b = nullptr;  ///< [N, K] or [K, N]
+  void* c = nullptr;        ///< [M, N] row-major, the output
+  RowSignals wait{};        ///< hooked plans that wait (wait_a_rows, wait_source_rows, add_rows)
+  GemmEpilogue epilogue{};  ///< StoreProduct, or the plan's hook's (AddSource, ReduceAddRows)
+  RowsDone report{};        ///< hooked plans with HookLayout::rows_per_report
+  /// Hooked plans: tiles start at the row tile holding this row, then wrap;
+  /// walking blocks (HookLayout::descending_block_rows), a block's first row.
+  std::int64_t first_row = 0;
+};
+
+/// What every run of a hooked plan looks like, fixed when the plan is built:
+/// the tuner keeps to the configurations and tile-scheduler settings that fit
+/// it, the tuning cache keys on it, and each run's operands are checked
+/// against it.
+struct HookLayout {
+  /// Rows one flag covers (RowSignals); runs that wait need it > 0 (or
+  /// cols_per_flag). A swizzle band is kept no taller, so rows are consumed
+  /// in the order they arrive.
+  std::int64_t rows_per_flag = 0;
+  /// > 0, wait_source_rows only: the flags cover column bands of this many
+  /// columns of every row instead, and tiles walk along M (a source that
+  /// arrives by column band); a swizzle band is kept no wider.
+  std::int64_t cols_per_flag = 0;
+  /// wait_a_rows: the rows present before a run starts (its ready rows, this
+  /// rank's shard). A swizzle band taller than them puts remote rows into
+  /// the first wave, whose tiles idle until their copy lands (4096 x 8192 x
+  /// 8192 at swizzle 8, 256-row tiles in 2-CTA clusters, ran 1.35x its GEMM
+  /// alone). 0: no bound.
+  std::int64_t present_rows = 0;
+  /// > 0: runs may report stored rows (RowsDone), in bands of this many rows;
+  /// only configurations that can report (cooperative kernels) are candidates.
+  std::int64_t rows_per_report = 0;
+  /// > 0: the rows are blocks of this many rows (M a multiple of it), and
+  /// tiles walk them whole from first_row's block down, wrapping: block f,
+  /// f - 1, ..., 0, B - 1, ..., f + 1, each block's row tiles in ascending
+  /// order (GEMM+ReduceScatter's ring in one launch computes its blocks in
+  /// the order the ring sends them). Only configurations whose swizzle band
+  /// (swizzle x cluster x tile rows) divides a block run it, so no band
+  /// mixes two blocks.
   std::int64_t descending_block_rows = 0;
-  /// wait_source_rows: rows [no_source_begin, no_source_end) add no source
-  /// (D = A x B there): their tiles neither load S nor add it. Both bounds are
-  /// multiples of 256 (the tallest tile) or M; rows that signals wait on must
-  /// not be among them (mark them ready).
-  std::int64_t no_source_begin = 0, no_source_end = 0;
-  /// add_rows: rows [add_begin, add_end) of A x B are added into add_into
-  /// (row add_begin of the product onto add_into's row 0, same row stride as
-  /// C), not stored into C. Both bounds multiples of 256 (the tallest tile)
-  /// or M; add_into 16-byte aligned. Rows that wait (outside the signals'
-  /// ready rows) must be among them: the partial sum they wait for is what
-  /// they add onto.
-  void* add_into = nullptr;
-  std::int64_t add_begin = 0, add_end = 0;
 };
 
 /// What a Gemm plan is built for.
@@ -149,8 +168,10 @@ struct GemmOptions {
   /// both: nothing is tuned, and prepare() (or the first run) launches it
   /// once with the hook's waits off, as tuning would have.
   std::string config;
-  /// The communication hook (bf16, with the configurations compiled for it).
+  /// The communication hook (with the configurations compiled for it).
   GemmHook hook = GemmHook::none;
+  /// Hooked plans: the shape of every run's waits, reports and tile walk.
+  HookLayout hook_layout{};
   /// Let the tuner also time cuBLAS (plain plans only) and run it where it is
   /// faster, or alone where weft's kernels cannot tile the shape (K, or N, not
   /// a multiple of 8: their TMA needs 16-byte aligned rows). Off by default, so
@@ -164,7 +185,7 @@ struct GemmOptions {
   /// slowest rank's time. Empty: this rank's own timings decide.
   std::function<void(std::vector<float>&)> agree;
   /// Hooked plans whose runs neither rotate the tile order (GemmArgs::first_row
-  /// = 0) nor report stored rows (no GemmArgs::done): their tiles wait for
+  /// = 0) nor report stored rows (no HookLayout::rows_per_report): their tiles wait for
   /// rows that mostly arrived before the GEMM reached them, so any tile order
   /// is correct and none needs to follow the arrivals; the tuner then also
   /// times the walk along M and every swizzle, as for plain plans. Runs that
@@ -219,18 +240,23 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
+  /// "" if this plan can run `args`, else what was expected: the operands'
+  /// presence and alignment, and the hook operands against the plan's hook
+  /// and HookLayout (CUTLASS's can_implement, for the plan rather than one
+  /// kernel). prepare() asks it and throws its answer.
+  std::string can_implement(const GemmArgs& args) const;
   /// C = A x B^T (nk) or A x B (kn) on `stream`. Device pointers, 16-byte aligned.
   void run(const void* a, const void* b, void* c, cudaStream_t stream);
-  /// The same with a hook's operands (source, row signals, first row).
+  /// The same with a hook's operands. The first run prepares (and validates);
+  /// a later run is validated again only where its operands differ from the
+  /// last validated run's in more than their addresses.
   void run(const GemmArgs& args, cudaStream_t stream);
-  /// Chooses the configuration now (timing them, outside graph capture) on
-  /// these operands, as the first run would; hooked plans time their kernels
-  /// with every row marked present. Hooked plans call it before their first
-  /// collective run, so no peer waits on a rank that is still tuning. Pass
-  /// the run's signals and done counters: nothing waits on them or is
-  /// reported while tuning, but they say how many rows move together, and
-  /// the tuner keeps swizzle bands no taller than that (or than the rows
-  /// already present, for wait_a_rows). A configuration chosen without
+  /// Validates `args` (can_implement) and chooses the configuration now
+  /// (timing them, outside graph capture) on these operands, as the first run
+  /// would; hooked plans time their kernels with every row marked present and
+  /// nothing reported or added outside C. Hooked plans call it before their
+  /// first collective run, so no peer waits on a rank that is still tuning.
+  /// A configuration chosen without
   /// timing (forced by its full name, or autotune off) is launched once here
   /// all the same: CUDA loads a kernel at its first launch, and that load,
   /// behind a stream wait on this GEMM's own reports, would never finish.
@@ -257,6 +283,9 @@ class Gemm {
 
  private:
   void tune(const GemmArgs& args, cudaStream_t stream);
+  /// Validates a run against the plan and the chosen configuration, unless
+  /// one of the same shape (ArgsShape) was validated last; throws what was expected.
+  void validate_run(const GemmArgs& args);
   /// One launch of `cfg` on these operands with the hook's waits and reports
   /// off: "" or why it cannot run.
   const char* launch_unhooked(const GemmArgs& args, const gemm_detail::Config& cfg, int swizzle, int raster,
@@ -273,6 +302,9 @@ class Gemm {
   bool from_cache_ = false;
   bool cublas_only_ = false;  // a shape weft's kernels cannot tile (K or N): cuBLAS alone (allow_cublas)
   bool launched_ = false;  // prepare() launched chosen_ (or every candidate) once, outside graph capture
+  /// What the last validated run looked like, but for its addresses: the hook
+  /// operands' values, which pointers were given and their alignment.
+  std::vector<std::int64_t> validated_shape_;
   DeviceBuffer exits_;  // u64, hooked plans: CTAs past their last wait (RowSignals::consume), 0 between runs
 };
 

@@ -25,7 +25,7 @@
 
 #include "weft/core/cuda_resources.hpp"
 #include "weft/core/dtype.hpp"
-#include "weft/gemm/gemm.hpp"
+#include "weft/gemm/gemm_types.hpp"
 
 namespace weft {
 
