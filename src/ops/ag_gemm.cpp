@@ -1,12 +1,18 @@
-// AllGather + GEMM: the plan. The kernel is weft::Gemm with the wait_a_rows
-// hook (src/gemm/tile_hooks.cuh); the copies are copy_pipe.hpp's, and
+// AllGather + GEMM: the plan. Each fused way is data (ag_plan.hpp: the peers
+// our shard goes to, and the steps, each a GEMM and what it waits on), built
+// once here per way and enqueued by one loop, run_plan. The kernel is
+// weft::Gemm, hooked with wait_a_rows for the one GEMM (src/gemm/tile_hooks.cuh)
+// or plain for a shard's step; the copies and waits are copy_pipe.hpp's, and
 // path_choice.hpp picks between the fused and sequential paths.
 #include "weft/ops/ag_gemm.hpp"
 
+#include <array>
+#include <utility>
+
+#include "ag_plan.hpp"
 #include "copy_pipe.hpp"
 #include "overlap.hpp"
 #include "path_choice.hpp"
-#include "schedule.hpp"
 #include "trace.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/nccl_type.hpp"
@@ -39,12 +45,13 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   chunk_rows_ = rows.chunk_rows;
   ctx_->verify_same_call(ops_detail::plan_description("AgGemm", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
   const std::string what = str("AgGemm ", o.m, " x ", o.n, " x ", o.k);
-  tile_waits_ = std::make_unique<ops_detail::TileWaits>(what, static_cast<int>(world * chunks_),
-                                                        ctx_->settings().tile_waits);
+  const ops_detail::AgLayout flags{world, chunks_};
+  tile_waits_ = std::make_unique<ops_detail::TileWaits>(what, flags.flag_words(), ctx_->settings().tile_waits);
   pipe_ = std::make_unique<ops_detail::CopyPipe>(ctx_, "ag_gemm");
   choice_ = std::make_unique<ops_detail::PathChoice>(ctx_, o.mode, what, tile_waits_.get());
   gathered_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(o.m * o.k * 2), to_string(o.dtype), "ag_gemm.gathered");
-  arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(world * chunks_ * 8), "u64", "ag_gemm.arrived");
+  arrived_ =
+      SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(flags.flag_words()) * 8, "u64", "ag_gemm.arrived");
   GemmOptions g = whole;
   g.allow_cublas = true;  // unhooked GEMMs take cuBLAS where it is faster
   g.agree = ops_detail::slowest_rank(ctx_);
@@ -52,19 +59,27 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   WEFT_REQUIRE(o.way != AgWay::plain_steps || world > 1, "AgGemm: AgWay::plain_steps needs 2 or more ranks, got ",
                world);
   if (o.mode != OverlapMode::sequential) {
-    if (o.way != AgWay::plain_steps) {
-      GemmOptions hooked = g;
-      hooked.hook = GemmHook::wait_a_rows;
-      // A tile waits for its rows' chunk; our own shard is present from the start.
-      hooked.hook_layout = HookLayout{.rows_per_flag = chunk_rows_, .present_rows = shard_rows_};
-      fused_gemm_ = std::make_unique<Gemm>(hooked);
-    }
-    if (o.way != AgWay::one_gemm && world > 1) {
-      // One shard's rows: a plain GEMM needs no flags, so any tile order (or cuBLAS) will do.
-      GemmOptions step = g;
-      step.m = shard_rows_;
-      step_gemm_ = std::make_unique<Gemm>(step);
-    }
+    // Each way asked for (automatic: both, plain steps from 2 ranks), as this rank runs it on every call.
+    for (AgWay way : {AgWay::one_gemm, AgWay::plain_steps})
+      if ((o.way == AgWay::automatic && (way != AgWay::plain_steps || world > 1)) || o.way == way)
+        plans_.push_back(ops_detail::ag_plan(way, ctx_->rank(), world));
+    // One Gemm per kind that a built way's steps run.
+    for (const ops_detail::AgPlan& plan : plans_)
+      for (const ops_detail::AgStep& step : plan.steps) {
+        if (step.gemm == ops_detail::AgGemmKind::whole_waiting && !fused_gemm_) {
+          GemmOptions hooked = g;
+          hooked.hook = GemmHook::wait_a_rows;
+          // A tile waits for its rows' chunk; our own shard is present from the start.
+          hooked.hook_layout = HookLayout{.rows_per_flag = chunk_rows_, .present_rows = shard_rows_};
+          fused_gemm_ = std::make_unique<Gemm>(hooked);
+        }
+        if (step.gemm == ops_detail::AgGemmKind::shard && !step_gemm_) {
+          // One shard's rows: a plain GEMM needs no flags, so any tile order (or cuBLAS) will do.
+          GemmOptions one_shard = g;
+          one_shard.m = shard_rows_;
+          step_gemm_ = std::make_unique<Gemm>(one_shard);
+        }
+      }
   }
   if (o.mode != OverlapMode::fused) plain_gemm_ = std::make_unique<Gemm>(g);
   // The sequential path's gather, and the fused paths' first gather (real data to tune on).
@@ -98,15 +113,14 @@ void AgGemm::run(const void* a_shard, const void* b, void* c, cudaStream_t strea
     WEFT_CUDA(cudaMemcpyAsync(local_shard(), a_shard, static_cast<std::size_t>(shard_rows_ * options_.k * 2),
                               cudaMemcpyDeviceToDevice, stream));
   std::vector<ops_detail::FusedPath> fused;
-  if (fused_gemm_) fused.push_back({path_name(AgWay::one_gemm), [&](cudaStream_t s) { run_fused(b, c, s); }});
-  if (step_gemm_)
-    fused.push_back({path_name(AgWay::plain_steps), [&](cudaStream_t s) { run_plain_steps(b, c, s); }});
+  for (const ops_detail::AgPlan& plan : plans_)
+    fused.push_back({path_name(plan.way), [&, way = &plan](cudaStream_t s) { run_plan(*way, b, c, s); }});
   choice_->run(
       stream, {b, c},
       [&] {  // real data for the GEMMs to tune on: a sequential run, or (fused only) the gather alone
         if (plain_gemm_) run_sequential(b, c, stream, false);
         else gather(stream, false);
-        if (fused_gemm_) fused_gemm_->prepare(fused_args(b, c), stream);  // the tuner reads which rows are present
+        if (fused_gemm_) fused_gemm_->prepare(fused_args(b, c), stream);  // validated, then tuned with every row present
         if (step_gemm_) step_gemm_->prepare(GemmArgs{.a = local_shard(), .b = b, .c = c}, stream);
         if (plain_gemm_) plain_gemm_->prepare(GemmArgs{.a = gathered_.get(), .b = b, .c = c}, stream);
       },
@@ -143,42 +157,9 @@ GemmArgs AgGemm::fused_args(const void* b, void* c) const {
   return args;
 }
 
-void AgGemm::run_fused(const void* b, void* c, cudaStream_t stream) {
-  const GemmArgs args = fused_args(b, c);
-  if (!fused_gemm_->prepared()) {  // first run: the GEMM tunes (before any peer waits on us) ...
-    if (!ops_detail::capturing(stream)) gather(stream, false);  // ... on the A it will read, not on stale peer slots
-  }
-  fused_gemm_->prepare(args, stream);
-
-  // Every peer hears that our gathered A is free; the side stream pushes once
-  // every peer said the same.
-  cudaStream_t side = pipe_->begin(stream);
-  trace::mark(stream, "start");
-  push_shard(side);
-  fused_gemm_->run(args, stream);
-  trace::mark(stream, "GEMM");
-  pipe_->join(stream);  // our pushes are done: the caller may overwrite its shard
-}
-
-void AgGemm::push_shard(cudaStream_t side) {
-  const int world = ctx_->world_size(), me = ctx_->rank();
-  auto* arrived = arrived_.as<std::uint64_t>();
-  // Our shard goes to every peer, the one that needs it soonest first, into
-  // its slot `me` of their gathered A; its chunks' flags are [me][chunk] there.
-  for (int turn = 1; turn < world; ++turn) {
-    const int peer = schedule::shard_push_peer(me, turn, world);
-    auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
-    for (std::int64_t c = 0; c < chunks_; ++c) {
-      ops_detail::push_chunk(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
-                             static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), c, peer_arrived + me * chunks_,
-                             side);
-      if (trace::recording()) trace::mark(side, str("side: chunk ", c, " sent to ", peer));
-    }
-  }
-}
-
-void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
-  const int world = ctx_->world_size(), me = ctx_->rank();
+void AgGemm::run_plan(const ops_detail::AgPlan& plan, const void* b, void* c, cudaStream_t stream) {
+  using ops_detail::AgGemmKind;
+  const ops_detail::AgLayout flags{ctx_->world_size(), chunks_};
   auto* arrived = arrived_.as<std::uint64_t>();
   const std::int64_t k = options_.k, n = options_.n;
   auto shard_args = [&](int q) {
@@ -186,22 +167,61 @@ void AgGemm::run_plain_steps(const void* b, void* c, cudaStream_t stream) {
                     .b = b,
                     .c = static_cast<char*>(c) + q * shard_rows_ * n * 2};
   };
-  step_gemm_->prepare(shard_args(me), stream);  // tunes on the first run, on our own rows
+  auto gemm = [&](const ops_detail::AgStep& step) -> Gemm& {
+    return step.gemm == AgGemmKind::whole_waiting ? *fused_gemm_ : *step_gemm_;
+  };
+  auto args = [&](const ops_detail::AgStep& step) {
+    return step.gemm == AgGemmKind::whole_waiting ? fused_args(b, c) : shard_args(step.shard);
+  };
 
+  // Tune (first run only) before the run starts, so no peer waits on a
+  // tuning rank: each GEMM on the first step that runs it (a shard's GEMM on
+  // our own rows). The hooked GEMM reads every shard: it tunes on the A it
+  // will read, gathered first, not on stale peer slots.
+  std::array<bool, ops_detail::kAgGemmKinds> prepared{};
+  for (const ops_detail::AgStep& step : plan.steps) {
+    if (std::exchange(prepared[static_cast<int>(step.gemm)], true)) continue;
+    if (step.gemm == AgGemmKind::whole_waiting && !fused_gemm_->prepared() && !ops_detail::capturing(stream))
+      gather(stream, false);
+    gemm(step).prepare(args(step), stream);
+  }
+
+  // Every peer hears that our gathered A is free; the side stream pushes once
+  // every peer said the same, and the stream waits for nobody: its first GEMM
+  // starts on our own rows.
   cudaStream_t side = pipe_->begin(stream);
   trace::mark(stream, "start");
-  push_shard(side);
-  // Step s multiplies shard me + s (the order the peers push in), once its
-  // chunk flags are up: a one-block wait between the GEMMs, bounded by the
-  // timeout that names the peer (a stream-memory wait would hang silently).
-  // The shard landed during the step before, so the wait costs a launch.
-  for (int s = 0; s < world; ++s) {
-    const int q = schedule::wrap(me + s, world);
-    if (s > 0) ops_detail::wait_from_and_consume(ctx_->world(), arrived + q * chunks_, static_cast<int>(chunks_), q, stream);
-    step_gemm_->run(shard_args(q), stream);
-    if (trace::recording()) trace::mark(stream, str("step ", s, " GEMM (shard ", q, ")"));
+  push_shard(plan.pushes, side);
+  // A later plain step waits for its shard's chunk flags in one block before
+  // its GEMM, bounded by the timeout that names the peer (a stream-memory
+  // wait would hang silently). The shard landed during the step before, so
+  // the wait costs a launch.
+  for (std::size_t s = 0; s < plan.steps.size(); ++s) {
+    const ops_detail::AgStep& step = plan.steps[s];
+    if (step.wait == ops_detail::AgWait::shard_flags_before_launch)
+      ops_detail::wait_from_and_consume(ctx_->world(), arrived + flags.arrived_word(step.wait_from),
+                                        static_cast<int>(chunks_), step.wait_from, stream);
+    gemm(step).run(args(step), stream);
+    if (step.gemm == AgGemmKind::whole_waiting) trace::mark(stream, "GEMM");
+    else if (trace::recording()) trace::mark(stream, str("step ", s, " GEMM (shard ", step.shard, ")"));
   }
   pipe_->join(stream);  // our pushes are done: the caller may overwrite its shard
+}
+
+void AgGemm::push_shard(const std::vector<int>& peers, cudaStream_t side) {
+  const int me = ctx_->rank();
+  const ops_detail::AgLayout flags{ctx_->world_size(), chunks_};
+  auto* arrived = arrived_.as<std::uint64_t>();
+  // Into slot `me` of each peer's gathered A; its chunks' flags are [me][chunk] there.
+  for (const int peer : peers) {
+    auto* peer_arrived = static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived, peer));
+    for (std::int64_t c = 0; c < chunks_; ++c) {
+      ops_detail::push_chunk(ctx_->heap().peer_ptr(local_shard(), peer), local_shard(),
+                             static_cast<std::uint64_t>(chunk_rows_ * options_.k * 2), c,
+                             peer_arrived + flags.arrived_word(me), side);
+      if (trace::recording()) trace::mark(side, str("side: chunk ", c, " sent to ", peer));
+    }
+  }
 }
 
 }  // namespace weft

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/all_gather.hpp"
@@ -68,6 +69,7 @@ struct AgGemmOptions {
 };
 
 namespace ops_detail {
+struct AgPlan;
 class CopyPipe;
 class PathChoice;
 class TileWaits;
@@ -117,10 +119,10 @@ class AgGemm {
   const AgGemmOptions& options() const { return options_; }
 
  private:
-  void run_fused(const void* b, void* c, cudaStream_t stream);
-  void run_plain_steps(const void* b, void* c, cudaStream_t stream);
-  /// On the side stream: our shard to every peer, chunk by chunk, each chunk's flag raised there.
-  void push_shard(cudaStream_t side);
+  /// Enqueues a fused way's run from its plan (ag_plan.hpp): its pushes, then its steps.
+  void run_plan(const ops_detail::AgPlan& plan, const void* b, void* c, cudaStream_t stream);
+  /// On the side stream: our shard to each of `peers` in order, chunk by chunk, each chunk's flag raised there.
+  void push_shard(const std::vector<int>& peers, cudaStream_t side);
   /// The hooked GEMM's arguments: gathered A, and the row flags of the shards still to arrive.
   GemmArgs fused_args(const void* b, void* c) const;
   void run_sequential(const void* b, void* c, cudaStream_t stream, bool nccl);
@@ -135,6 +137,7 @@ class AgGemm {
   std::unique_ptr<ops_detail::TileWaits> tile_waits_;  // WEFT_TILE_WAITS: per flag of arrived_
   std::unique_ptr<ops_detail::CopyPipe> pipe_;         // fused: the side stream and the "free" exchange
   std::unique_ptr<ops_detail::PathChoice> choice_;     // which path runs
+  std::vector<ops_detail::AgPlan> plans_;              // each built fused way's run on this rank, in AgWay order
   SymmetricBuffer gathered_;  // [M, K]
   SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
   std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;
