@@ -11,6 +11,7 @@
 #include "tune_cache.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
+#include "weft/core/timing.hpp"
 
 namespace weft {
 namespace gemm_detail {
@@ -40,6 +41,8 @@ constexpr int kTunePasses = 4;     // round 1: passes over every candidate, one 
 constexpr std::size_t kFinalists = 4;  // round 2: the fastest few of round 1, and each configuration's fastest, ...
 constexpr int kFinalRounds = 4;    // ... timed in passes ...
 constexpr int kFinalRuns = 8;      // ... of this many runs each
+static_assert(kTunePasses % 2 == 0 && kFinalRounds % 2 == 0,
+              "as many backward passes as forward ones, so a linear clock drift cancels (weft/core/timing.hpp)");
 // Every configuration's tile is at most this tall: a row range that starts
 // and ends on a multiple of it holds whole tiles, whichever runs.
 constexpr std::int64_t kTallestTileRows = 256;
@@ -325,29 +328,15 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   };
   // One launch of candidate `c`: "" or why it cannot run.
   auto launch = [&](const Candidate& c) { return launch_unhooked(args, *c.cfg, c.swizzle, c.raster, stream); };
-  // One pass: `runs` back-to-back launches of each candidate, in order or
-  // reversed, with an event between candidates and no host wait inside the
-  // pass, so the GPU never idles and launch latency stays out of the times.
-  // Passes alternate direction: under the power cap the clocks fall as the
-  // GPU heats (the H200s here spend most busy time capped, 1250-1600 MHz), so
-  // a candidate always timed early would look faster than one timed late; a
-  // linear drift cancels out of the sum over a forward and a backward pass.
-  std::vector<Event> marks;  // released on every way out, a throwing launch included
-  auto time_pass = [&](std::vector<Candidate>& cs, int runs, bool reversed) {
-    while (marks.size() < cs.size() + 1) marks.emplace_back(Event::Timing::on);
-    const std::size_t n = cs.size();
-    WEFT_CUDA(cudaEventRecord(marks[0], stream));
-    for (std::size_t i = 0; i < n; ++i) {
-      const Candidate& c = cs[reversed ? n - 1 - i : i];
-      for (int r = 0; r < runs; ++r) launch(c);
-      WEFT_CUDA(cudaEventRecord(marks[i + 1], stream));
-    }
-    WEFT_CUDA(cudaEventSynchronize(marks[n]));
-    for (std::size_t i = 0; i < n; ++i) {
-      float ms = 0;
-      WEFT_CUDA(cudaEventElapsedTime(&ms, marks[i], marks[i + 1]));
-      cs[reversed ? n - 1 - i : i].ms += ms / runs;
-    }
+  // Each candidate's ms: its median over `samples` passes of `runs` launches
+  // back to back, passes alternating direction (weft/core/timing.hpp). Under
+  // the power cap the clocks fall as the GPU heats (the H200s here spend most
+  // busy time capped, 1250-1600 MHz): a candidate always timed early would look
+  // faster than one timed late.
+  auto time_candidates = [&](std::vector<Candidate>& cs, int samples, int runs) {
+    const std::vector<float> ms =
+        time_interleaved(cs.size(), [&](std::size_t i) { launch(cs[i]); }, samples, runs, stream);
+    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].ms = ms[i];
   };
   // Ranks that tune together (GemmOptions::agree) rank candidates by the slowest rank's time.
   auto agree = [&](std::vector<Candidate>& cs) {
@@ -464,11 +453,11 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
         all.push_back(c);
       }
   WEFT_REQUIRE(!all.empty(), "Gemm: no configuration can run ", describe(options_));
-  for (int pass = 0; pass < kTunePasses; ++pass) time_pass(all, 1, pass % 2 == 1);
+  time_candidates(all, kTunePasses, 1);
   agree(all);
   for (const Candidate& c : all)
     WEFT_LOG(debug, "Gemm ", describe(options_), ": ", c.cfg->name, " swizzle ", c.swizzle, " raster ", c.raster, " ",
-             c.ms / kTunePasses, " ms");
+             c.ms, " ms");
   // Round 2: the few fastest again, longer, so that one noisy sample does not
   // pick the configuration; with them, every configuration's fastest setting.
   // Round 1's single runs are noisy, and with only its 4 fastest going on, a
@@ -485,18 +474,19 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
     if (i < kFinalists || config_new) finalists.push_back(all[i]);
   }
   all = std::move(finalists);
-  for (auto& c : all) c.ms = 0;
-  for (int round = 0; round < kFinalRounds; ++round) time_pass(all, kFinalRuns, round % 2 == 1);
+  time_candidates(all, kFinalRounds, kFinalRuns);
   agree(all);
-  for (const Candidate& c : all)
+  std::vector<float> final_ms;
+  for (const Candidate& c : all) {
     WEFT_LOG(debug, "Gemm ", describe(options_), ": finalist ", c.cfg->name, " swizzle ", c.swizzle, " raster ",
-             c.raster, " ", c.ms / kFinalRounds, " ms");
-  const Candidate& best = *std::min_element(all.begin(), all.end(),
-                                            [](const Candidate& x, const Candidate& y) { return x.ms < y.ms; });
+             c.raster, " ", c.ms, " ms");
+    final_ms.push_back(c.ms);
+  }
+  const Candidate& best = all[fastest_candidate(final_ms)];
   chosen_ = best.cfg;
   swizzle_ = best.swizzle;
   raster_ = best.raster;
-  WEFT_LOG(debug, "Gemm ", describe(options_), ": chose ", config(), " at ", best.ms / kFinalRounds, " ms");
+  WEFT_LOG(debug, "Gemm ", describe(options_), ": chose ", config(), " at ", best.ms, " ms");
   cache.store(key, config());
 }
 

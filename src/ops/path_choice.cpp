@@ -1,10 +1,9 @@
 #include "path_choice.hpp"
 
-#include <algorithm>
-
 #include "overlap.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
+#include "weft/core/timing.hpp"
 
 namespace weft::ops_detail {
 
@@ -66,37 +65,19 @@ void PathChoice::run(cudaStream_t stream, std::initializer_list<const void*> key
 }
 
 void PathChoice::choose(const std::vector<Path>& paths, std::vector<int> candidates, cudaStream_t stream) {
-  constexpr int runs = 7;
-  Event start(Event::Timing::on), stop(Event::Timing::on);
   // A sample: a barrier, then three calls back to back (as a layer runs them),
   // so launch skew after the barrier weighs as little as in steady use.
-  constexpr int kCalls = 3;
-  auto time_one = [&](const std::function<void()>& fn) {
-    ctx_->barrier(stream);
-    WEFT_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < kCalls; ++i) fn();
-    WEFT_CUDA(cudaEventRecord(stop, stream));
-    ctx_->synchronize(stream);
-    float ms = 0;
-    WEFT_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    return ms / kCalls;
-  };
+  constexpr int kSamples = 8, kCallsPerSample = 3;
   for (int c : candidates) paths[c].call();  // warm-up
   ctx_->synchronize(stream);
   const std::size_t n = candidates.size();
-  std::vector<std::vector<float>> samples(n);
-  for (int i = 0; i < runs; ++i)  // interleaved, so drifting clocks hit all alike
-    for (std::size_t c = 0; c < n; ++c) samples[c].push_back(time_one(paths[candidates[c]].call));
-  std::vector<float> medians(n);
-  for (std::size_t c = 0; c < n; ++c) {
-    std::sort(samples[c].begin(), samples[c].end());
-    medians[c] = samples[c][samples[c].size() / 2];
-  }
+  std::vector<float> medians = time_interleaved(
+      n, [&](std::size_t c) { paths[candidates[c]].call(); }, kSamples, kCallsPerSample, stream,
+      [&] { ctx_->barrier(stream); });
   max_over_ranks(ctx_->store(), medians, "overlapped path timings");  // the slowest rank's, as the GEMM tuner does
-  std::size_t best = 0;
+  const std::size_t best = fastest_candidate(medians);
   std::string timings;
   for (std::size_t c = 0; c < n; ++c) {
-    if (medians[c] < medians[best]) best = c;
     float& kept = candidates[c] < fused_paths_ ? fused_ms_ : sequential_ms_;
     if (kept == 0 || medians[c] < kept) kept = medians[c];
     timings += str(c ? ", " : "", paths[candidates[c]].name, " ", medians[c], " ms");

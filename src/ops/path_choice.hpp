@@ -42,10 +42,12 @@ class PathChoice {
   /// the two sequential ones. On the first call outside graph capture with
   /// more than one candidate, `first` runs before anything else where a fused
   /// path is a candidate (a sequential run that fills the buffers, and
-  /// tuning), then each candidate is warmed up once and timed: 7 interleaved
-  /// samples of 3 back-to-back calls, each candidate's slowest rank (so all
-  /// ranks agree), the fastest kept and logged. Under capture the first call
-  /// takes the first candidate untimed.
+  /// tuning), then each candidate is warmed up once and timed by
+  /// time_interleaved (weft/core/timing.hpp): 8 passes, alternating direction,
+  /// each taking a sample of every candidate (a barrier across ranks, then 3
+  /// calls back to back); each candidate's median, then its slowest rank's (so
+  /// all ranks agree), the fastest kept and logged. Under capture the first
+  /// call takes the first candidate untimed.
   void run(cudaStream_t stream, std::initializer_list<const void*> key, const std::function<void()>& first,
            const std::vector<FusedPath>& fused, const std::function<void(bool nccl)>& sequential);
   /// True once the path is a fused one.
