@@ -153,7 +153,7 @@ RingExecutor::RingExecutor(std::shared_ptr<Context> ctx, const RingOptions& opti
       case RingGemm::whole_adding:
         x.m = o.shape.m;
         x.hook = GemmHook::add_rows;
-        x.hook_layout.rows_per_report = chunk_rows;
+        x.hook_layout = HookLayout{.rows_per_flag = chunk_rows, .rows_per_report = chunk_rows};
         x.allow_cublas = false;
         return x;
     }
