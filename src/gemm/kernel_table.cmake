@@ -31,6 +31,7 @@ weft_gemm_kernel(bf16 fp32 nk 128x256x64 2x1 cooperative none SUBSET)
 # fp16, plain
 weft_gemm_kernel(fp16 fp16 nk 128x256x64 2x1 cooperative none SUBSET)
 weft_gemm_kernel(fp16 fp16 nk 64x256x64 1x1 pingpong none)
+weft_gemm_kernel(fp16 fp16 nk 144x256x64 1x2 cooperative_swapped none)
 weft_gemm_kernel(fp16 fp16 kn 128x256x64 2x1 cooperative none SUBSET)
 # bf16, hooked (tile_hooks.cuh)
 weft_gemm_kernel(bf16 bf16 nk 128x256x64 2x1 cooperative hooked SUBSET)
