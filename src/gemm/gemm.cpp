@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "config.hpp"
+#include "gemm_checks.hpp"
 #include "tune_cache.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
@@ -43,9 +44,7 @@ constexpr int kFinalRounds = 4;    // ... timed in passes ...
 constexpr int kFinalRuns = 8;      // ... of this many runs each
 static_assert(kTunePasses % 2 == 0 && kFinalRounds % 2 == 0,
               "as many backward passes as forward ones, so a linear clock drift cancels (weft/core/timing.hpp)");
-// Every configuration's tile is at most this tall: a row range that starts
-// and ends on a multiple of it holds whole tiles, whichever runs.
-constexpr std::int64_t kTallestTileRows = 256;
+using gemm_detail::kTallestTileRows;
 
 const char* layout_name(BLayout l) { return l == BLayout::nk ? "[N,K]" : "[K,N]"; }
 
@@ -117,30 +116,6 @@ bool waits(GemmHook h) {
   return h == GemmHook::wait_a_rows || h == GemmHook::wait_source_rows || h == GemmHook::add_rows;
 }
 
-/// "" if a plan's HookLayout fits its hook, else what was expected.
-std::string hook_layout_error(const GemmOptions& o) {
-  const HookLayout& l = o.hook_layout;
-  if (l.rows_per_flag < 0 || l.cols_per_flag < 0 || l.present_rows < 0 || l.rows_per_report < 0 ||
-      l.descending_block_rows < 0)
-    return "every HookLayout field must be >= 0 (0: not used)";
-  if (o.hook == GemmHook::none && (l.rows_per_flag || l.cols_per_flag || l.present_rows || l.rows_per_report ||
-                                   l.descending_block_rows))
-    return "a plan without a hook (GemmHook::none) takes no HookLayout";
-  if ((l.rows_per_flag || l.cols_per_flag) && !waits(o.hook))
-    return str("flags (HookLayout::rows_per_flag, cols_per_flag) are for plans that wait (wait_a_rows, "
-               "wait_source_rows, add_rows); got a plan", hook_name(o.hook));
-  if (l.cols_per_flag && o.hook != GemmHook::wait_source_rows)
-    return "flags by column band (HookLayout::cols_per_flag) are for wait_source_rows plans only";
-  if (l.present_rows && o.hook != GemmHook::wait_a_rows)
-    return "HookLayout::present_rows is for wait_a_rows plans only";
-  if (l.descending_block_rows && o.m % l.descending_block_rows != 0)
-    return str("a walk by descending blocks of ", l.descending_block_rows, " rows needs M = ", o.m,
-               " a multiple of them");
-  if (o.any_tile_order && (l.rows_per_report || l.descending_block_rows))
-    return "GemmOptions::any_tile_order lets tiles walk in any order, so its runs can neither report stored rows "
-           "(HookLayout::rows_per_report) nor walk blocks descending (HookLayout::descending_block_rows)";
-  return "";
-}
 
 }  // namespace
 
@@ -184,7 +159,7 @@ Gemm::Gemm(const GemmOptions& options) : options_(options) {
   WEFT_REQUIRE(!o.any_tile_order || o.hook == GemmHook::wait_a_rows || o.hook == GemmHook::wait_source_rows,
                "Gemm: GemmOptions::any_tile_order is for plans that wait (wait_a_rows, wait_source_rows) and report "
                "nothing; got a plan", *hook_name(o.hook) ? hook_name(o.hook) : " without a hook");
-  if (const std::string why = hook_layout_error(o); !why.empty()) WEFT_FAIL("Gemm ", describe(o), ": ", why);
+  if (const std::string why = gemm_detail::hook_layout_error(o); !why.empty()) WEFT_FAIL("Gemm ", describe(o), ": ", why);
   // "NAME" forces a configuration; "NAME, swizzle S along M|N" (what config()
   // prints) forces its tile-scheduler settings too.
   std::string name;
@@ -490,15 +465,40 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
   cache.store(key, config());
 }
 
-std::string Gemm::can_implement(const GemmArgs& x) const {
-  const GemmOptions& o = options_;
+namespace gemm_detail {
+
+std::string hook_layout_error(const GemmOptions& o) {
+  const HookLayout& l = o.hook_layout;
+  if (l.rows_per_flag < 0 || l.cols_per_flag < 0 || l.present_rows < 0 || l.rows_per_report < 0 ||
+      l.descending_block_rows < 0)
+    return "every HookLayout field must be >= 0 (0: not used)";
+  if (o.hook == GemmHook::none && (l.rows_per_flag || l.cols_per_flag || l.present_rows || l.rows_per_report ||
+                                   l.descending_block_rows))
+    return "a plan without a hook (GemmHook::none) takes no HookLayout";
+  if ((l.rows_per_flag || l.cols_per_flag) && !waits(o.hook))
+    return str("flags (HookLayout::rows_per_flag, cols_per_flag) are for plans that wait (wait_a_rows, "
+               "wait_source_rows, add_rows); got a plan", hook_name(o.hook));
+  if (l.cols_per_flag && o.hook != GemmHook::wait_source_rows)
+    return "flags by column band (HookLayout::cols_per_flag) are for wait_source_rows plans only";
+  if (l.present_rows && o.hook != GemmHook::wait_a_rows)
+    return "HookLayout::present_rows is for wait_a_rows plans only";
+  if (l.descending_block_rows && o.m % l.descending_block_rows != 0)
+    return str("a walk by descending blocks of ", l.descending_block_rows, " rows needs M = ", o.m,
+               " a multiple of them");
+  if (o.any_tile_order && (l.rows_per_report || l.descending_block_rows))
+    return "GemmOptions::any_tile_order lets tiles walk in any order, so its runs can neither report stored rows "
+           "(HookLayout::rows_per_report) nor walk blocks descending (HookLayout::descending_block_rows)";
+  return "";
+}
+
+std::string run_args_error(const GemmOptions& o, bool cublas_only, const GemmArgs& x) {
   const HookLayout& layout = o.hook_layout;
   if (!x.a || !x.b || !x.c) return "A, B and C must be device pointers";
   // cuBLAS alone (an untileable shape) needs whole elements; TMA, 16 bytes.
-  const std::uintptr_t align = cublas_only_ ? dtype_size(o.input) : 16;
+  const std::uintptr_t align = cublas_only ? dtype_size(o.input) : 16;
   for (const void* ptr : {x.a, x.b, static_cast<const void*>(x.c)})
     if (reinterpret_cast<std::uintptr_t>(ptr) % align != 0)
-      return str(ptr, " is not ", align, "-byte aligned", cublas_only_ ? "" : " (TMA needs 16-byte aligned matrices)");
+      return str(ptr, " is not ", align, "-byte aligned", cublas_only ? "" : " (TMA needs 16-byte aligned matrices)");
   // A row range a tile picks its epilogue by (no source, added) holds whole
   // tiles whichever configuration runs: bounds on 256-row lines, or M.
   const std::int64_t m = o.m;
@@ -536,9 +536,9 @@ std::string Gemm::can_implement(const GemmArgs& x) const {
       return str("rows outside the ready rows [", sig.ready_begin, ", ", sig.ready_end,
                  ") wait for a partial sum, so they must be among the added rows [", rows->begin, ", ", rows->end, ")");
   } else if (!std::holds_alternative<StoreProduct>(x.epilogue)) {
-    return str("this plan stores A x B (GemmHook ", *hook_name(o.hook) ? hook_name(o.hook) + 2 : "none",
-               "): expected the epilogue StoreProduct; AddSource needs GemmHook::wait_source_rows, ReduceAddRows "
-               "GemmHook::add_rows");
+    return str("this plan (", *hook_name(o.hook) ? hook_name(o.hook) + 2 : "no hook",
+               ") stores A x B: expected the epilogue StoreProduct; AddSource needs GemmHook::wait_source_rows, "
+               "ReduceAddRows GemmHook::add_rows");
   }
   // The mainloop wait.
   if (sig.consume && !sig.flags) return "RowSignals::consume asks the GEMM to reset its flags, but no flags were given";
@@ -561,6 +561,12 @@ std::string Gemm::can_implement(const GemmArgs& x) const {
     return str("a walk by descending blocks of ", layout.descending_block_rows,
                " rows starts at a block's first row; GemmArgs::first_row = ", x.first_row);
   return "";
+}
+
+}  // namespace gemm_detail
+
+std::string Gemm::can_implement(const GemmArgs& x) const {
+  return gemm_detail::run_args_error(options_, cublas_only_, x);
 }
 
 namespace {
