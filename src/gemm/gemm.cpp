@@ -573,15 +573,16 @@ namespace {
 /// A run's operands but for their addresses: the values validation reads,
 /// which pointers are given, and their alignment. Runs alike in these are
 /// validated once.
-std::vector<std::int64_t> args_shape(const GemmArgs& x) {
+gemm_detail::ArgsShape args_shape(const GemmArgs& x) {
   auto ptr = [](const void* p) { return p ? 1 + static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p) & 15u) : 0; };
-  std::vector<std::int64_t> v{ptr(x.a), ptr(x.b), ptr(x.c), ptr(x.wait.flags), ptr(x.wait.world),
-                              x.wait.ready_begin, x.wait.ready_end, x.wait.consume, ptr(x.report.counters),
-                              x.first_row, static_cast<std::int64_t>(x.epilogue.index())};
-  if (const auto* add = std::get_if<AddSource>(&x.epilogue))
-    v.insert(v.end(), {ptr(add->source), add->plain_begin, add->plain_end});
-  else if (const auto* rows = std::get_if<ReduceAddRows>(&x.epilogue))
-    v.insert(v.end(), {ptr(rows->into), rows->begin, rows->end});
+  gemm_detail::ArgsShape v{ptr(x.a), ptr(x.b), ptr(x.c), ptr(x.wait.flags), ptr(x.wait.world),
+                    x.wait.ready_begin, x.wait.ready_end, x.wait.consume, ptr(x.report.counters),
+                    x.first_row, static_cast<std::int64_t>(x.epilogue.index())};
+  if (const auto* add = std::get_if<AddSource>(&x.epilogue)) {
+    v[11] = ptr(add->source), v[12] = add->plain_begin, v[13] = add->plain_end;
+  } else if (const auto* rows = std::get_if<ReduceAddRows>(&x.epilogue)) {
+    v[11] = ptr(rows->into), v[12] = rows->begin, v[13] = rows->end;
+  }
   return v;
 }
 }  // namespace
@@ -608,9 +609,9 @@ void Gemm::prepare(const GemmArgs& args, cudaStream_t stream) {
 }
 
 void Gemm::validate_run(const GemmArgs& x) {
-  std::vector<std::int64_t> shape = args_shape(x);
-  if (shape == validated_shape_) return;
-  validated_shape_.clear();  // until this run's checks pass
+  const gemm_detail::ArgsShape shape = args_shape(x);
+  if (shape_validated_ && shape == validated_shape_) return;
+  shape_validated_ = false;  // until this run's checks pass
   if (const std::string why = can_implement(x); !why.empty()) WEFT_FAIL("Gemm::run ", describe(options_), ": ", why);
   // The epilogue decides by a tile's first row: a range of whole 256-row
   // bands holds whole tiles only where the tile height divides 256.
@@ -624,7 +625,8 @@ void Gemm::validate_run(const GemmArgs& x) {
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
   reserve_workspace(chosen_->workspace(p));
-  validated_shape_ = std::move(shape);
+  validated_shape_ = shape;
+  shape_validated_ = true;
 }
 
 void Gemm::run(const void* a, const void* b, void* c, cudaStream_t stream) {

@@ -126,11 +126,9 @@ TEST(GemmChecks, TheEpilogueIsTheHooks) {
 TEST(GemmChecks, RowRangesHoldWholeTilesAndNothingWaitsOutsideThem) {
   const std::int64_t m = 1000;  // not a multiple of 256: M itself is a bound
   const GemmOptions with_source = plan(GemmHook::wait_source_rows, {.rows_per_flag = 128}, m);
-  const RowSignals waiting{.world = nullptr, .flags = static_cast<const std::uint64_t*>(address()),
-                           .ready_begin = 768, .ready_end = m};
-  RowSignals world_given = waiting;
   static const weft::dev::World world{};
-  world_given.world = &world;
+  const RowSignals waiting{.world = &world, .flags = static_cast<const std::uint64_t*>(address()),
+                           .ready_begin = 768, .ready_end = m};
   GemmArgs x = operands();
   for (const auto& [begin, end, expected] : std::vector<std::tuple<std::int64_t, std::int64_t, std::string>>{
            {768, 1000, ""}, {0, 256, ""}, {128, 512, "must be whole row tiles"}, {512, 384, "must be whole row tiles"},
@@ -140,7 +138,7 @@ TEST(GemmChecks, RowRangesHoldWholeTilesAndNothingWaitsOutsideThem) {
     expect_refusal(run_args_error(with_source, false, x), expected);
   }
   // Rows without a source read none, so none of them may wait.
-  x.wait = world_given;
+  x.wait = waiting;
   x.epilogue = AddSource{.source = address(), .plain_begin = 768, .plain_end = m};
   expect_refusal(run_args_error(with_source, false, x), "");
   x.epilogue = AddSource{.source = address(), .plain_begin = 512, .plain_end = m};

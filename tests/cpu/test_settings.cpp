@@ -11,40 +11,45 @@
 using weft::EnvMap;
 using weft::Settings;
 
+namespace {
+/// Every field of `got` against `want`, each named in a failure.
+void expect_settings(const Settings& got, const Settings& want) {
+  EXPECT_EQ(got.heap_bytes, want.heap_bytes);
+  EXPECT_EQ(got.store_timeout, want.store_timeout);
+  EXPECT_EQ(got.wait_timeout, want.wait_timeout);
+  EXPECT_EQ(got.check_calls, want.check_calls);
+  EXPECT_EQ(got.plan_graphs, want.plan_graphs);
+  EXPECT_EQ(got.trace_overlap, want.trace_overlap);
+  EXPECT_EQ(got.tile_waits, want.tile_waits);
+  EXPECT_EQ(got.overlap_min_chunk, want.overlap_min_chunk);
+  EXPECT_EQ(got.ce_chunk, want.ce_chunk);
+}
+}  // namespace
+
 TEST(Settings, DefaultsWhereNothingIsSet) {
-  const Settings s = Settings::read({});
-  EXPECT_EQ(s.heap_bytes, 1ull << 30);
-  EXPECT_EQ(s.store_timeout, std::chrono::seconds(120));
-  EXPECT_EQ(s.wait_timeout, std::chrono::seconds(60));
-  EXPECT_FALSE(s.check_calls);
-  EXPECT_TRUE(s.plan_graphs);
-  EXPECT_EQ(s.trace_overlap, 0);
-  EXPECT_FALSE(s.tile_waits);
-  EXPECT_FALSE(s.overlap_min_chunk.has_value()) << "absent: each plan's own floor";
-  EXPECT_EQ(s.ce_chunk, 0u);
+  // overlap_min_chunk absent: each plan's own floor.
+  expect_settings(Settings::read({}),
+                  Settings{.heap_bytes = 1ull << 30, .store_timeout = std::chrono::seconds(120),
+                           .wait_timeout = std::chrono::seconds(60), .check_calls = false, .plan_graphs = true,
+                           .trace_overlap = 0, .tile_waits = false, .overlap_min_chunk = std::nullopt, .ce_chunk = 0});
   // Set to 0: no floor at all, which is not the same as absent.
   EXPECT_EQ(Settings::read(EnvMap{{"WEFT_OVERLAP_MIN_CHUNK", "0"}}).overlap_min_chunk, std::optional<std::uint64_t>(0));
 }
 
 TEST(Settings, EveryVariableIsRead) {
-  const Settings s = Settings::read(EnvMap{{"WEFT_HEAP_SIZE", "256M"},
-                                           {"WEFT_STORE_TIMEOUT", "7"},
-                                           {"WEFT_WAIT_TIMEOUT", "0.5"},
-                                           {"WEFT_CHECK_CALLS", "1"},
-                                           {"WEFT_PLAN_GRAPHS", "0"},
-                                           {"WEFT_TRACE_OVERLAP", "3"},
-                                           {"WEFT_TILE_WAITS", "1"},
-                                           {"WEFT_OVERLAP_MIN_CHUNK", "2M"},
-                                           {"WEFT_CE_CHUNK", "16M"}});
-  EXPECT_EQ(s.heap_bytes, 256ull << 20);
-  EXPECT_EQ(s.store_timeout, std::chrono::seconds(7));
-  EXPECT_EQ(s.wait_timeout, std::chrono::milliseconds(500));
-  EXPECT_TRUE(s.check_calls);
-  EXPECT_FALSE(s.plan_graphs);
-  EXPECT_EQ(s.trace_overlap, 3);
-  EXPECT_TRUE(s.tile_waits);
-  EXPECT_EQ(s.overlap_min_chunk, std::optional<std::uint64_t>(2ull << 20));
-  EXPECT_EQ(s.ce_chunk, 16ull << 20);
+  expect_settings(Settings::read(EnvMap{{"WEFT_HEAP_SIZE", "256M"},
+                                        {"WEFT_STORE_TIMEOUT", "7"},
+                                        {"WEFT_WAIT_TIMEOUT", "0.5"},
+                                        {"WEFT_CHECK_CALLS", "1"},
+                                        {"WEFT_PLAN_GRAPHS", "0"},
+                                        {"WEFT_TRACE_OVERLAP", "3"},
+                                        {"WEFT_TILE_WAITS", "1"},
+                                        {"WEFT_OVERLAP_MIN_CHUNK", "2M"},
+                                        {"WEFT_CE_CHUNK", "16M"}}),
+                  Settings{.heap_bytes = 256ull << 20, .store_timeout = std::chrono::seconds(7),
+                           .wait_timeout = std::chrono::milliseconds(500), .check_calls = true, .plan_graphs = false,
+                           .trace_overlap = 3, .tile_waits = true, .overlap_min_chunk = 2ull << 20,
+                           .ce_chunk = 16ull << 20});
 }
 
 TEST(Settings, AMalformedValueNamesItsVariable) {

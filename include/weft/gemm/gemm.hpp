@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -215,6 +216,8 @@ inline GemmOptions gemm_options(std::int64_t m, std::int64_t n, std::int64_t k, 
 namespace gemm_detail {
 struct Config;
 struct Problem;
+/// A run's operands but for their addresses (gemm.cpp: args_shape).
+using ArgsShape = std::array<std::int64_t, 14>;
 }
 
 /// A planned GEMM for one shape. Not thread-safe; one stream at a time.
@@ -284,7 +287,7 @@ class Gemm {
  private:
   void tune(const GemmArgs& args, cudaStream_t stream);
   /// Validates a run against the plan and the chosen configuration, unless
-  /// one of the same shape (ArgsShape) was validated last; throws what was expected.
+  /// one of the same shape (gemm_detail::ArgsShape) was validated last; throws what was expected.
   void validate_run(const GemmArgs& args);
   /// One launch of `cfg` on these operands with the hook's waits and reports
   /// off: "" or why it cannot run.
@@ -303,8 +306,10 @@ class Gemm {
   bool cublas_only_ = false;  // a shape weft's kernels cannot tile (K or N): cuBLAS alone (allow_cublas)
   bool launched_ = false;  // prepare() launched chosen_ (or every candidate) once, outside graph capture
   /// What the last validated run looked like, but for its addresses: the hook
-  /// operands' values, which pointers were given and their alignment.
-  std::vector<std::int64_t> validated_shape_;
+  /// operands' values, which pointers were given and their alignment (a fixed
+  /// array: comparing it costs a run no allocation).
+  gemm_detail::ArgsShape validated_shape_{};
+  bool shape_validated_ = false;
   DeviceBuffer exits_;  // u64, hooked plans: CTAs past their last wait (RowSignals::consume), 0 between runs
 };
 
