@@ -28,11 +28,19 @@ weft_gemm_kernel(bf16 bf16 kn 128x256x64 2x1 cooperative none SUBSET)
 weft_gemm_kernel(bf16 bf16 kn 64x256x64 1x1 pingpong none)
 # bf16 in, fp32 out
 weft_gemm_kernel(bf16 fp32 nk 128x256x64 2x1 cooperative none SUBSET)
-# fp16, plain
+# fp16, plain: bf16's rows, in the same order
 weft_gemm_kernel(fp16 fp16 nk 128x256x64 2x1 cooperative none SUBSET)
+weft_gemm_kernel(fp16 fp16 nk 128x256x64 1x2 cooperative none)
+weft_gemm_kernel(fp16 fp16 nk 128x256x64 2x1 cooperative_streamK none)
+weft_gemm_kernel(fp16 fp16 nk 256x128x64 1x2 cooperative none)
+weft_gemm_kernel(fp16 fp16 nk 256x128x64 2x1 cooperative none)
+weft_gemm_kernel(fp16 fp16 nk 128x128x64 2x1 cooperative none)
 weft_gemm_kernel(fp16 fp16 nk 64x256x64 1x1 pingpong none)
 weft_gemm_kernel(fp16 fp16 nk 144x256x64 1x2 cooperative_swapped none)
 weft_gemm_kernel(fp16 fp16 kn 128x256x64 2x1 cooperative none SUBSET)
+weft_gemm_kernel(fp16 fp16 kn 64x256x64 1x1 pingpong none)
+# fp16 in, fp32 out
+weft_gemm_kernel(fp16 fp32 nk 128x256x64 2x1 cooperative none)
 # bf16, hooked (tile_hooks.cuh)
 weft_gemm_kernel(bf16 bf16 nk 128x256x64 2x1 cooperative hooked SUBSET)
 weft_gemm_kernel(bf16 bf16 nk 256x128x64 2x1 cooperative hooked)

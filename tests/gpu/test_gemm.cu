@@ -92,8 +92,10 @@ TEST(Gemm, ShapesOfTheTensorParallelBenchmarksAreRight) {
   }
   EXPECT_LT(gemm_error({1, 8, 8}, cb.h), 1e-2) << "the smallest shape";
   EXPECT_LT(gemm_error({777, 1000, 136}, cb.h), 1e-2) << "nothing a multiple of the tile";
-  GemmOptions f32{512, 512, 512, DType::bf16, DType::fp32};
-  EXPECT_LT(gemm_error(f32, cb.h), 1e-5) << "fp32 output";
+  for (DType in : {DType::bf16, DType::fp16}) {
+    GemmOptions f32{512, 512, 512, in, DType::fp32};
+    EXPECT_LT(gemm_error(f32, cb.h), 1e-5) << to_string(in) << " in, fp32 out";
+  }
 }
 
 TEST(Gemm, RejectsShapesItCannotTakeNamingWhy) {
