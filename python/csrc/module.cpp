@@ -30,6 +30,11 @@ namespace weft_torch {
 
 void bind_ep(py::module_& m);      // ep.cpp: the expert-parallel classes
 void bind_moe_tp(py::module_& m);  // moe_tp.cpp: ag_moe_check_errors
+/// ops.cpp: `calls` all-reduces of `x` from C++, through the op's CUDA kernel
+/// function or through the dispatcher: what tools/bench/host_overhead.py
+/// subtracts from the Python call to split its time.
+void enqueue_all_reduces(const at::Tensor& x, const std::string& group_name, std::int64_t calls, bool in_place,
+                         bool through_dispatcher);
 
 namespace {
 
@@ -189,6 +194,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("in_heap", &tensor_in_heap);
   m.def("peer_view", &peer_view);
   m.def("info", &info);
+  m.def("_enqueue_all_reduces", &enqueue_all_reduces, py::arg("x"), py::arg("group_name"), py::arg("calls"),
+        py::arg("in_place"), py::arg("through_dispatcher"),
+        "Enqueues `calls` sum all-reduces of x from C++ (host-overhead measurement): through the op's CUDA kernel "
+        "function, or through the dispatcher's typed call");
   bind_ep(m);
   bind_moe_tp(m);
   py::class_<PlanKey>(m, "_PlanKey", "The key an op's plan is cached under (for tests): its kind and integers")

@@ -455,6 +455,30 @@ at::Tensor& all_gather_out_functionalize(const at::Tensor& input, int64_t group_
 }
 
 }  // namespace
+
+void enqueue_all_reduces(const at::Tensor& x, const std::string& group_name, std::int64_t calls, bool in_place,
+                         bool through_dispatcher) {
+  TORCH_CHECK_VALUE(calls >= 0, "weft._C._enqueue_all_reduces: calls must be >= 0, got ", calls);
+  at::Tensor input = x;
+  if (!through_dispatcher) {
+    for (std::int64_t i = 0; i < calls; ++i) {
+      if (in_place) all_reduce_(input, "sum", group_name);
+      else all_reduce(input, "sum", group_name);
+    }
+    return;
+  }
+  static auto out_of_place = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("weft::all_reduce", "")
+                                 .typed<at::Tensor(const at::Tensor&, c10::string_view, c10::string_view)>();
+  static auto inplace = c10::Dispatcher::singleton()
+                            .findSchemaOrThrow("weft::all_reduce_", "")
+                            .typed<at::Tensor&(at::Tensor&, c10::string_view, c10::string_view)>();
+  for (std::int64_t i = 0; i < calls; ++i) {
+    if (in_place) inplace.call(input, "sum", group_name);
+    else out_of_place.call(input, "sum", group_name);
+  }
+}
+
 }  // namespace weft_torch
 
 TORCH_LIBRARY_IMPL(weft, Functionalize, m) {

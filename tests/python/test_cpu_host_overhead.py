@@ -35,13 +35,19 @@ def test_report_from_stand_in_figures(monkeypatch, capsys, tmp_path):
     py = {"all_reduce_host_us": 8.5, "all_reduce__host_us": 6.0, "all_reduce_device_us": 1.5,
           "all_reduce__device_us": 1.5, "all_reduce_graph_replay_host_us": 3.0,
           "all_reduce_graph_replay_device_us": 1.6, "all_reduce__graph_replay_host_us": 3.0,
-          "all_reduce__graph_replay_device_us": 1.6, "aten_add__host_us": 5.5, "aten_add_host_us": 7.25, "plans": 1}
+          "all_reduce__graph_replay_device_us": 1.6, "aten_add__host_us": 5.5, "aten_add_host_us": 7.25, "plans": 1,
+          "all_reduce_dispatcher_host_us": 6.0, "all_reduce_body_host_us": 4.25,
+          "all_reduce__dispatcher_host_us": 4.0, "all_reduce__body_host_us": 2.5}
     monkeypatch.setattr(ho, "cpp_figures", lambda *a: cpp)
     monkeypatch.setattr(ho, "python_figures", lambda *a: py)
     assert ho.main(["--bench", str(bench), "--json"]) == 0
     out = capsys.readouterr().out
     assert "difference, Python - C++: all_reduce +6.50 us, all_reduce_ +4.00 us (goal: at most +5 us: NOT met)" in out
     assert "graph replay, GPU time Python / C++: 1.000" in out
+    assert ("all_reduce's difference split: Python binding +2.50 us, dispatcher +1.75 us, weft's op body beyond "
+            "AllReduce::run +2.25 us") in out
+    assert ("all_reduce_'s difference split: Python binding +2.00 us, dispatcher +1.50 us, weft's op body beyond "
+            "AllReduce::run +0.50 us") in out
     assert any(line.startswith("torch.add(x, 1), out of place (for scale)") and line.split()[-1] == "7.25"
                for line in out.splitlines())
     assert out.strip().splitlines()[-1].startswith("host_overhead: Python 8.50 us, C++ 2.00 us, difference +6.50 us")

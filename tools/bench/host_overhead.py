@@ -90,16 +90,20 @@ class Hold:
         self.cycles_per_ms = 20_000_000 / max(start.elapsed_time(end), 1e-3)
         self.ms = 20.0  # doubled whenever a sample outlasts it
 
-    def sample(self, enqueue: Callable[[], None]) -> Optional[float]:
-        """Host microseconds per call of enqueue() (CALLS calls) behind the hold; None if the hold ran out first."""
+    def sample(self, enqueue: Callable[[], None], batched: bool = False) -> Optional[float]:
+        """Host microseconds per call of enqueue() (CALLS calls; one call that enqueues CALLS if batched)
+        behind the hold; None if the hold ran out first."""
         torch = self.torch
         torch.cuda.synchronize()
         torch.cuda._sleep(int(self.ms * self.cycles_per_ms))
         asleep = torch.cuda.Event()
         asleep.record()
         t0 = time.perf_counter_ns()
-        for _ in range(CALLS):
+        if batched:
             enqueue()
+        else:
+            for _ in range(CALLS):
+                enqueue()
         t1 = time.perf_counter_ns()
         held = not asleep.query()
         torch.cuda.synchronize()
@@ -139,8 +143,8 @@ class Hold:
                 us.append(s)
         return statistics.median(us[warmup:])
 
-    def host_us(self, enqueue: Callable[[], None], samples: int, warmup: int) -> float:
-        return self.median(lambda: self.sample(enqueue), samples, warmup)
+    def host_us(self, enqueue: Callable[[], None], samples: int, warmup: int, batched: bool = False) -> float:
+        return self.median(lambda: self.sample(enqueue, batched), samples, warmup)
 
     def gpu_us(self, enqueue: Callable[[], None], samples: int, warmup: int) -> float:
         torch = self.torch
@@ -180,6 +184,16 @@ def python_figures(nbytes: int, samples: int, warmup: int) -> dict:
         # Its out-of-place form, beside weft's: the output's allocation and Python object, nothing of weft's.
         "aten_add_host_us": hold.host_us(functools.partial(torch.add, x, 1), samples, warmup),
     }
+    # The same calls from C++ (weft._C._enqueue_all_reduces, CALLS per Python call): through the dispatcher's
+    # typed call, and to the op's CUDA kernel function directly. Python's call less the dispatcher's is
+    # Python's (the op packet, argument parsing, the result's Python object); the dispatcher's less the
+    # body's is the dispatcher's (the autograd and CUDA kernels' dispatch); the body less AllReduce::run is
+    # weft's glue (argument checks, the plan's lookup) and, out of place, the output's allocation.
+    for in_place_, tag in ((False, "all_reduce"), (True, "all_reduce_")):
+        for dispatcher, where in ((True, "dispatcher"), (False, "body")):
+            out[f"{tag}_{where}_host_us"] = hold.host_us(
+                functools.partial(weft._C._enqueue_all_reduces, x, g, CALLS, in_place_, dispatcher),
+                samples, warmup, batched=True)
     for name, call in (("all_reduce", out_of_place), ("all_reduce_", in_place)):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
@@ -230,6 +244,9 @@ def main(argv=None) -> int:
     print(f"{'torch.ops.weft.all_reduce_ (in place)':44} {f(py['all_reduce__host_us'])} "
           f"{f(py['all_reduce__device_us'])}")
     print(f"{'torch.ops.weft.all_reduce_.default':44} {f(py.get('all_reduce__default_host_us'))}")
+    for tag, form in (("all_reduce", "out of place"), ("all_reduce_", "in place")):
+        print(f"{'  ' + form + ', from C++ through the dispatcher':44} {f(py.get(tag + '_dispatcher_host_us'))}")
+        print(f"{'  ' + form + ', from C++, the op body alone':44} {f(py.get(tag + '_body_host_us'))}")
     print(f"{'x.add_(1), an ATen op (for scale)':44} {f(py.get('aten_add__host_us'))}")
     print(f"{'torch.add(x, 1), out of place (for scale)':44} {f(py.get('aten_add_host_us'))}")
     print(f"{'CUDA graph of one call: C++ cudaGraphLaunch':44} {f(c.get('graph_launch_host_us'))} "
@@ -249,6 +266,11 @@ def main(argv=None) -> int:
         print(f"\ndifference, Python - C++: all_reduce {diff:+.2f} us, all_reduce_ {diff_:+.2f} us (goal: at most "
               f"+{GOAL_US:.0f} us: {'met' if diff <= GOAL_US else 'NOT met'})")
         print(f"graph replay, GPU time Python / C++: {ratio:.3f} (goal: equal)")
+        for tag in ("all_reduce", "all_reduce_"):
+            py_us, disp, body = (py.get(tag + k) for k in ("_host_us", "_dispatcher_host_us", "_body_host_us"))
+            if disp is not None and body is not None:
+                print(f"{tag}'s difference split: Python binding {py_us - disp:+.2f} us, dispatcher "
+                      f"{disp - body:+.2f} us, weft's op body beyond AllReduce::run {body - cpp['run_host_us']:+.2f} us")
         line = (f"host_overhead: Python {py['all_reduce_host_us']:.2f} us, C++ {cpp['run_host_us']:.2f} us, "
                 f"difference {diff:+.2f} us (goal <= {GOAL_US:.0f}: {'met' if diff <= GOAL_US else 'NOT met'}); "
                 f"graph replay GPU {py['all_reduce_graph_replay_device_us']:.2f} vs {cpp['graph_replay_device_us']:.2f} us")
