@@ -35,20 +35,32 @@ double to_double(const unsigned char* p, DType t) {
   return __half2float(*reinterpret_cast<const __half*>(p));
 }
 
-// ||out - ref|| / ||ref||, with ref[i] = sum over ranks q of uniform(seed_q, offset + i) in float64.
+// What relative_error_vs_float64 divides by: the sums (a result rounded
+// once), or the summands' magnitudes (a result rounded at every step of a
+// ring, whose error grows with its partial sums, not with the final sum,
+// which cancellation can make arbitrarily small).
+enum class Scale { sum, summands };
+
+// ||out - ref|| / ||ref||, with ref[i] = sum over ranks q of uniform(seed_q, offset + i) in float64
+// (Scale::summands: / ||sum over q of |uniform(seed_q, offset + i)| ||).
 double relative_error_vs_float64(const void* device_out, std::uint64_t count, DType t,
-                                 const std::vector<std::uint64_t>& seeds, std::uint64_t offset) {
+                                 const std::vector<std::uint64_t>& seeds, std::uint64_t offset,
+                                 Scale scale = Scale::sum) {
   const std::size_t size = dtype_size(t);
   std::vector<unsigned char> host(count * size);
   WEFT_CUDA(cudaMemcpy(host.data(), device_out, host.size(), cudaMemcpyDeviceToHost));
   double diff2 = 0, ref2 = 0;
   for (std::uint64_t i = 0; i < count; ++i) {
-    double ref = 0;
-    for (std::uint64_t s : seeds) ref += bench::uniform_value(to_string(t), s, offset + i);
+    double ref = 0, magnitude = 0;
+    for (std::uint64_t s : seeds) {
+      const double v = bench::uniform_value(to_string(t), s, offset + i);
+      ref += v;
+      magnitude += std::abs(v);
+    }
     double d = to_double(&host[i * size], t) - ref;
     if (!std::isfinite(d)) return INFINITY;
     diff2 += d * d;
-    ref2 += ref * ref;
+    ref2 += scale == Scale::sum ? ref * ref : magnitude * magnitude;
   }
   // Random values can sum to exactly zero (two ranks, one bf16 element each:
   // b = -a happened once); then only an exact result passes.
@@ -85,8 +97,12 @@ std::uint64_t bitwise_vs_rank_order(const void* device_out, std::uint64_t count,
 
 double tolerance(DType t) { return t == DType::fp32 ? 1e-6 : 1e-2; }
 // The ring rounds its partial sum at each of its W - 1 steps where the other
-// variants round the whole sum once: its error bound grows with the steps. At
-// 8 ranks, one element whose summands nearly cancel measured 1.23e-2 (bf16).
+// variants round the whole sum once: each rounding errs by at most the unit
+// roundoff times a partial sum, itself at most the summands' magnitudes, so
+// its error is measured against those (Scale::summands) and its bound grows
+// with the steps. Measured against the sum instead, one bf16 element at 8
+// ranks whose summands nearly cancelled erred by 1.23e-2 once and 9.1e-2
+// another time.
 double ring_tolerance(DType t, int world) { return tolerance(t) * std::max(1, world - 1); }
 
 std::vector<std::uint64_t> gathered_seeds(std::uint64_t salt) {
@@ -165,8 +181,10 @@ TEST(ReduceScatter, EveryVariantAndTypeMatchesFloat64AndEachOther) {
           if (!in_place) bench::poison(out.get(), count * size, 0xA5, s);
           plan.run(in.get(), dst, s);
           ctx().synchronize(s);
-          double err = relative_error_vs_float64(dst, count, t, seeds, me * count);
-          EXPECT_LE(err, plan.variant() == ReduceScatterVariant::ring ? ring_tolerance(t, world) : tolerance(t))
+          const bool ring = plan.variant() == ReduceScatterVariant::ring;
+          double err =
+              relative_error_vs_float64(dst, count, t, seeds, me * count, ring ? Scale::summands : Scale::sum);
+          EXPECT_LE(err, ring ? ring_tolerance(t, world) : tolerance(t))
               << to_string(plan.variant()) << " " << to_string(t) << " count " << count;
           // The ring adds in ring order with a rounding per step: the same bits only at two ranks.
           bool same_order = plan.variant() != ReduceScatterVariant::ring || world <= 2;
