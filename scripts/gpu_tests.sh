@@ -22,8 +22,9 @@
 #
 #   bash scripts/gpu_tests.sh [BUILD_DIR] [LOG_DIR]
 #
-# One line per step; the last line counts the test cases (from rank 0's
-# GoogleTest summary at each world size) and the steps:
+# One line per step; the last line counts the test cases (passed and skipped
+# from rank 0's GoogleTest summary at each world size, failed on any rank)
+# and the steps:
 #   GPU: P passed, F failed, S skipped test cases (world sizes 1 2 4 8[, on NVSHMEM 1 2 4][, virtual nodes 4/2 8/2 8/4]); steps: N ok, M failed
 # Exit status 0 iff every step passed. scripts/test.sh runs it on GPU machines,
 # scripts/gpu_session.sh in its gpu stage.
@@ -75,6 +76,10 @@ if [ "$GPUS" -eq 0 ]; then
   exit 0
 fi
 
+# The test cases that failed on any rank in log $1, each counted once: a case
+# can fail on one rank alone, where rank 0's summary says nothing of it.
+failed_cases() { grep -oE '^\[rank [0-9]+\] \[  FAILED  \] [A-Za-z][A-Za-z0-9_/.]*' "$1" | awk '{print $NF}' | sort -u | wc -l; }
+
 # One run of the whole suite: log $1, heap backend $2 ("" for the default), weftrun's arguments $3.
 # Adds its test cases to the totals and leaves rc, p (passed), f (failed), s (skipped),
 # left (MPS processes left over) and secs for the caller's verdict.
@@ -86,14 +91,14 @@ run_suite() {
   rc=$?
   p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
   s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
-  f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+  f=$(failed_cases "$log")
   passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
-  [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))  # no summary: the binary died
+  [ -z "$p" ] && [ "$f" = 0 ] && failed=$((failed + 1))  # no summary and no failed case: the binary died
   left=$(no_mps_left)
   secs=$((SECONDS - t0))
 }
 # The suite's failed and skipped cases, as every rank printed them.
-suite_cases() { grep -E '^\[rank [0-9]+\] \[  (FAILED|SKIPPED) \] [A-Za-z]' "$1" | sort -u | head -n 20; }
+suite_cases() { grep -E '^\[rank [0-9]+\] \[  (FAILED  |SKIPPED )\] [A-Za-z]' "$1" | sort -u | head -n 20; }
 
 # ---- the suite at every world size ---------------------------------------------------
 worlds=""
@@ -163,9 +168,9 @@ if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/n
     rc=$?
     p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
     s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
-    f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+    f=$(failed_cases "$log")
     passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
-    [ -z "$p" ] && [ -z "$f" ] && failed=$((failed + 1))  # no summary: the binary died
+    [ -z "$p" ] && [ "$f" = 0 ] && failed=$((failed + 1))  # no summary and no failed case: the binary died
     left=$(no_mps_left)
     vn_runs="$vn_runs $run"
     ok=1
@@ -211,7 +216,7 @@ for n in 2 4; do
     --gtest_filter='AgGemm.*:GemmRs.*:GemmAr.*:Overlap.*' >"$log" 2>&1
   rc=$?
   p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
-  f=$(grep -oE '^\[rank 0\] \[  FAILED  \] [0-9]+ test' "$log" | awk '{print $(NF-1)}')
+  f=$(failed_cases "$log")
   left=$(no_mps_left)
   verdict "overlap, world $n, CUDA_DEVICE_MAX_CONNECTIONS=1" $([ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$left" ]; echo $?) \
     "rc=$rc, ${p:-0} passed, ${f:-0} failed, $((SECONDS - t0)) s${left:+; $left}"
