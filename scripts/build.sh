@@ -5,7 +5,7 @@
 # compiles, so the job count is the smaller of the cores and the available
 # memory / 3.5 GB (at least 1): more jobs than memory allows would swap or be
 # killed. WEFT_JOBS=N sets the count instead. Before a first build it prints
-# how long that build takes (37 dense CUTLASS kernels and 8 grouped ones;
+# how long that build takes (44 dense CUTLASS kernels and 8 grouped ones;
 # measured before the grouped ones: the 20-kernel subset in 21 minutes with 2
 # jobs, all 36 in 4 with 16, so about 1 + 2 x kernels / jobs minutes).
 # WEFT_GEMM_KERNELS=subset compiles 20 dense and 2 grouped kernels (CI).

@@ -51,8 +51,15 @@ def test_report_from_stand_in_figures(monkeypatch, capsys, tmp_path):
     assert any(line.startswith("torch.add(x, 1), out of place (for scale)") and line.split()[-1] == "7.25"
                for line in out.splitlines())
     assert out.strip().splitlines()[-1].startswith("host_overhead: Python 8.50 us, C++ 2.00 us, difference +6.50 us")
+    assert "noise" not in out
     summary = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert summary["diff_us"] == 6.5
+
+    py["all_reduce_body_host_us"] = 6.5  # above the dispatcher's call, which includes it
+    assert ho.main(["--bench", str(bench)]) == 0
+    out = capsys.readouterr().out
+    assert ("all_reduce's difference split: Python binding +2.50 us, dispatcher -0.50 us, weft's op body beyond "
+            "AllReduce::run +4.50 us (the body alone timed above the call through the dispatcher") in out
 
     def failing(*a):
         raise RuntimeError("weft-bench exited 2")
