@@ -116,7 +116,6 @@ bool waits(GemmHook h) {
   return h == GemmHook::wait_a_rows || h == GemmHook::wait_source_rows || h == GemmHook::add_rows;
 }
 
-
 }  // namespace
 
 bool Gemm::has_configuration(const GemmOptions& o, const std::string& name) {
@@ -613,15 +612,12 @@ void Gemm::validate_run(const GemmArgs& x) {
   if (shape_validated_ && shape == validated_shape_) return;
   shape_validated_ = false;  // until this run's checks pass
   if (const std::string why = can_implement(x); !why.empty()) WEFT_FAIL("Gemm::run ", describe(options_), ": ", why);
+  gemm_detail::Problem p = problem(x, swizzle_, raster_);
   // The epilogue decides by a tile's first row: a range of whole 256-row
   // bands holds whole tiles only where the tile height divides 256.
-  const bool ranges = (std::holds_alternative<AddSource>(x.epilogue) &&
-                       std::get<AddSource>(x.epilogue).plain_begin != std::get<AddSource>(x.epilogue).plain_end) ||
-                      (std::holds_alternative<ReduceAddRows>(x.epilogue) &&
-                       std::get<ReduceAddRows>(x.epilogue).begin != std::get<ReduceAddRows>(x.epilogue).end);
+  const bool ranges = p.no_source_begin != p.no_source_end || p.add_begin != p.add_end;
   WEFT_REQUIRE(!ranges || kTallestTileRows % chosen_->tile_m == 0, "Gemm::run: rows without a source, or added rows, "
                "need tiles whose height divides ", kTallestTileRows, "; '", chosen_->name, "' has ", chosen_->tile_m);
-  gemm_detail::Problem p = problem(x, swizzle_, raster_);
   const char* why = chosen_->check(p);
   WEFT_REQUIRE(!*why, "Gemm ", describe(options_), " with ", chosen_->name, ": ", why);
   reserve_workspace(chosen_->workspace(p));
