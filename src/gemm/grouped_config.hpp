@@ -17,6 +17,16 @@ namespace weft::gemm_detail {
 enum GroupedFault : std::uint32_t {
   kNegativeCount = 1u,  ///< an expert's count was negative (taken as 0)
   kOverCapacity = 2u,   ///< the counts summed past max_rows (the rows past it were not computed)
+  kBadFirstRow = 4u,    ///< with first rows: a range out of order, overlapping or past max_rows (computed as empty)
+};
+
+/// What the prologue records for check_counts (device memory, zeroed at plan time and after a report).
+struct GroupedFaultRecord {
+  std::uint32_t bits;         ///< GroupedFault bits
+  std::uint32_t first_total;  ///< the first total of counts past max_rows (packed rows)
+  /// E - the lowest expert with a bad range, 0 if none: kept by atomicMax, so
+  /// the lowest such expert wins whatever order the threads record in.
+  std::uint32_t bad_range_mark;
 };
 
 /// Arguments every grouped configuration takes.
@@ -27,8 +37,9 @@ struct GroupedProblem {
   const void* w;
   void* out;
   const std::int32_t* expert_rows;
+  const std::int32_t* expert_first_row;  ///< [E] or null (packed)
   void* workspace;         ///< GroupedConfig::workspace bytes: the per-expert arrays, then CUTLASS's
-  std::uint32_t* faults;   ///< [2]: GroupedFault bits, the first total past max_rows
+  GroupedFaultRecord* faults;
   int sm_count;
 };
 
@@ -73,6 +84,6 @@ std::string grouped_options_error(const GroupedGemmOptions& o);
 std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArgs& args);
 
 /// The message check_counts raises for the prologue's record, or "" if it holds no fault.
-std::string grouped_fault_message(const GroupedGemmOptions& o, std::uint32_t bits, std::uint32_t first_total);
+std::string grouped_fault_message(const GroupedGemmOptions& o, const GroupedFaultRecord& record);
 
 }  // namespace weft::gemm_detail

@@ -90,6 +90,7 @@ std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArg
     const void* ptr;
     std::uintptr_t align;
     std::string shape;
+    bool optional = false;  // null allowed
   };
   const Operand operands[] = {
       {"A", x.a, 16, str("[rows <= ", o.max_rows, ", K = ", o.k, "]")},
@@ -97,8 +98,10 @@ std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArg
                                                : str("[E = ", o.experts, ", K = ", o.k, ", N = ", o.n, "]")},
       {"out", x.out, 16, str("[rows <= ", o.max_rows, ", N = ", o.n, "]")},
       {"expert_rows", x.expert_rows, 4, str("int32 [E = ", o.experts, "]")},
+      {"expert_first_row", x.expert_first_row, 4, str("int32 [E = ", o.experts, "] (optional)"), true},
   };
   for (const Operand& op : operands) {
+    if (!op.ptr && op.optional) continue;  // no first rows: packed
     if (!op.ptr) return str(op.name, " ", op.shape, " must be a device pointer, got null");
     if (reinterpret_cast<std::uintptr_t>(op.ptr) % op.align != 0)
       return str(op.name, " ", op.shape, " at ", op.ptr, " is not ", op.align, "-byte aligned",
@@ -107,14 +110,23 @@ std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArg
   return "";
 }
 
-std::string grouped_fault_message(const GroupedGemmOptions& o, std::uint32_t bits, std::uint32_t first_total) {
+std::string grouped_fault_message(const GroupedGemmOptions& o, const GroupedFaultRecord& record) {
   std::string why;
-  if (bits & kNegativeCount) why += "an expert's row count was negative (taken as 0)";
-  if (bits & kOverCapacity)
-    why += str(why.empty() ? "" : "; ", "the row counts summed to ", first_total, ", past max_rows = ", o.max_rows,
-               " (the rows past it were not computed)");
-  return why.empty() ? "" : str("GroupedGemm: ", why, "; expected E = ", o.experts,
-                                " counts >= 0 summing to at most max_rows");
+  if (record.bits & kNegativeCount) why += "an expert's row count was negative (taken as 0)";
+  if (record.bits & kOverCapacity)
+    why += str(why.empty() ? "" : "; ", "the row counts summed to ", record.first_total, ", past max_rows = ",
+               o.max_rows, " (the rows past it were not computed)");
+  if (record.bits & kBadFirstRow) {
+    const long long expert = static_cast<long long>(o.experts) - record.bad_range_mark;
+    why += str(why.empty() ? "" : "; ", "expert ", expert,
+               "'s rows [first, first + count) were out of order, overlapped the previous expert's or passed "
+               "max_rows = ", o.max_rows, " (that expert was computed as empty)");
+  }
+  if (why.empty()) return "";
+  return str("GroupedGemm: ", why, "; expected E = ", o.experts, " counts >= 0 summing to at most max_rows",
+             (record.bits & kBadFirstRow) ? ", and first rows >= 0, ascending, each range ending before the next "
+                                            "begins and at most at max_rows"
+                                          : "");
 }
 
 }  // namespace gemm_detail
@@ -151,7 +163,7 @@ GroupedGemm::GroupedGemm(const GroupedGemmOptions& options) : options_(options) 
   chosen_ = candidates_[gemm_detail::choose_grouped_tile(tiles, o.n, rows, o.experts, sm_count_)];
   workspace_bytes_ = chosen_->workspace(o.experts, sm_count_);
   workspace_ = DeviceBuffer(workspace_bytes_);
-  faults_ = DeviceBuffer(2 * sizeof(std::uint32_t));
+  faults_ = DeviceBuffer(sizeof(gemm_detail::GroupedFaultRecord));
   WEFT_CUDA(cudaMemset(faults_.get(), 0, faults_.bytes()));
 }
 
@@ -168,21 +180,30 @@ std::vector<std::string> GroupedGemm::configurations() const {
 void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {
   const std::string why = gemm_detail::grouped_args_error(options_, args);
   WEFT_REQUIRE(why.empty(), "GroupedGemm::run: ", why);
-  const gemm_detail::GroupedProblem p{options_.experts, options_.n,  options_.k,       options_.max_rows,
-                                      args.a,           args.w,      args.out,         args.expert_rows,
-                                      workspace_.get(), faults_.as<std::uint32_t>(), sm_count_};
+  const gemm_detail::GroupedProblem p{options_.experts,
+                                      options_.n,
+                                      options_.k,
+                                      options_.max_rows,
+                                      args.a,
+                                      args.w,
+                                      args.out,
+                                      args.expert_rows,
+                                      args.expert_first_row,
+                                      workspace_.get(),
+                                      faults_.as<gemm_detail::GroupedFaultRecord>(),
+                                      sm_count_};
   const char* err = chosen_->run(p, stream);
   WEFT_REQUIRE(!*err, "GroupedGemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);
 }
 
 void GroupedGemm::check_counts(cudaStream_t stream) {
-  std::uint32_t record[2] = {0, 0};
-  WEFT_CUDA(cudaMemcpyAsync(record, faults_.get(), sizeof(record), cudaMemcpyDeviceToHost, stream));
+  gemm_detail::GroupedFaultRecord record{};
+  WEFT_CUDA(cudaMemcpyAsync(&record, faults_.get(), sizeof(record), cudaMemcpyDeviceToHost, stream));
   WEFT_CUDA(cudaStreamSynchronize(stream));
-  if (record[0] == 0) return;
+  if (record.bits == 0) return;
   WEFT_CUDA(cudaMemsetAsync(faults_.get(), 0, sizeof(record), stream));
   WEFT_CUDA(cudaStreamSynchronize(stream));
-  WEFT_FAIL(gemm_detail::grouped_fault_message(options_, record[0], record[1]));
+  WEFT_FAIL(gemm_detail::grouped_fault_message(options_, record));
 }
 
 }  // namespace weft

@@ -124,9 +124,11 @@ struct GroupedKernel {
 
 /// Writes every expert's problem shape (its rows, N, K), pointers and strides
 /// from the counts: one block, each thread a contiguous run of experts, their
-/// first rows by a block-wide scan of the runs' sums. A negative count is
-/// taken as 0; rows past max_rows are dropped (an expert that straddles it
-/// keeps the rows that fit); both are recorded in p.faults.
+/// first rows by a block-wide scan of the runs' sums (packed), or read from
+/// p.expert_first_row. A negative count is taken as 0; packed, rows past
+/// max_rows are dropped (an expert that straddles it keeps the rows that
+/// fit); with first rows, an expert whose range is out of order, overlaps the
+/// previous one or passes max_rows is computed as empty. Each is recorded in p.faults.
 template <class K>
 __global__ void __launch_bounds__(kGroupedPrologueThreads) grouped_prologue(typename K::Arrays arr, GroupedProblem p) {
   using Element = std::remove_const_t<std::remove_pointer_t<std::remove_pointer_t<decltype(arr.a)>>>;
@@ -155,10 +157,23 @@ __global__ void __launch_bounds__(kGroupedPrologueThreads) grouped_prologue(type
   const Element* w = static_cast<const Element*>(p.w);
   Element* out = static_cast<Element*>(p.out);
   const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+  bool bad_range = false;
   for (int e = first; e < last; ++e) {
     const std::int64_t c = max(p.expert_rows[e], 0);
-    const std::int64_t begin = row < p.max_rows ? row : p.max_rows;
-    const int m = static_cast<int>(c < p.max_rows - begin ? c : p.max_rows - begin);
+    std::int64_t begin = row < p.max_rows ? row : p.max_rows;
+    int m = static_cast<int>(c < p.max_rows - begin ? c : p.max_rows - begin);
+    if (p.expert_first_row) {
+      begin = p.expert_first_row[e];
+      // The previous expert's range must end at or before this one's first row.
+      const std::int64_t previous_end = e > 0 ? std::int64_t{p.expert_first_row[e - 1]} + max(p.expert_rows[e - 1], 0) : 0;
+      m = static_cast<int>(c);
+      if (begin < previous_end || begin < 0 || begin + c > p.max_rows) {
+        if (!bad_range) atomicMax(&p.faults->bad_range_mark, static_cast<unsigned>(p.experts - e));
+        bad_range = true;
+        begin = 0;
+        m = 0;
+      }
+    }
     arr.shapes[e] = cute::make_shape(m, n, k);
     arr.a[e] = a + begin * p.k;
     arr.w[e] = w + static_cast<std::int64_t>(e) * p.n * p.k;
@@ -168,10 +183,13 @@ __global__ void __launch_bounds__(kGroupedPrologueThreads) grouped_prologue(type
     arr.stride_out[e] = cutlass::make_cute_packed_stride(typename K::StrideD{}, cute::make_shape(m, n, 1));
     row += c;
   }
-  if (negative) atomicOr(&p.faults[0], static_cast<unsigned>(kNegativeCount));
-  if (t == 0 && total > p.max_rows) {
-    atomicOr(&p.faults[0], static_cast<unsigned>(kOverCapacity));
-    atomicCAS(&p.faults[1], 0u, static_cast<unsigned>(total < std::int64_t{UINT_MAX} ? total : std::int64_t{UINT_MAX}));
+  if (negative) atomicOr(&p.faults->bits, static_cast<unsigned>(kNegativeCount));
+  if (bad_range) atomicOr(&p.faults->bits, static_cast<unsigned>(kBadFirstRow));
+  // Packed rows only: with first rows, each range is checked against max_rows on its own.
+  if (t == 0 && !p.expert_first_row && total > p.max_rows) {
+    atomicOr(&p.faults->bits, static_cast<unsigned>(kOverCapacity));
+    atomicCAS(&p.faults->first_total, 0u,
+              static_cast<unsigned>(total < std::int64_t{UINT_MAX} ? total : std::int64_t{UINT_MAX}));
   }
 }
 

@@ -164,18 +164,36 @@ TEST(GroupedGemmChecks, OperandsMustBeAlignedDevicePointersNamedWithTheirShapes)
   EXPECT_NE(grouped_args_error(o, x).find("expert_rows int32 [E = 4] must be a device pointer"), std::string::npos);
   x.expert_rows = reinterpret_cast<const std::int32_t*>(std::uintptr_t{(1u << 21) + 2});
   EXPECT_NE(grouped_args_error(o, x).find("is not 4-byte aligned"), std::string::npos);
+  // First rows are optional (null: packed); given, they are an aligned int32 [E].
+  x = good;
+  x.expert_first_row = counts;
+  EXPECT_EQ(grouped_args_error(o, x), "");
+  x.expert_first_row = reinterpret_cast<const std::int32_t*>(std::uintptr_t{(1u << 21) + 2});
+  EXPECT_NE(grouped_args_error(o, x).find("expert_first_row int32 [E = 4] (optional) at"), std::string::npos)
+      << grouped_args_error(o, x);
+  EXPECT_NE(grouped_args_error(o, x).find("is not 4-byte aligned"), std::string::npos);
 }
 
 TEST(GroupedGemmChecks, CountFaultsSayWhatWasWrongAndWhatWasExpected) {
   const GroupedGemmOptions o = options(8, 64, 64, 1000);
-  EXPECT_EQ(grouped_fault_message(o, 0, 0), "");
-  EXPECT_NE(grouped_fault_message(o, kNegativeCount, 0).find("an expert's row count was negative"), std::string::npos);
-  const std::string over = grouped_fault_message(o, kOverCapacity, 1234);
+  EXPECT_EQ(grouped_fault_message(o, {0, 0, 0}), "");
+  EXPECT_NE(grouped_fault_message(o, {kNegativeCount, 0, 0}).find("an expert's row count was negative"),
+            std::string::npos);
+  const std::string over = grouped_fault_message(o, {kOverCapacity, 1234, 0});
   EXPECT_NE(over.find("the row counts summed to 1234, past max_rows = 1000"), std::string::npos) << over;
   EXPECT_NE(over.find("expected E = 8 counts >= 0 summing to at most max_rows"), std::string::npos) << over;
-  const std::string both = grouped_fault_message(o, kNegativeCount | kOverCapacity, 1234);
+  EXPECT_EQ(over.find("first rows"), std::string::npos) << "packed rows: nothing said of first rows";
+  const std::string both = grouped_fault_message(o, {kNegativeCount | kOverCapacity, 1234, 0});
   EXPECT_NE(both.find("negative"), std::string::npos);
   EXPECT_NE(both.find("summed to 1234"), std::string::npos);
+  // A bad range: the mark is E - the lowest such expert (kept by atomicMax on the device).
+  const std::string range = grouped_fault_message(o, {kBadFirstRow, 0, 8 - 3});
+  EXPECT_NE(range.find("expert 3's rows [first, first + count) were out of order, overlapped the previous expert's "
+                       "or passed max_rows = 1000 (that expert was computed as empty)"),
+            std::string::npos)
+      << range;
+  EXPECT_NE(range.find("first rows >= 0, ascending, each range ending before the next begins"), std::string::npos)
+      << range;
 }
 
 TEST(GroupedRouting, CountsSumToTheRowsInEachRouting) {

@@ -1,14 +1,16 @@
 // GroupedGemm on one GPU, against a float64 CPU reference, expert by expert:
 // issue 33's three MoE shapes scaled down, under uniform, Zipf (s = 1.2) and
 // one-hot routing; empty experts (first, last, runs of them); one expert;
-// odd totals (1001 rows); SM budgets of 1, 3 and 63; bf16 and fp16; W as [E, N, K] and [E, K, N]. Most
+// odd totals (1001 rows); SM budgets of 1, 3 and 63; bf16 and fp16; W as [E, N, K] and [E, K, N];
+// experts at given first rows (a padded [E, rows, K] layout; one source rank's
+// pairs of each expert at a time, as an overlapped MoE layer runs them). Most
 // cases run under every compiled configuration, each forced by name (at test
 // sizes the heuristic alone would pick the narrow tile). Outputs start as
-// NaNs, and the rows past the counts' total must stay so. Then: 50 back-to-back runs and a CUDA
+// NaNs, and the rows outside the experts' ranges must stay so. Then: 50 back-to-back runs and a CUDA
 // graph's replays equal the eager run bitwise, a replay reads the counts of
-// its moment, counts that are negative or overflow the capacity are reported,
-// and bad options and operands are refused naming what was expected. Every
-// rank runs each test on its own GPU share (any world size).
+// its moment, counts that are negative or overflow the capacity and first
+// rows out of order are reported, and bad options and operands are refused
+// naming what was expected. Every rank runs each test on its own GPU share (any world size).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -41,9 +43,24 @@ struct Case {
   std::vector<std::int32_t> counts;  // rows per expert
   DType dtype = DType::bf16;
   BLayout layout = BLayout::nk;
-  std::int64_t spare_rows = 0;  // capacity past the counts' total: must stay unwritten
+  std::int64_t spare_rows = 0;  // capacity past the experts' last row: must stay unwritten
   std::string config;           // forced configuration, or "" for the heuristic's
   int max_sms = 0;              // GroupedGemmOptions::max_sms
+  std::vector<std::int32_t> first_rows;  // each expert's first row (GroupedGemmArgs::expert_first_row); empty: packed
+
+  /// Expert e's first row: as given, or packed after expert e - 1's.
+  std::int64_t first_row(int e) const {
+    if (!first_rows.empty()) return first_rows[e];
+    std::int64_t r = 0;
+    for (int i = 0; i < e; ++i) r += counts[i];
+    return r;
+  }
+  /// One past the last row any expert holds.
+  std::int64_t extent() const {
+    std::int64_t end = 0;
+    for (int e = 0; e < static_cast<int>(counts.size()); ++e) end = std::max(end, first_row(e) + counts[e]);
+    return end;
+  }
 };
 
 Case routed(std::string name, std::int64_t rows, int experts, std::int64_t n, std::int64_t k, bench::Routing r) {
@@ -54,13 +71,14 @@ Case routed(std::string name, std::int64_t rows, int experts, std::int64_t n, st
 struct Problem {
   Case c;
   GroupedGemmOptions o;
-  std::int64_t rows = 0;  // the counts' total
+  std::int64_t rows = 0;  // one past the experts' last row (packed: the counts' total)
   std::vector<double> a, w;
   void *da = nullptr, *dw = nullptr, *dout = nullptr;
   std::int32_t* dcounts = nullptr;
+  std::int32_t* dfirst = nullptr;  // the case's first rows, if it has them
 
   Problem(const Case& cs, std::uint64_t salt) : c(cs) {
-    for (std::int32_t x : c.counts) rows += x;
+    rows = c.extent();
     o.experts = static_cast<int>(c.counts.size());
     o.n = c.n;
     o.k = c.k;
@@ -77,6 +95,10 @@ struct Problem {
     WEFT_CUDA(cudaMalloc(&dout, o.max_rows * c.n * 2));
     WEFT_CUDA(cudaMalloc(&dcounts, c.counts.size() * 4));
     WEFT_CUDA(cudaMemcpyAsync(dcounts, c.counts.data(), c.counts.size() * 4, cudaMemcpyHostToDevice, s));
+    if (!c.first_rows.empty()) {
+      WEFT_CUDA(cudaMalloc(&dfirst, c.first_rows.size() * 4));
+      WEFT_CUDA(cudaMemcpyAsync(dfirst, c.first_rows.data(), c.first_rows.size() * 4, cudaMemcpyHostToDevice, s));
+    }
     bench::fill_uniform(da, a_n, t, bench::fresh_seed(ctx().rank(), 2 * salt), s);
     bench::fill_uniform(dw, w_n, t, bench::fresh_seed(ctx().rank(), 2 * salt + 1), s);
     std::vector<std::uint16_t> ha(a_n), hw(w_n);
@@ -89,23 +111,27 @@ struct Problem {
     for (std::uint64_t i = 0; i < w_n; ++i) w[i] = half_bits_to_float(hw[i], c.dtype);
   }
   ~Problem() {
-    for (void* p : {da, dw, dout, static_cast<void*>(dcounts)}) cudaFree(p);
+    for (void* p : {da, dw, dout, static_cast<void*>(dcounts), static_cast<void*>(dfirst)}) cudaFree(p);
   }
   Problem(const Problem&) = delete;
   Problem& operator=(const Problem&) = delete;
 
-  GroupedGemmArgs args() const { return {.a = da, .w = dw, .out = dout, .expert_rows = dcounts}; }
+  GroupedGemmArgs args() const {
+    return {.a = da, .w = dw, .out = dout, .expert_rows = dcounts, .expert_first_row = dfirst};
+  }
   void poison(cudaStream_t s) const { bench::poison(dout, o.max_rows * c.n * 2, 0xFF, s); }
 
-  /// out[rows, N] in float64, row r of expert e = sum_k A[r, k] W[e](n, k); rows split over threads.
+  /// out[rows, N] in float64, row r of expert e = sum_k A[r, k] W[e](n, k)
+  /// (rows of no expert: 0); rows split over threads.
   std::vector<double> reference() const {
-    std::vector<double> ref(rows * c.n);
-    std::vector<int> expert_of(rows);
-    for (std::int64_t e = 0, r = 0; e < o.experts; ++e)
-      for (std::int32_t i = 0; i < c.counts[e]; ++i) expert_of[r++] = static_cast<int>(e);
+    std::vector<double> ref(rows * c.n, 0.0);
+    std::vector<int> expert_of(rows, -1);
+    for (int e = 0; e < o.experts; ++e)
+      for (std::int32_t i = 0; i < c.counts[e]; ++i) expert_of[c.first_row(e) + i] = e;
     const std::int64_t n = c.n, k = c.k;
     auto work = [&](std::int64_t r0, std::int64_t r1) {
       for (std::int64_t r = r0; r < r1; ++r) {
+        if (expert_of[r] < 0) continue;
         const double* ar = &a[r * k];
         const double* we = &w[std::uint64_t(expert_of[r]) * n * k];
         for (std::int64_t j = 0; j < n; ++j) {
@@ -128,11 +154,11 @@ struct Problem {
   }
 
   /// The largest per-expert ||out - ref|| / ||ref|| (non-finite: infinity), and
-  /// the elements past the counts' total that are not the poison.
+  /// the elements outside every expert's rows that are not the poison.
   struct Verdict {
     double worst = 0;
     int worst_expert = -1;
-    std::int64_t written_past_total = 0;
+    std::int64_t written_outside = 0;
   };
   Verdict check(cudaStream_t s) const {
     std::vector<std::uint16_t> got(o.max_rows * c.n);
@@ -140,8 +166,10 @@ struct Problem {
     WEFT_CUDA(cudaStreamSynchronize(s));
     const std::vector<double> ref = reference();
     Verdict v;
-    std::int64_t r = 0;
+    std::vector<char> inside(o.max_rows, 0);
     for (int e = 0; e < o.experts; ++e) {
+      const std::int64_t r = c.first_row(e);
+      std::fill(inside.begin() + r, inside.begin() + r + c.counts[e], 1);
       double diff = 0, norm = 0;
       bool finite = true;
       for (std::int64_t i = r * c.n; i < (r + c.counts[e]) * c.n; ++i) {
@@ -155,9 +183,8 @@ struct Problem {
         v.worst = err;
         v.worst_expert = e;
       }
-      r += c.counts[e];
     }
-    for (std::int64_t i = rows * c.n; i < o.max_rows * c.n; ++i) v.written_past_total += got[i] != kNaN;
+    for (std::int64_t i = 0; i < o.max_rows * c.n; ++i) v.written_outside += !inside[i / c.n] && got[i] != kNaN;
     return v;
   }
 };
@@ -174,7 +201,7 @@ std::string expect_right(const Case& cs, std::uint64_t salt) {
   const Problem::Verdict v = pr.check(s);
   EXPECT_LE(v.worst, 1e-2) << cs.name << " (" << gg.config() << "): expert " << v.worst_expert << " of "
                            << pr.o.experts << ", " << (v.worst_expert >= 0 ? cs.counts[v.worst_expert] : 0) << " rows";
-  EXPECT_EQ(v.written_past_total, 0) << cs.name << ": elements written past the counts' total";
+  EXPECT_EQ(v.written_outside, 0) << cs.name << ": elements written outside the experts' rows";
   return gg.config();
 }
 
@@ -261,6 +288,76 @@ TEST(GroupedGemm, BothTypesBothLayoutsAndEveryConfiguration) {
       expect_right_in_every_configuration(c, salt);
       salt += 10;
     }
+}
+
+TEST(GroupedGemm, ExpertsAtGivenFirstRowsLeaveTheRowsBetweenThemUnwritten) {
+  std::uint64_t salt = 500;
+  // A padded layout, [E, 128, K] with a count of valid rows per expert: empty
+  // experts, a full one, one of a single row.
+  Case padded{"padded [8, 128, K]", 264, 136, {17, 0, 128, 1, 100, 64, 0, 5}};
+  for (int e = 0; e < 8; ++e) padded.first_rows.push_back(128 * e);
+  expect_right_in_every_configuration(padded, salt);
+  salt += 10;
+  // Zipf counts with uneven gaps between the experts, and rows to spare past the last.
+  Case gapped = routed("1001 rows over 16 experts with gaps", 1001, 16, 520, 64, bench::Routing::zipf);
+  for (int e = 0, row = 3; e < 16; ++e) {
+    gapped.first_rows.push_back(row);
+    row += gapped.counts[e] + (e * 7) % 13;
+  }
+  gapped.spare_rows = 11;
+  expect_right_in_every_configuration(gapped, salt);
+  salt += 10;
+  // Empty experts that start where the one before ends, the last two at max_rows itself.
+  Case edges{"empty experts at the previous end and at max_rows", 64, 64, {5, 0, 0}};
+  edges.first_rows = {3, 8, 8};
+  expect_right(edges, salt++);
+}
+
+TEST(GroupedGemm, OneSourceRanksRowsOfEachExpertAtATimeMakeThePackedResult) {
+  // How an overlapped MoE layer runs: the pairs of each expert are sorted by
+  // source rank, and as each rank's tokens land, one run computes that rank's
+  // part of every expert (its counts, and its first row inside each expert's
+  // range). Three sources' runs into one output must give the packed result
+  // and write nothing else.
+  cudaStream_t s = test::stream();
+  const int sources = 3;
+  Case packed = routed("Zipf over 16 experts, by 3 sources", 1001, 16, 520, 256, bench::Routing::zipf);
+  packed.spare_rows = 9;
+  Problem pr(packed, 600);
+  GroupedGemm gg(pr.o);
+  const int experts = pr.o.experts;
+  std::vector<std::vector<std::int32_t>> counts(sources, std::vector<std::int32_t>(experts));
+  std::vector<std::vector<std::int32_t>> firsts(sources, std::vector<std::int32_t>(experts));
+  for (int e = 0; e < experts; ++e) {
+    std::int64_t row = packed.first_row(e);
+    for (int src = 0; src < sources; ++src) {
+      // An uneven split: source src holds [c x src / 3, c x (src + 1) / 3) of expert e's rows.
+      const std::int64_t c = packed.counts[e];
+      counts[src][e] = static_cast<std::int32_t>(c * (src + 1) / sources - c * src / sources);
+      firsts[src][e] = static_cast<std::int32_t>(row);
+      row += counts[src][e];
+    }
+  }
+  std::int32_t *dcounts, *dfirsts;
+  WEFT_CUDA(cudaMalloc(&dcounts, sources * experts * 4));
+  WEFT_CUDA(cudaMalloc(&dfirsts, sources * experts * 4));
+  for (int src = 0; src < sources; ++src) {
+    WEFT_CUDA(cudaMemcpyAsync(dcounts + src * experts, counts[src].data(), experts * 4, cudaMemcpyHostToDevice, s));
+    WEFT_CUDA(cudaMemcpyAsync(dfirsts + src * experts, firsts[src].data(), experts * 4, cudaMemcpyHostToDevice, s));
+  }
+  pr.poison(s);
+  for (int src = sources - 1; src >= 0; --src) {  // any order: the sources land when they land
+    GroupedGemmArgs x = pr.args();
+    x.expert_rows = dcounts + src * experts;
+    x.expert_first_row = dfirsts + src * experts;
+    gg.run(x, s);
+  }
+  gg.check_counts(s);
+  const Problem::Verdict v = pr.check(s);
+  EXPECT_LE(v.worst, 1e-2) << "expert " << v.worst_expert << " after the sources' runs";
+  EXPECT_EQ(v.written_outside, 0) << "elements written outside the experts' rows";
+  cudaFree(dcounts);
+  cudaFree(dfirsts);
 }
 
 TEST(GroupedGemm, RepeatedRunsAndGraphReplaysEqualTheEagerRunAndReplaysReadTheirCounts) {
@@ -353,6 +450,44 @@ TEST(GroupedGemm, CountsThatAreNegativeOrPastTheCapacityAreReported) {
   }
 }
 
+TEST(GroupedGemm, FirstRowsOutOfOrderOverlappingOrPastTheCapacityAreReportedNamingTheExpert) {
+  cudaStream_t s = test::stream();
+  Case cs{"first rows", 64, 64, {10, 10, 10, 10}};
+  cs.first_rows = {0, 16, 32, 48};
+  cs.spare_rows = 6;  // max_rows = 64
+  Problem pr(cs, 700);
+  GroupedGemm gg(pr.o);
+  pr.poison(s);
+  gg.run(pr.args(), s);
+  gg.check_counts(s);  // a valid layout: nothing recorded
+  EXPECT_LE(pr.check(s).worst, 1e-2);
+  struct Bad {
+    std::vector<std::int32_t> first;
+    const char* expect;
+  };
+  const Bad bads[] = {
+      {{0, 5, 32, 48}, "expert 1's rows"},      // begins inside expert 0's rows
+      {{0, 16, 12, 48}, "expert 2's rows"},     // before the previous expert
+      {{0, 16, 32, 60}, "expert 3's rows"},     // 60 + 10 rows pass max_rows = 64
+      {{-1, 16, 32, 48}, "expert 0's rows"},    // negative
+      {{0, 5, 2, 48}, "expert 1's rows"},       // two bad: the lowest is named
+  };
+  for (const Bad& b : bads) {
+    WEFT_CUDA(cudaMemcpy(pr.dfirst, b.first.data(), 16, cudaMemcpyHostToDevice));
+    gg.run(pr.args(), s);
+    try {
+      gg.check_counts(s);
+      ADD_FAILURE() << "first rows {" << b.first[0] << ", " << b.first[1] << ", " << b.first[2] << ", " << b.first[3]
+                    << "} were not reported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(b.expect), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("max_rows = 64 (that expert was computed as empty)"), std::string::npos)
+          << e.what();
+    }
+  }
+  gg.check_counts(s);  // the record was cleared
+}
+
 TEST(GroupedGemm, RefusesBadOptionsAndOperandsNamingWhatWasExpected) {
   auto plan_error = [](GroupedGemmOptions o) {
     try {
@@ -398,6 +533,9 @@ TEST(GroupedGemm, RefusesBadOptionsAndOperandsNamingWhatWasExpected) {
   x = good;
   x.expert_rows = nullptr;
   EXPECT_NE(run_error(x).find("expert_rows int32 [E = 8]"), std::string::npos) << run_error(x);
+  x = good;
+  x.expert_first_row = reinterpret_cast<const std::int32_t*>(reinterpret_cast<char*>(counts) + 2);
+  EXPECT_NE(run_error(x).find("expert_first_row int32 [E = 8] (optional) at"), std::string::npos) << run_error(x);
   WEFT_CUDA(cudaStreamSynchronize(test::stream()));
   cudaFree(buf);
   cudaFree(counts);

@@ -9,6 +9,13 @@
 // and replayed with other counts. Experts may hold no rows. bf16 or fp16,
 // fp32 accumulation, output of the input type.
 //
+// Expert e's rows follow expert e - 1's (packed), or start where an optional
+// int32 [E] of first rows, also on the device, says: a padded layout such as
+// [E, rows_per_expert, K] with a count of valid rows per expert, or a part of
+// every expert's rows (one source rank's pairs of each expert, as an
+// overlapped MoE layer computes them as they arrive). Rows between the
+// experts' ranges are neither read for the output nor written.
+//
 // The kernels are CUTLASS 3's sm_90a grouped (ptr-array) GEMMs: one persistent
 // grid whose tile scheduler walks every expert's tiles in turn, so an
 // imbalanced routing costs the tiles it has and no more (nothing is padded to
@@ -54,9 +61,13 @@ struct GroupedGemmArgs {
   const void* a = nullptr;    ///< [rows, K] row-major, rows sorted by expert
   const void* w = nullptr;    ///< [E, N, K] or [E, K, N] row-major
   void* out = nullptr;        ///< [rows, N] row-major
-  /// Device memory, int32 [E]: the rows of each expert, in order (expert e's
-  /// rows follow expert e - 1's in A and out). Read on the device only.
+  /// Device memory, int32 [E]: the rows of each expert, in order. Read on the device only.
   const std::int32_t* expert_rows = nullptr;
+  /// Optional device memory, int32 [E]: the row of A and out where each
+  /// expert's rows start, ascending, the ranges [first, first + count) apart
+  /// and within max_rows (else recorded for check_counts(), and the expert
+  /// computed as empty). Null: packed, expert e's rows right after expert e - 1's.
+  const std::int32_t* expert_first_row = nullptr;
 };
 
 namespace gemm_detail {
@@ -77,8 +88,10 @@ class GroupedGemm {
   /// pointers on the host; the counts are read on the device only.
   void run(const GroupedGemmArgs& args, cudaStream_t stream);
   /// Synchronises `stream`, then throws weft::Error if a run since the last
-  /// check was given a negative count or counts that summed past max_rows
-  /// (such a run computes only the rows that fit), and clears the record.
+  /// check was given a negative count, counts that summed past max_rows (such
+  /// a run computes only the rows that fit) or, with first rows, an expert
+  /// whose range was out of order, overlapped the one before or passed
+  /// max_rows (computed as empty), naming the first such expert; clears the record.
   /// For tests and debugging: run() itself never synchronises.
   void check_counts(cudaStream_t stream);
   /// The configuration in use ("128x256x64 c2x1 cooperative").
@@ -94,7 +107,7 @@ class GroupedGemm {
   int sm_count_ = 0;
   DeviceBuffer workspace_;  // the per-expert arrays, then CUTLASS's workspace
   std::size_t workspace_bytes_ = 0;
-  DeviceBuffer faults_;  // u32: fault bits, and the first total that overflowed (check_counts)
+  DeviceBuffer faults_;  // u32 [3]: fault bits, the first total that overflowed, E - the first bad range's expert
 };
 
 }  // namespace weft
