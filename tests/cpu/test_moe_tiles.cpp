@@ -2,8 +2,10 @@
 // on the CPU at world sizes 1 to 8, for uniform, Zipf, one-hot and skewed
 // routings: the grouped GEMM's rows are exactly the routing's pairs in expert
 // order, its row tiles cover them once, AllGather + MoE's tile order starts
-// each tile only once every shard it reads has arrived, and MoE +
-// ReduceScatter's chunk counters complete exactly when a chunk's last pair is stored.
+// each tile only once every shard it reads has arrived, its source regions
+// hold exactly each rank's pairs of each expert in GroupedGemm's first-row
+// rules, and MoE + ReduceScatter's chunk counters complete exactly when a
+// chunk's last pair is stored.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,6 +92,33 @@ void check(int world, int experts, int k, std::int64_t per_rank, int tile_m, int
     next_row = t.row_end;
   }
   ASSERT_EQ(next_row, rows.offset.back());
+
+  // Source regions: region (s, e) is exactly rank s's pairs of expert e (counted
+  // directly), the regions tile every row once, and each rank's regions keep
+  // GroupedGemm's first-row rules (ascending, apart, within the rows).
+  const SourceRegions regions = source_regions(rows, per_rank, world);
+  ASSERT_EQ(regions.count.size(), static_cast<std::size_t>(world) * experts);
+  std::vector<std::int32_t> direct(regions.count.size(), 0);
+  for (std::int64_t t = 0; t < tokens; ++t)
+    for (int j = 0; j < k; ++j)
+      if (topk[t * k + j] >= 0) ++direct[(t / per_rank) * experts + topk[t * k + j]];
+  std::vector<int> covered(rows.offset.back(), 0);
+  for (int s = 0; s < world; ++s) {
+    std::int64_t previous_end = 0;
+    for (int e = 0; e < experts; ++e) {
+      const std::int64_t first = regions.first[s * experts + e], count = regions.count[s * experts + e];
+      ASSERT_EQ(count, direct[s * experts + e]) << "rank " << s << "'s pairs of expert " << e;
+      ASSERT_GE(first, previous_end) << "rank " << s << ", expert " << e << ": out of order or overlapping";
+      ASSERT_GE(first, rows.offset[e]);
+      ASSERT_LE(first + count, rows.offset[e + 1]) << "a region leaves its expert's rows";
+      for (std::int64_t r = first; r < first + count; ++r) {
+        ASSERT_EQ(rows.token[r] / per_rank, s) << "row " << r << " of region (" << s << ", " << e << ")";
+        ++covered[r];
+      }
+      previous_end = first + count;
+    }
+  }
+  for (std::size_t r = 0; r < covered.size(); ++r) ASSERT_EQ(covered[r], 1) << "row " << r << " in how many regions";
 
   const std::vector<std::int32_t> counts = chunk_tile_counts(rows, tiles, per_rank, world, chunks);
   for (int me = 0; me < world; ++me) {

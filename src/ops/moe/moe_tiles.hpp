@@ -18,6 +18,13 @@
 //
 // Row tiles are per expert (a tile never spans two experts, as in a grouped
 // GEMM), numbered expert by expert; the last tile of an expert may be short.
+//
+// Source regions: within each expert the rows are in token order, so rank
+// s's pairs of expert e are one contiguous run of rows, region (s, e). One
+// grouped GEMM over rank s's regions (GroupedGemmArgs' per-expert counts and
+// first rows) computes every pair that reads shard s, and can start as soon
+// as shard s has arrived: the coarse-grained overlap of AllGather + MoE, one
+// run per arriving shard, with no tile waiting inside the GEMM.
 #pragma once
 
 #include <algorithm>
@@ -105,6 +112,50 @@ inline std::vector<std::int32_t> tile_order(const ExpertRows& rows, const std::v
   }
   std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return step[a] < step[b]; });
   return order;
+}
+
+/// The first row in [begin, end) whose gathered token is at least
+/// `first_token`, the rows' tokens ascending (one expert's rows): a lower
+/// bound by bisection. On the device each (rank, expert) region's first row
+/// comes from the sort's row_token this way, one thread each, with no atomics.
+template <class Token>
+WEFT_HD std::int64_t first_row_at_or_after(const Token* row_token, std::int64_t begin, std::int64_t end,
+                                           std::int64_t first_token) {
+  while (begin < end) {
+    const std::int64_t mid = begin + (end - begin) / 2;
+    if (static_cast<std::int64_t>(row_token[mid]) < first_token) begin = mid + 1;
+    else end = mid;
+  }
+  return begin;
+}
+
+/// Every rank's pairs of every expert as rows: region (s, e) is rows
+/// [first[s x E + e], first[s x E + e] + count[s x E + e]). For rank s,
+/// (count[s x E ...], first[s x E ...]) are the counts and first rows of the
+/// grouped GEMM that computes the pairs reading shard s.
+struct SourceRegions {
+  int world = 0, experts = 0;
+  std::vector<std::int32_t> count, first;  ///< [world][experts]
+};
+
+/// The source regions of sorted rows, rank s holding gathered tokens
+/// [s x tokens_per_rank, (s + 1) x tokens_per_rank).
+inline SourceRegions source_regions(const ExpertRows& rows, std::int64_t tokens_per_rank, int world) {
+  SourceRegions r;
+  r.world = world;
+  r.experts = static_cast<int>(rows.offset.size()) - 1;
+  r.count.resize(static_cast<std::size_t>(world) * r.experts);
+  r.first.resize(r.count.size());
+  for (int e = 0; e < r.experts; ++e)
+    for (int s = 0; s < world; ++s) {
+      const std::int64_t begin = first_row_at_or_after(rows.token.data(), rows.offset[e], rows.offset[e + 1],
+                                                       s * tokens_per_rank);
+      const std::int64_t end = first_row_at_or_after(rows.token.data(), rows.offset[e], rows.offset[e + 1],
+                                                     (s + 1) * tokens_per_rank);
+      r.first[static_cast<std::size_t>(s) * r.experts + e] = static_cast<std::int32_t>(begin);
+      r.count[static_cast<std::size_t>(s) * r.experts + e] = static_cast<std::int32_t>(end - begin);
+    }
+  return r;
 }
 
 /// MoE + ReduceScatter: the chunk of token t when each owner's T / W tokens
