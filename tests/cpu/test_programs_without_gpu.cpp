@@ -2,13 +2,18 @@
 // run and exits non-zero within seconds - never a crash ("terminate called"),
 // never a source location, never silence. And weft-info's help and argument
 // errors. (Where a GPU is visible, the no-GPU cases are skipped: they cannot
-// be checked there.)
+// be checked there.) And the GPU session script's benchmark command lines,
+// each parsed by weft-bench before it looks for a GPU, so a mistyped option
+// fails here and not on a scarce multi-GPU machine.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -81,4 +86,44 @@ TEST(ProgramsWithoutAGpu, WeftInfoHelpsAndRefusesArguments) {
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("unknown argument '--verbose' (it takes none; -h for help)"), std::string::npos)
       << bad.output;
+}
+
+TEST(SessionScript, EveryBenchCommandLineOfTheRehearsalAndBenchStagesParses) {
+  if (gpu_visible()) GTEST_SKIP() << "a GPU is visible here: weft-bench would run its benchmarks, not only parse";
+  // A build folder whose weft-bench records each command line and its exit
+  // code before passing it on, and whose weftrun runs the command after "--"
+  // as one rank. Without a GPU weft-bench exits 1 once its arguments parse,
+  // 2 when they do not.
+  char dir_template[] = "/tmp/weft-session-XXXXXX";
+  const char* dir_made = mkdtemp(dir_template);
+  ASSERT_NE(dir_made, nullptr);
+  const std::string dir = dir_made, calls = dir + "/calls.tsv";
+  {
+    std::ofstream bench(dir + "/weft-bench");
+    bench << "#!/usr/bin/env bash\n\"" << WEFT_BENCH_PATH << "\" \"$@\"; rc=$?\n"
+          << "printf '%s\\t%s\\n' \"$rc\" \"$*\" >> \"" << calls << "\"\nexit $rc\n";
+    std::ofstream weftrun(dir + "/weftrun");
+    weftrun << "#!/usr/bin/env bash\nwhile [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n";
+  }
+  ASSERT_EQ(run("chmod +x " + dir + "/weft-bench " + dir + "/weftrun").code, 0);
+  const std::string env = "OUT=" + dir + "/out WEFT_BUILD_DIR=" + dir +
+                          " TWO_GPU_PARTS='overlap ep moe decode collectives' EP_TEST_WORLDS=''";
+  const Ran session = run("env " + env + " bash " + std::string(WEFT_SOURCE_DIR) +
+                              "/scripts/gpu_session.sh two_gpu shared ep moe decode grouped",
+                          110);
+  EXPECT_NE(session.code, 124) << "the session script did not finish:\n" << session.output;
+  EXPECT_NE(session.output.find("==== summary"), std::string::npos) << session.output;
+  std::ifstream log(calls);
+  std::string line;
+  int parsed = 0;
+  while (std::getline(log, line)) {
+    const std::string code = line.substr(0, line.find('\t'));
+    EXPECT_EQ(code, "1") << "weft-bench " << line.substr(line.find('\t') + 1)
+                         << ": exit " << code << " (1: its arguments parsed and no GPU was found)";
+    parsed += code == "1";
+  }
+  // The rehearsal's 12 (overlap: 3 ops x 2 types; ep; moe: 2 routings; decode: 2; collectives), shared's
+  // 12, ep's 1, moe's 2, decode's 5, grouped's 2 + 4 forced tiles.
+  EXPECT_GE(parsed, 38) << "fewer weft-bench calls than the stages make";
+  run("rm -rf " + dir);
 }
