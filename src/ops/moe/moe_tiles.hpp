@@ -116,8 +116,8 @@ inline std::vector<std::int32_t> tile_order(const ExpertRows& rows, const std::v
 
 /// The first row in [begin, end) whose gathered token is at least
 /// `first_token`, the rows' tokens ascending (one expert's rows): a lower
-/// bound by bisection. On the device each (rank, expert) region's first row
-/// comes from the sort's row_token this way, one thread each, with no atomics.
+/// bound by bisection. Once the sort has placed every row, a device thread per
+/// (rank, expert) region finds its first row this way in row_token, with no atomics.
 template <class Token>
 WEFT_HD std::int64_t first_row_at_or_after(const Token* row_token, std::int64_t begin, std::int64_t end,
                                            std::int64_t first_token) {
