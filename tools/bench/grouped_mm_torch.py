@@ -9,46 +9,19 @@ us per call (CUDA events; the median of samples of 5 back-to-back calls,
 warm-up samples excluded), TFLOP/s = 2 x rows x N x K / time, and one dense
 torch.mm [rows, K] x [K, N] of the same FLOPs timed in turn with it. The rows
 per expert are weft-bench's (tools/bench/routing.cpp): deterministic, computed
-here the same way, so both time the same problem. W is [E, N, K] (nk, passed
+the same way in tools/bench/routing.py, so both time the same problem. W is [E, N, K] (nk, passed
 as its transpose, a view) or [E, K, N] (kn); offs are the experts' end rows.
 Without --m, issue 33's three shapes, each with its own E.
 """
 import argparse
 import json
-import math
 import statistics
 
 import torch
 
-ZIPF_EXPONENT = 1.2
+from routing import routing_counts  # tools/bench/routing.py, beside this script
+
 DEFAULT_CASES = [(16384, 7168, 4096, 8), (65536, 768, 2048, 128), (32768, 2048, 7168, 32)]
-
-
-def routing_counts(routing, rows, experts):
-    """Rows per expert, as weft::bench::routing_counts computes them (same order of double operations)."""
-    if routing == "uniform":
-        return [rows // experts + (1 if e < rows % experts else 0) for e in range(experts)]
-    if routing == "one-hot":
-        return [rows] + [0] * (experts - 1)
-    if routing == "zipf-reversed":
-        return routing_counts("zipf", rows, experts)[::-1]
-    w = [math.pow(float(e + 1), -ZIPF_EXPONENT) for e in range(experts)]
-    total = 0.0
-    for x in w:
-        total += x
-    counts, frac = [], []
-    for e in range(experts):
-        exact = float(rows) * w[e] / total
-        floored = math.floor(exact)
-        counts.append(int(floored))
-        frac.append(exact - floored)
-    order = sorted(range(experts), key=lambda e: -frac[e])  # stable: ties keep the lower index first
-    given, i = sum(counts), 0
-    while given < rows:
-        counts[order[i % experts]] += 1
-        given += 1
-        i += 1
-    return counts
 
 
 def time_us(fns, calls, samples, warmup):

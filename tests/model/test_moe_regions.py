@@ -1,0 +1,101 @@
+"""CPU tests of the MoE source-region model (tools/model/moe_regions.py, decision 0071)
+and of the torch-free routing counts it shares with grouped_mm_torch.py (tools/bench/routing.py).
+
+Standard library only (unittest); CTest runs each case on its own (tests/CMakeLists.txt):
+
+    python3 tests/model/test_moe_regions.py
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+SCRIPT = os.path.join(ROOT, "tools", "model", "moe_regions.py")
+BENCH = os.path.join(ROOT, "tools", "bench")
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mr = load("moe_regions", SCRIPT)
+routing = load("routing", os.path.join(BENCH, "routing.py"))
+
+
+class RoutingCounts(unittest.TestCase):
+    def test_the_counts_weft_bench_takes(self):
+        # The values tests/cpu/test_grouped_gemm.cpp pins for weft::bench::routing_counts.
+        self.assertEqual(routing.routing_counts("uniform", 1001, 8), [126] + [125] * 7)
+        self.assertEqual(routing.routing_counts("one-hot", 1001, 4), [1001, 0, 0, 0])
+        self.assertEqual(routing.routing_counts("zipf", 10, 3), [6, 2, 2])
+        zipf = routing.routing_counts("zipf", 65536, 128)
+        self.assertEqual(sum(zipf), 65536)
+        self.assertEqual(zipf, sorted(zipf, reverse=True))
+        self.assertEqual(routing.routing_counts("zipf-reversed", 65536, 128), zipf[::-1])
+
+    def test_grouped_mm_torch_takes_these_counts(self):
+        text = open(os.path.join(BENCH, "grouped_mm_torch.py")).read()
+        self.assertIn("from routing import routing_counts", text)
+        self.assertNotIn("def routing_counts", text, "a second copy of the counts")
+
+
+class Regions(unittest.TestCase):
+    def test_tiles_of_a_group_are_whole_clusters(self):
+        self.assertEqual(mr.group_tiles(0, 128, 2), 0)
+        self.assertEqual(mr.group_tiles(1, 128, 2), 2)
+        self.assertEqual(mr.group_tiles(128, 128, 1), 1)
+        self.assertEqual(mr.group_tiles(129, 128, 1), 2)
+        self.assertEqual(mr.group_tiles(257, 128, 2), 4)
+
+    def test_a_split_keeps_every_row_once(self):
+        for rows in (0, 1, 7, 512, 1001):
+            for world in (1, 2, 3, 8):
+                parts = mr.source_split(rows, world)
+                self.assertEqual(len(parts), world)
+                self.assertEqual(sum(parts), rows)
+                self.assertLessEqual(max(parts) - min(parts), 1)
+
+    def test_regions_never_take_fewer_tiles_and_one_source_takes_the_same(self):
+        for row in mr.table([1, 2, 4, 8], 128):
+            self.assertGreaterEqual(row["region_tiles"], row["packed_tiles"], row)
+            if row["world"] == 1:
+                self.assertEqual(row["region_tiles"], row["packed_tiles"], row)
+
+    def test_the_figures_decision_0071_quotes(self):
+        rows = {(r["shape"], r["routing"], r["world"], r["cluster_m"]): r for r in mr.table([2, 4, 8], 128)}
+        # Qwen3-like, uniform: 512 pairs per expert, 64 a region at 8 ranks: one 128-row tile (two with
+        # the 2x1 cluster) per region where the packed expert takes 4.
+        self.assertEqual(rows[("Qwen3-30B-A3B-like", "uniform", 8, 2)]["ratio"], 4.0)
+        self.assertEqual(rows[("Qwen3-30B-A3B-like", "uniform", 8, 1)]["ratio"], 2.0)
+        self.assertEqual(rows[("Mixtral-like", "uniform", 8, 2)]["ratio"], 1.0)
+        for shape in ("Mixtral-like", "Qwen3-30B-A3B-like", "DeepSeek-like"):
+            self.assertEqual(rows[(shape, "uniform", 2, 2)]["ratio"], 1.0, shape)
+
+
+class CommandLine(unittest.TestCase):
+    def run_script(self, *args):
+        return subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True, text=True)
+
+    def test_markdown_has_a_row_per_shape_and_routing(self):
+        r = self.run_script("--markdown")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.strip().splitlines()
+        self.assertTrue(lines[0].startswith("| shape (T, E, k) | routing | W 2, c2x1"), lines[0])
+        self.assertEqual(len(lines), 2 + 2 * len(mr.SHAPES))
+
+    def test_bad_arguments_are_named(self):
+        r = self.run_script("--worlds", "x")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--worlds takes comma-separated integers, got 'x'", r.stderr)
+        r = self.run_script("--tile-m", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("positive integers", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

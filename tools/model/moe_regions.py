@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Row tiles of MoE-TP's up-projection GEMM: packed by expert, against split into source regions.
+
+Decision 0071 plans the overlapped AllGather + MoE as one grouped GEMM per
+arriving shard, over that rank's pairs of each expert (its "source region").
+Every region has its own last, partial tile, so the GEMM walks more row tiles
+than the packed one. This model counts them:
+
+  - pairs per expert: weft-bench's routing counts (tools/bench/routing.py) of
+    T x k pairs over E experts, on weft-bench moe_tp's three default shapes;
+  - each expert's pairs split evenly over the W source ranks (tokens are split
+    evenly and the routing does not depend on the rank);
+  - tiles per group: ceil(rows / tile_m) rounded up to whole clusters along M,
+    as CUTLASS's grouped scheduler walks them (gemm_detail::grouped_tiles).
+
+Column tiles multiply both counts alike, so the ratio is the GEMM's extra work
+where tiles, not bytes, bound it. A model, not a measurement.
+
+    moe_regions.py [--worlds 2,4,8] [--tile-m 128] [--markdown]
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from routing import routing_counts  # noqa: E402  (tools/bench/routing.py)
+
+# weft-bench moe_tp's default cases: (name, tokens T, experts E, top-k)
+SHAPES = [("Mixtral-like", 8192, 8, 2), ("Qwen3-30B-A3B-like", 8192, 128, 8), ("DeepSeek-like", 4096, 32, 8)]
+# The compiled grouped tiles' clusters along M (src/gemm/kernel_table.cmake: 128x256 c2x1, 128x128 c1x1).
+CLUSTERS_M = (2, 1)
+
+
+def group_tiles(rows, tile_m, cluster_m):
+    """Row tiles of one group of `rows` rows, whole clusters along M (0 for an empty group)."""
+    tiles = -(-rows // tile_m)
+    return -(-tiles // cluster_m) * cluster_m
+
+
+def source_split(rows, world):
+    """An expert's rows split evenly over `world` sources: source s holds [rows s / W, rows (s + 1) / W)."""
+    return [rows * (s + 1) // world - rows * s // world for s in range(world)]
+
+
+def table(worlds, tile_m):
+    out = []
+    for name, tokens, experts, top_k in SHAPES:
+        for routing in ("uniform", "zipf"):
+            counts = routing_counts(routing, tokens * top_k, experts)
+            for world in worlds:
+                for cm in CLUSTERS_M:
+                    packed = sum(group_tiles(c, tile_m, cm) for c in counts)
+                    regions = sum(group_tiles(r, tile_m, cm) for c in counts for r in source_split(c, world))
+                    out.append({"shape": name, "tokens": tokens, "experts": experts, "top_k": top_k,
+                                "routing": routing, "world": world, "cluster_m": cm, "packed_tiles": packed,
+                                "region_tiles": regions, "ratio": regions / packed})
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worlds", default="2,4,8", help="world sizes, comma-separated (default 2,4,8)")
+    p.add_argument("--tile-m", type=int, default=128, help="rows of a tile (default 128, every grouped tile's)")
+    p.add_argument("--markdown", action="store_true", help="a markdown table, one row per shape and routing")
+    a = p.parse_args()
+    try:
+        worlds = [int(w) for w in a.worlds.split(",")]
+    except ValueError:
+        p.error(f"--worlds takes comma-separated integers, got {a.worlds!r}")
+    if any(w < 1 for w in worlds) or a.tile_m < 1:
+        p.error("--worlds and --tile-m take positive integers")
+    rows = table(worlds, a.tile_m)
+    if a.markdown:
+        cols = [(w, cm) for w in worlds for cm in CLUSTERS_M]
+        print("| shape (T, E, k) | routing | " + " | ".join(f"W {w}, c{cm}x1" for w, cm in cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for name, tokens, experts, top_k in SHAPES:
+            for routing in ("uniform", "zipf"):
+                r = {(x["world"], x["cluster_m"]): x for x in rows if x["shape"] == name and x["routing"] == routing}
+                print(f"| {name} ({tokens}, {experts}, {top_k}) | {routing} | "
+                      + " | ".join(f"{r[c]['ratio']:.2f}" for c in cols) + " |")
+        return 0
+    print(f"row tiles of {a.tile_m} rows, by source regions / packed by expert (the GEMM's extra tiles)")
+    for x in rows:
+        print(f"{x['shape']:<20} {x['routing']:<8} W {x['world']}  c{x['cluster_m']}x1  "
+              f"packed {x['packed_tiles']:>5}  regions {x['region_tiles']:>5}  ratio {x['ratio']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
