@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
 #include <limits>
 
 #include "grouped_config.hpp"
@@ -89,22 +90,33 @@ std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArg
     const char* name;
     const void* ptr;
     std::uintptr_t align;
-    std::string shape;
-    bool optional = false;  // null allowed
+    bool optional;  // null allowed
   };
   const Operand operands[] = {
-      {"A", x.a, 16, str("[rows <= ", o.max_rows, ", K = ", o.k, "]")},
-      {"W", x.w, 16, o.w_layout == BLayout::nk ? str("[E = ", o.experts, ", N = ", o.n, ", K = ", o.k, "]")
-                                               : str("[E = ", o.experts, ", K = ", o.k, ", N = ", o.n, "]")},
-      {"out", x.out, 16, str("[rows <= ", o.max_rows, ", N = ", o.n, "]")},
-      {"expert_rows", x.expert_rows, 4, str("int32 [E = ", o.experts, "]")},
-      {"expert_first_row", x.expert_first_row, 4, str("int32 [E = ", o.experts, "] (optional)"), true},
+      {"A", x.a, 16, false},
+      {"W", x.w, 16, false},
+      {"out", x.out, 16, false},
+      {"expert_rows", x.expert_rows, 4, false},
+      {"expert_first_row", x.expert_first_row, 4, true},  // null: packed rows
   };
-  for (const Operand& op : operands) {
-    if (!op.ptr && op.optional) continue;  // no first rows: packed
-    if (!op.ptr) return str(op.name, " ", op.shape, " must be a device pointer, got null");
+  // An operand's name and shape, written only for a message: a run that passes allocates nothing.
+  auto named = [&](int i) {
+    switch (i) {
+      case 0: return str("A [rows <= ", o.max_rows, ", K = ", o.k, "]");
+      case 1:
+        return o.w_layout == BLayout::nk ? str("W [E = ", o.experts, ", N = ", o.n, ", K = ", o.k, "]")
+                                         : str("W [E = ", o.experts, ", K = ", o.k, ", N = ", o.n, "]");
+      case 2: return str("out [rows <= ", o.max_rows, ", N = ", o.n, "]");
+      case 3: return str("expert_rows int32 [E = ", o.experts, "]");
+      default: return str("expert_first_row int32 [E = ", o.experts, "] (optional)");
+    }
+  };
+  for (int i = 0; i < static_cast<int>(std::size(operands)); ++i) {
+    const Operand& op = operands[i];
+    if (!op.ptr && op.optional) continue;
+    if (!op.ptr) return str(named(i), " must be a device pointer, got null");
     if (reinterpret_cast<std::uintptr_t>(op.ptr) % op.align != 0)
-      return str(op.name, " ", op.shape, " at ", op.ptr, " is not ", op.align, "-byte aligned",
+      return str(named(i), " at ", op.ptr, " is not ", op.align, "-byte aligned",
                  op.align == 16 ? " (TMA needs 16-byte aligned matrices)" : "");
   }
   return "";
