@@ -80,21 +80,28 @@ fi
 # can fail on one rank alone, where rank 0's summary says nothing of it.
 failed_cases() { grep -oE '^\[rank [0-9]+\] \[  FAILED  \] [A-Za-z][A-Za-z0-9_/.]*' "$1" | awk '{print $NF}' | sort -u | wc -l; }
 
-# One run of the whole suite: log $1, heap backend $2 ("" for the default), weftrun's arguments $3.
-# Adds its test cases to the totals and leaves rc, p (passed), f (failed), s (skipped),
-# left (MPS processes left over) and secs for the caller's verdict.
-run_suite() {
-  local log=$1 backend=$2 args=$3 t0=$SECONDS
-  # shellcheck disable=SC2086  # args is a word list
-  env ${backend:+WEFT_HEAP_BACKEND=$backend} "$WEFTRUN" $args --tag-output --timeout 1200 -- "$TESTS" \
-    --gtest_filter='-WaitTimeout.*' >"$log" 2>&1
-  rc=$?
+# A suite's log $1: p (passed) and s (skipped) from rank 0's summary, f (failed on
+# any rank), added to the totals (a log with neither summary nor failed case: the
+# binary died, one failure); left, the MPS processes left over.
+tally() {
+  local log=$1
   p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
   s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
   f=$(failed_cases "$log")
   passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
   [ -z "$p" ] && [ "$f" = 0 ] && failed=$((failed + 1))  # no summary and no failed case: the binary died
   left=$(no_mps_left)
+}
+
+# One run of the whole suite: log $1, heap backend $2 ("" for the default), weftrun's arguments $3.
+# Tallies its test cases (tally) and leaves rc and secs too for the caller's verdict.
+run_suite() {
+  local log=$1 backend=$2 args=$3 t0=$SECONDS
+  # shellcheck disable=SC2086  # args is a word list
+  env ${backend:+WEFT_HEAP_BACKEND=$backend} "$WEFTRUN" $args --tag-output --timeout 1200 -- "$TESTS" \
+    --gtest_filter='-WaitTimeout.*' >"$log" 2>&1
+  rc=$?
+  tally "$log"
   secs=$((SECONDS - t0))
 }
 # The suite's failed and skipped cases, as every rank printed them.
@@ -166,12 +173,7 @@ if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/n
     WEFT_HEAP_BACKEND=nvshmem WEFT_VIRTUAL_NODES=$nodes "$WEFTRUN" $args --tag-output --timeout 600 -- \
       "$INTERNODE_TESTS" --gtest_filter='-TwoLevelWaitTimeout.*' >"$log" 2>&1
     rc=$?
-    p=$(grep -oE '^\[rank 0\] \[  PASSED  \] [0-9]+' "$log" | awk '{print $NF}')
-    s=$(grep -oE '^\[rank 0\] \[  SKIPPED \] [0-9]+' "$log" | awk '{print $NF}')
-    f=$(failed_cases "$log")
-    passed=$((passed + ${p:-0})) skipped=$((skipped + ${s:-0})) failed=$((failed + ${f:-0}))
-    [ -z "$p" ] && [ "$f" = 0 ] && failed=$((failed + 1))  # no summary and no failed case: the binary died
-    left=$(no_mps_left)
+    tally "$log"
     vn_runs="$vn_runs $run"
     ok=1
     [ "$rc" -eq 0 ] && [ -n "$p" ] && [ -z "$s" ] && [ -z "$left" ] && ok=0
