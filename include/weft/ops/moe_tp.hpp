@@ -89,8 +89,7 @@ struct AgMoeOptions {
   /// Cap on the SMs of the grouped GEMM's persistent grid and of the sort's
   /// kernels; 0 = the rank's share of its GPU (Team::sm_count).
   int max_sms = 0;
-  /// sequential: gather everything, then one grouped GEMM (weft's AllGather or
-  /// NCCL's, whichever the first run times faster where NCCL runs); fused:
+  /// sequential: gather everything (weft's AllGather), then one grouped GEMM; fused:
   /// the overlapped path by source regions (needs every peer mapped);
   /// automatic: times both on the first run and keeps the faster, the same
   /// on every rank (sequential alone where a peer is not mapped). The default
@@ -168,8 +167,8 @@ class AgMoe {
   const AgMoeOptions& options() const { return opt_; }
   /// The grouped GEMM's configuration ("128x256x64 c2x1 cooperative").
   std::string gemm_config() const;
-  /// The path runs take ("sequential", "sequential, NCCL", "fused, source
-  /// regions"), chosen on the first run; "" before it.
+  /// The path runs take ("sequential" or "fused, source regions"), chosen on
+  /// the first run; "" before it.
   std::string path() const;
   /// Synchronises `stream`; throws if a run since the last check met an
   /// expert id outside [-1, E) in any rank's routing (the same error on every
@@ -178,7 +177,7 @@ class AgMoe {
 
  private:
   void run_sequential(const void* x, const std::int64_t* topk_idx, const float* topk_weights,
-                      std::int64_t num_tokens, const void* w_up, void* out, cudaStream_t stream, bool nccl);
+                      std::int64_t num_tokens, const void* w_up, void* out, cudaStream_t stream);
   void run_fused(const void* x, const std::int64_t* topk_idx, const float* topk_weights, std::int64_t num_tokens,
                  const void* w_up, void* out, cudaStream_t stream);
 

@@ -460,7 +460,8 @@ AgMoe::AgMoe(std::shared_ptr<Context> ctx, const AgMoeOptions& options) : ctx_(s
   if (ctx_->all_peers_direct())
     choice_ = std::make_unique<ops_detail::PathChoice>(
         ctx_, overlapped ? opt_.mode : OverlapMode::sequential,
-        str("AgMoe E ", opt_.experts, ", H ", opt_.hidden, ", k ", opt_.top_k, ", ", cap, " tokens a rank"));
+        str("AgMoe E ", opt_.experts, ", H ", opt_.hidden, ", k ", opt_.top_k, ", ", cap, " tokens a rank"), nullptr,
+        /*nccl_path=*/false);
 
   const std::int64_t max_rows = moe_detail::max_pair_rows(W, opt_.max_tokens_per_rank, opt_.top_k);
   std::uint64_t bytes = 0;
@@ -530,7 +531,7 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
   if (ctx_->check_calls()) ctx_->verify_same_call(str("AgMoe run #", runs_ + 1));
 
   if (!choice_) {
-    run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream, false);
+    run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream);
   } else {
     std::vector<ops_detail::FusedPath> fused;
     if (pipe_)
@@ -541,8 +542,8 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
     const void* token_count = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(num_tokens));
     choice_->run(
         stream, {x, topk_idx, topk_weights, w_up, out, gemm_, token_count},
-        [&] { run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream, false); },
-        fused, [&](bool nccl) { run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream, nccl); });
+        [&] { run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream); },
+        fused, [&](bool) { run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream); });
   }
   ++runs_;
   routing_.run = runs_;
@@ -550,7 +551,7 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
 }
 
 void AgMoe::run_sequential(const void* x, const std::int64_t* topk_idx, const float* topk_weights,
-                           std::int64_t num_tokens, const void* w_up, void* out, cudaStream_t stream, bool nccl) {
+                           std::int64_t num_tokens, const void* w_up, void* out, cudaStream_t stream) {
   const int W = ctx_->world_size(), me = ctx_->rank(), k = opt_.top_k;
   const std::int64_t cap = opt_.max_tokens_per_rank;
   const int es = static_cast<int>(dtype_size(opt_.dtype));
@@ -562,9 +563,7 @@ void AgMoe::run_sequential(const void* x, const std::int64_t* topk_idx, const fl
   PackArgs pa{mine, l, num_tokens, k, vecs, topk_idx, topk_weights, static_cast<const uint4*>(x)};
   pack_kernel<<<clamp_grid(num_tokens * vecs, kWarpThreads, 4 * sms_), kWarpThreads, 0, stream>>>(pa);
   WEFT_CUDA(cudaGetLastError());
-  // In place: this rank's shard is its slot.
-  if (nccl) WEFT_NCCL(ncclAllGather(mine, shards, l.bytes, ncclUint8, ctx_->nccl(), stream));
-  else gather_->run(mine, shards, stream);
+  gather_->run(mine, shards, stream);  // in place: this rank's shard is its slot
 
   const SortScratch s = carve(scratch_.get(), W, cap, k, opt_.experts, nullptr);
   const std::int64_t tokens = moe_detail::gathered_tokens(W, cap);
