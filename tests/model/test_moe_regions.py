@@ -77,6 +77,46 @@ class Regions(unittest.TestCase):
             self.assertEqual(rows[(shape, "uniform", 2, 2)]["ratio"], 1.0, shape)
 
 
+class Batches(unittest.TestCase):
+    def test_a_plan_takes_every_source_once_its_own_first_in_arrival_order(self):
+        for world in (1, 2, 3, 4, 8):
+            for batch in (1, 2, 3, world):
+                for me in range(world):
+                    plan = mr.batch_plan(me, world, max(batch, 1))
+                    self.assertEqual(plan[0], (me, me + 1))
+                    sources = [s for a, b in plan for s in range(a, b)]
+                    self.assertEqual(sources, [(me + i) % world for i in range(world)], (me, world, batch))
+                    for a, b in plan:
+                        self.assertTrue(0 <= a < b <= world, (a, b))  # one run of rows: never wraps
+
+    def test_plans_as_the_docstring_draws_them(self):
+        self.assertEqual(mr.batch_plan(1, 4, 7), [(1, 2), (2, 4), (0, 1)])  # cut where 3 wraps to 0
+        self.assertEqual(mr.batch_plan(0, 4, 7), [(0, 1), (1, 4)])
+        self.assertEqual(mr.batch_plan(5, 8, 2), [(5, 6), (6, 8), (0, 2), (2, 4), (4, 5)])
+
+    def test_batch_one_is_the_region_table_and_larger_batches_never_add_tiles(self):
+        regions = {(r["shape"], r["routing"], r["world"], r["cluster_m"]): r for r in mr.table([2, 4, 8], 128)}
+        rows = mr.batch_table([2, 4, 8], [1, 2, 4, 7], 128)
+        by = {(r["shape"], r["routing"], r["world"], r["cluster_m"], r["batch"]): r for r in rows}
+        for key, r in regions.items():
+            self.assertAlmostEqual(by[key + (1,)]["ratio"], r["ratio"], msg=str(key))
+            previous = r["ratio"]
+            for batch in (2, 4, 7):
+                ratio = by[key + (batch,)]["ratio"]
+                self.assertLessEqual(ratio, previous + 1e-12, key + (batch,))
+                self.assertGreaterEqual(ratio, 1.0 - 1e-12, key + (batch,))
+                previous = ratio
+
+    def test_the_figures_decision_0071_quotes(self):
+        rows = {(r["shape"], r["routing"], r["world"], r["cluster_m"], r["batch"]): r
+                for r in mr.batch_table([8], [1, 7], 128)}
+        # Qwen3-like at 8 ranks: every other rank's region in one or two GEMMs takes 1.75x the packed tiles
+        # (2x1 cluster) where one GEMM a source takes 4x.
+        self.assertEqual(rows[("Qwen3-30B-A3B-like", "uniform", 8, 2, 1)]["ratio"], 4.0)
+        self.assertAlmostEqual(rows[("Qwen3-30B-A3B-like", "uniform", 8, 2, 7)]["ratio"], 1.75)
+        self.assertAlmostEqual(rows[("Qwen3-30B-A3B-like", "uniform", 8, 1, 7)]["ratio"], 1.25)
+
+
 class CommandLine(unittest.TestCase):
     def run_script(self, *args):
         return subprocess.run([sys.executable, SCRIPT] + list(args), capture_output=True, text=True)
@@ -88,7 +128,22 @@ class CommandLine(unittest.TestCase):
         self.assertTrue(lines[0].startswith("| shape (T, E, k) | routing | W 2, c2x1"), lines[0])
         self.assertEqual(len(lines), 2 + 2 * len(mr.SHAPES))
 
+    def test_batched_markdown_has_a_column_per_world_cluster_and_batch(self):
+        r = self.run_script("--worlds", "4,8", "--batches", "1,3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.strip().splitlines()
+        self.assertTrue(lines[0].startswith("| shape (T, E, k) | routing | W 4, c2x1, batch 1 | W 4, c2x1, batch 3"),
+                        lines[0])
+        self.assertEqual(lines[0].count("batch"), 8)
+        self.assertEqual(len(lines), 2 + 2 * len(mr.SHAPES))
+
     def test_bad_arguments_are_named(self):
+        r = self.run_script("--batches", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--batches takes positive integers", r.stderr)
+        r = self.run_script("--batches", "two")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--batches takes comma-separated integers, got 'two'", r.stderr)
         r = self.run_script("--worlds", "x")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--worlds takes comma-separated integers, got 'x'", r.stderr)

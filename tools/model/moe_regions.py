@@ -16,7 +16,16 @@ than the packed one. This model counts them:
 Column tiles multiply both counts alike, so the ratio is the GEMM's extra work
 where tiles, not bytes, bound it. A model, not a measurement.
 
-    moe_regions.py [--worlds 2,4,8] [--tile-m 128] [--markdown]
+Batches (--batches): within an expert the rows run in source order, so the
+regions of consecutive sources are one run of rows, and one GEMM over sources
+[a, b) pays one partial tile per expert, not b - a. A rank takes its own
+region alone (it starts at once), then the others in arrival order, `batch`
+sources a GEMM, cut where the order wraps from source W - 1 to 0 (the rows
+stop being one run there). batch 1 is what AgMoe runs today; batch W - 1 is
+two or three GEMMs, the last starting once every shard is here. The ratio is
+the mean over the ranks.
+
+    moe_regions.py [--worlds 2,4,8] [--tile-m 128] [--markdown] [--batches 1,2,4]
 """
 import argparse
 import os
@@ -42,6 +51,49 @@ def source_split(rows, world):
     return [rows * (s + 1) // world - rows * s // world for s in range(world)]
 
 
+def batch_plan(me, world, batch):
+    """The source ranges [a, b) of rank `me`'s GEMMs, in arrival order: its own
+    first, then `batch` sources at a time in arrival order (me + 1, me + 2, ...),
+    each cut where the sources wrap from world - 1 to 0."""
+    plan = [(me, me + 1)]
+    order = [(me + i) % world for i in range(1, world)]
+    for i in range(0, len(order), batch):
+        group = order[i:i + batch]
+        start = group[0]
+        for prev, src in zip(group, group[1:]):
+            if src != prev + 1:  # wrapped past world - 1
+                plan.append((start, prev + 1))
+                start = src
+        plan.append((start, group[-1] + 1))
+    return plan
+
+
+def batched_tiles(counts, world, batch, tile_m, cluster_m):
+    """Row tiles of every rank's GEMMs under batch_plan, averaged over the ranks."""
+    total = 0
+    for me in range(world):
+        for c in counts:
+            split = source_split(c, world)
+            total += sum(group_tiles(sum(split[a:b]), tile_m, cluster_m) for a, b in batch_plan(me, world, batch))
+    return total / world
+
+
+def batch_table(worlds, batches, tile_m):
+    out = []
+    for name, tokens, experts, top_k in SHAPES:
+        for routing in ("uniform", "zipf"):
+            counts = routing_counts(routing, tokens * top_k, experts)
+            for world in worlds:
+                for cm in CLUSTERS_M:
+                    packed = sum(group_tiles(c, tile_m, cm) for c in counts)
+                    for batch in batches:
+                        tiles = batched_tiles(counts, world, batch, tile_m, cm)
+                        out.append({"shape": name, "routing": routing, "world": world, "cluster_m": cm,
+                                    "batch": batch, "gemms": len(batch_plan(0, world, batch)),
+                                    "ratio": tiles / packed})
+    return out
+
+
 def table(worlds, tile_m):
     out = []
     for name, tokens, experts, top_k in SHAPES:
@@ -62,6 +114,7 @@ def main():
     p.add_argument("--worlds", default="2,4,8", help="world sizes, comma-separated (default 2,4,8)")
     p.add_argument("--tile-m", type=int, default=128, help="rows of a tile (default 128, every grouped tile's)")
     p.add_argument("--markdown", action="store_true", help="a markdown table, one row per shape and routing")
+    p.add_argument("--batches", help="sources per GEMM after a rank's own, comma-separated: the batched table instead")
     a = p.parse_args()
     try:
         worlds = [int(w) for w in a.worlds.split(",")]
@@ -69,6 +122,25 @@ def main():
         p.error(f"--worlds takes comma-separated integers, got {a.worlds!r}")
     if any(w < 1 for w in worlds) or a.tile_m < 1:
         p.error("--worlds and --tile-m take positive integers")
+    if a.batches is not None:
+        try:
+            batches = [int(b) for b in a.batches.split(",")]
+        except ValueError:
+            p.error(f"--batches takes comma-separated integers, got {a.batches!r}")
+        if any(b < 1 for b in batches):
+            p.error("--batches takes positive integers")
+        rows = batch_table(worlds, batches, a.tile_m)
+        cols = [(w, cm, b) for w in worlds for cm in CLUSTERS_M for b in batches]
+        print("| shape (T, E, k) | routing | "
+              + " | ".join(f"W {w}, c{cm}x1, batch {b}" for w, cm, b in cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for name, tokens, experts, top_k in SHAPES:
+            for routing in ("uniform", "zipf"):
+                r = {(x["world"], x["cluster_m"], x["batch"]): x for x in rows
+                     if x["shape"] == name and x["routing"] == routing}
+                print(f"| {name} ({tokens}, {experts}, {top_k}) | {routing} | "
+                      + " | ".join(f"{r[c]['ratio']:.2f}" for c in cols) + " |")
+        return 0
     rows = table(worlds, a.tile_m)
     if a.markdown:
         cols = [(w, cm) for w in worlds for cm in CLUSTERS_M]
