@@ -138,18 +138,14 @@ class CommandLine(unittest.TestCase):
         self.assertEqual(len(lines), 2 + 2 * len(mr.SHAPES))
 
     def test_bad_arguments_are_named(self):
-        r = self.run_script("--batches", "0")
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("--batches takes positive integers", r.stderr)
-        r = self.run_script("--batches", "two")
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("--batches takes comma-separated integers, got 'two'", r.stderr)
-        r = self.run_script("--worlds", "x")
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("--worlds takes comma-separated integers, got 'x'", r.stderr)
-        r = self.run_script("--tile-m", "0")
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("positive integers", r.stderr)
+        for args, message in ((("--batches", "0"), "--batches takes positive integers"),
+                              (("--batches", "two"), "--batches takes comma-separated integers, got 'two'"),
+                              (("--worlds", "x"), "--worlds takes comma-separated integers, got 'x'"),
+                              (("--worlds", "0"), "--worlds takes positive integers"),
+                              (("--tile-m", "0"), "positive integers")):
+            r = self.run_script(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn(message, r.stderr, args)
 
 
 if __name__ == "__main__":

@@ -78,35 +78,58 @@ def batched_tiles(counts, world, batch, tile_m, cluster_m):
     return total / world
 
 
-def batch_table(worlds, batches, tile_m):
-    out = []
+def cases(worlds, tile_m):
+    """Every (shape, routing, world, cluster) with its counts per expert and its packed row tiles."""
     for name, tokens, experts, top_k in SHAPES:
         for routing in ("uniform", "zipf"):
             counts = routing_counts(routing, tokens * top_k, experts)
             for world in worlds:
                 for cm in CLUSTERS_M:
-                    packed = sum(group_tiles(c, tile_m, cm) for c in counts)
-                    for batch in batches:
-                        tiles = batched_tiles(counts, world, batch, tile_m, cm)
-                        out.append({"shape": name, "routing": routing, "world": world, "cluster_m": cm,
-                                    "batch": batch, "gemms": len(batch_plan(0, world, batch)),
-                                    "ratio": tiles / packed})
+                    yield {"shape": name, "tokens": tokens, "experts": experts, "top_k": top_k, "routing": routing,
+                           "world": world, "cluster_m": cm, "counts": counts,
+                           "packed_tiles": sum(group_tiles(c, tile_m, cm) for c in counts)}
+
+
+def batch_table(worlds, batches, tile_m):
+    out = []
+    for case in cases(worlds, tile_m):
+        counts = case.pop("counts")
+        for batch in batches:
+            tiles = batched_tiles(counts, case["world"], batch, tile_m, case["cluster_m"])
+            out.append(dict(case, batch=batch, ratio=tiles / case["packed_tiles"]))
     return out
 
 
 def table(worlds, tile_m):
     out = []
+    for case in cases(worlds, tile_m):
+        counts = case.pop("counts")
+        regions = sum(group_tiles(r, tile_m, case["cluster_m"]) for c in counts
+                      for r in source_split(c, case["world"]))
+        out.append(dict(case, region_tiles=regions, ratio=regions / case["packed_tiles"]))
+    return out
+
+
+def print_markdown(rows, columns, column_key, column_name):
+    """One row per shape and routing, one column per `columns` entry: each row's ratio where column_key(row) is it."""
+    print("| shape (T, E, k) | routing | " + " | ".join(column_name(c) for c in columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
     for name, tokens, experts, top_k in SHAPES:
         for routing in ("uniform", "zipf"):
-            counts = routing_counts(routing, tokens * top_k, experts)
-            for world in worlds:
-                for cm in CLUSTERS_M:
-                    packed = sum(group_tiles(c, tile_m, cm) for c in counts)
-                    regions = sum(group_tiles(r, tile_m, cm) for c in counts for r in source_split(c, world))
-                    out.append({"shape": name, "tokens": tokens, "experts": experts, "top_k": top_k,
-                                "routing": routing, "world": world, "cluster_m": cm, "packed_tiles": packed,
-                                "region_tiles": regions, "ratio": regions / packed})
-    return out
+            r = {column_key(x): x for x in rows if x["shape"] == name and x["routing"] == routing}
+            print(f"| {name} ({tokens}, {experts}, {top_k}) | {routing} | "
+                  + " | ".join(f"{r[c]['ratio']:.2f}" for c in columns) + " |")
+
+
+def int_list(p, flag, text):
+    """Comma-separated positive integers, or a parser error naming `flag`."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        p.error(f"{flag} takes comma-separated integers, got {text!r}")
+    if any(v < 1 for v in values):
+        p.error(f"{flag} takes positive integers")
+    return values
 
 
 def main():
@@ -116,41 +139,20 @@ def main():
     p.add_argument("--markdown", action="store_true", help="a markdown table, one row per shape and routing")
     p.add_argument("--batches", help="sources per GEMM after a rank's own, comma-separated: the batched table instead")
     a = p.parse_args()
-    try:
-        worlds = [int(w) for w in a.worlds.split(",")]
-    except ValueError:
-        p.error(f"--worlds takes comma-separated integers, got {a.worlds!r}")
-    if any(w < 1 for w in worlds) or a.tile_m < 1:
-        p.error("--worlds and --tile-m take positive integers")
+    worlds = int_list(p, "--worlds", a.worlds)
+    if a.tile_m < 1:
+        p.error("--tile-m takes positive integers")
     if a.batches is not None:
-        try:
-            batches = [int(b) for b in a.batches.split(",")]
-        except ValueError:
-            p.error(f"--batches takes comma-separated integers, got {a.batches!r}")
-        if any(b < 1 for b in batches):
-            p.error("--batches takes positive integers")
-        rows = batch_table(worlds, batches, a.tile_m)
-        cols = [(w, cm, b) for w in worlds for cm in CLUSTERS_M for b in batches]
-        print("| shape (T, E, k) | routing | "
-              + " | ".join(f"W {w}, c{cm}x1, batch {b}" for w, cm, b in cols) + " |")
-        print("|---|---|" + "---|" * len(cols))
-        for name, tokens, experts, top_k in SHAPES:
-            for routing in ("uniform", "zipf"):
-                r = {(x["world"], x["cluster_m"], x["batch"]): x for x in rows
-                     if x["shape"] == name and x["routing"] == routing}
-                print(f"| {name} ({tokens}, {experts}, {top_k}) | {routing} | "
-                      + " | ".join(f"{r[c]['ratio']:.2f}" for c in cols) + " |")
+        batches = int_list(p, "--batches", a.batches)
+        print_markdown(batch_table(worlds, batches, a.tile_m),
+                       [(w, cm, b) for w in worlds for cm in CLUSTERS_M for b in batches],
+                       lambda x: (x["world"], x["cluster_m"], x["batch"]),
+                       lambda c: f"W {c[0]}, c{c[1]}x1, batch {c[2]}")
         return 0
     rows = table(worlds, a.tile_m)
     if a.markdown:
-        cols = [(w, cm) for w in worlds for cm in CLUSTERS_M]
-        print("| shape (T, E, k) | routing | " + " | ".join(f"W {w}, c{cm}x1" for w, cm in cols) + " |")
-        print("|---|---|" + "---|" * len(cols))
-        for name, tokens, experts, top_k in SHAPES:
-            for routing in ("uniform", "zipf"):
-                r = {(x["world"], x["cluster_m"]): x for x in rows if x["shape"] == name and x["routing"] == routing}
-                print(f"| {name} ({tokens}, {experts}, {top_k}) | {routing} | "
-                      + " | ".join(f"{r[c]['ratio']:.2f}" for c in cols) + " |")
+        print_markdown(rows, [(w, cm) for w in worlds for cm in CLUSTERS_M],
+                       lambda x: (x["world"], x["cluster_m"]), lambda c: f"W {c[0]}, c{c[1]}x1")
         return 0
     print(f"row tiles of {a.tile_m} rows, by source regions / packed by expert (the GEMM's extra tiles)")
     for x in rows:
