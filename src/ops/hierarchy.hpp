@@ -232,12 +232,17 @@ WEFT_HD int rs_node_partial_from(NodeGrid g, int gpu, int i) { return g.rail_pee
 //       GPU sums the nodes' slices in ascending node order, so every GPU of the
 //       rail computes the same bits. NIC: (nodes-1) S / L per GPU, one latency.
 //     - halving then doubling (nodes a power of two): the slice is cut into
-//       `nodes` sub-chunks (schedule::split). Halving round r
+//       `nodes` sub-chunks (hd_sub_range; the kernels cut each block's piece
+//       of it the same way on every GPU of the rail). Halving round r
 //       (0..log2 nodes - 1) pairs node n with n xor (nodes >> (r+1)): each
 //       keeps the half of its range on its side of that bit and sends the
 //       other half, so after the last round node n holds sub-chunk n, summed. Doubling undoes it, round
 //       d pairing n with n xor (1 << d), each sending all it holds.
-//       NIC: 2 (nodes-1) / nodes x S / L per GPU, 2 log2(nodes) latencies.
+//       Every sub-chunk is summed at one node and copied to the others, so
+//       every GPU of the rail holds the same bits; the order of the sum is
+//       the butterfly's, not ascending nodes, so its last bits may differ
+//       from the direct way's. NIC: 2 (nodes-1) / nodes x S / L per GPU,
+//       2 log2(nodes) latencies.
 //       For other node counts the plan falls back to direct (ar_rail_way).
 //  3. AllGather in the node: at turn i, GPU (n, l) pushes slice l to (n, l+i).
 
@@ -286,6 +291,14 @@ WEFT_HD int hd_halving_partner(int node, int round, int nodes) { return node ^ (
 /// Doubling round d's partner of node n: n xor (1 << d). Node n sends it
 /// hd_held(n, rounds-d) and receives hd_held(partner, rounds-d).
 WEFT_HD int hd_doubling_partner(int node, int round) { return node ^ (1 << round); }
+/// Elements [lo, hi) of sub-chunks [first, last) (first < last) of `nodes` (schedule::split
+/// of [begin, end) in `grain` units): one run, since the sub-chunks tile the range in order.
+WEFT_HD void hd_sub_range(std::uint64_t begin, std::uint64_t end, std::uint64_t grain, int nodes, int first, int last,
+                          std::uint64_t& lo, std::uint64_t& hi) {
+  std::uint64_t unused;
+  schedule::split(begin, end, grain, nodes, first, lo, unused);
+  schedule::split(begin, end, grain, nodes, last - 1, unused, hi);
+}
 
 // ---- the collectives' kernels, step by step (weft::internode, src/ops/internode/) ----
 //
@@ -303,7 +316,8 @@ WEFT_HD int hd_doubling_partner(int node, int round) { return node ^ (1 << round
 // buffers of ReduceScatter and AllReduce are double-buffered by the epoch's
 // parity: a GPU writes a peer's staging for launch e + 2 only after finishing
 // launch e + 1, which waited for something the peer sent in e + 1, after it had
-// finished reading launch e's staging (the tests check it). AllGather writes into the
+// finished reading launch e's staging (the tests check it; for AllReduce's
+// halving-doubling, see ar_walk). AllGather writes into the
 // caller's output, so each GPU first raises "ready" (its output is free for
 // this launch) to the GPUs that write into it, and they wait for it.
 
@@ -318,14 +332,23 @@ enum class Act : int {
   put_sum,    ///< put the node sum of `index` into `peer`'s buffer `buffer` (fp32), raising its flag `flag`
   sum_final,  ///< sum the nodes' sums of `index` in node order and round once: the result
   get,        ///< fetch `peer`'s result `index` (AllReduce's in-node AllGather)
+  // AllReduce's halving-doubling rail, on sub-chunks [first, last) of slice `index`:
+  put_part,      ///< put those sub-chunks of this GPU's node sum into `peer`'s buffer `buffer`, at the same
+                 ///< offsets, raising its flag `flag`
+  add_part,      ///< add those sub-chunks of buffer `buffer` (a rail peer's partial) into this GPU's node
+                 ///< sum, in place, in fp32
+  round_result,  ///< round this GPU's node sum, now the whole slice's sum, once: the result
 };
 
 struct Step {
   Act act;
-  int peer;    ///< the GPU signalled, waited for, written to or read from (itself for the sums)
-  int index;   ///< the shard (AllGather), block (ReduceScatter) or slice (AllReduce) the step moves
-  int flag;    ///< the flag slot (signal, wait, put, put_sum); -1 for the others
-  int buffer;  ///< the buffer slot written (put, put_sum) or announced (wait); -1 where none
+  int peer;       ///< the GPU signalled, waited for, written to or read from (itself for the sums)
+  int index;      ///< the shard (AllGather), block (ReduceScatter) or slice (AllReduce) the step moves
+  int flag;       ///< the flag slot (signal, wait, put, put_sum, put_part); -1 for the others
+  int buffer;     ///< the buffer slot written (put, put_sum, put_part), announced (wait) or read (add_part);
+                  ///< -1 where none
+  int first = 0;  ///< put_part, add_part and the waits before them: the sub-chunks [first, last) of the slice;
+  int last = 0;   ///< [0, 0) where a step moves whole data
 };
 
 #if defined(__CUDACC__)
@@ -427,16 +450,20 @@ WEFT_HIERARCHY_WALK WEFT_HD void rs_walk(NodeGrid g, int gpu, F&& f) {
   f(Step{Act::sum_final, gpu, gpu, -1, -1});
 }
 
-// AllReduce (the direct rail way). Buffers, per parity: the peers'
-// contributions to the own slice, slot = sender's local rank (L); the nodes'
-// sums of it, slot L + node (nodes); the result of the own slice, slot
-// L + nodes (one, read by the local peers). Flags: the first L + nodes slots
-// as the buffers, then "result ready" from each local peer, slot L + nodes +
-// its local rank (L).
+// AllReduce. Buffers, per parity: the peers' contributions to the own slice,
+// slot = sender's local rank (L); the nodes' sums of it, slot L + node
+// (nodes; the own node's is this GPU's node sum); the result of the own
+// slice, slot L + nodes (one, read by the local peers). Flags: the first
+// L + nodes slots as the buffers, then "result ready" from each local peer,
+// slot L + nodes + its local rank (L); halving-doubling adds its doubling
+// flags, slot 2 L + nodes + the sender's node (nodes).
 
-/// Buffer slots of the AllReduce kernel, per parity; and its flag slots, per parity.
+/// Buffer slots of the AllReduce kernel, per parity; and its flag slots, per parity, for the rail way
+/// that runs (ar_rail_way).
 WEFT_HD int ar_buffer_slots(NodeGrid g) { return g.local + g.nodes + 1; }
-WEFT_HD int ar_flag_slots(NodeGrid g) { return 2 * g.local + g.nodes; }
+WEFT_HD int ar_flag_slots(NodeGrid g, RailWay way = RailWay::direct) {
+  return 2 * g.local + g.nodes + (ar_rail_way(g.nodes, way) == RailWay::halving_doubling ? g.nodes : 0);
+}
 /// Where the local peer of local rank `sender_local` puts its contribution to the receiver's slice.
 WEFT_HD int ar_peer_buffer(NodeGrid, int sender_local) { return sender_local; }
 /// Where node `node`'s sum of a rail's slice lands.
@@ -445,13 +472,37 @@ WEFT_HD int ar_node_buffer(NodeGrid g, int node) { return g.local + node; }
 WEFT_HD int ar_result_buffer(NodeGrid g) { return g.local + g.nodes; }
 /// "The result of local rank `owner_local`'s slice is ready", raised by its owner on its local peers.
 WEFT_HD int ar_result_flag(NodeGrid g, int owner_local) { return g.local + g.nodes + owner_local; }
+/// Halving-doubling: "the doubling round's sub-chunks from node `node` have landed in this GPU's node sum".
+/// Slots of their own: halving and doubling pair the same nodes (at mirrored rounds), and the halving
+/// flag (the sender's ar_node_buffer) already holds the launch's epoch when doubling begins.
+WEFT_HD int ar_doubling_flag(NodeGrid g, int node) { return 2 * g.local + g.nodes + node; }
 
 /// The steps of `gpu`'s AllReduce kernel: the in-node ReduceScatter (push each
 /// peer its slice, wait for the peers' contributions to its own, sum them),
-/// the direct rail AllReduce of its slice (put the node sum to every rail
-/// peer, wait for theirs, sum in node order), then the in-node AllGather
-/// (announce the result, fetch each peer's).
-WEFT_HIERARCHY_WALK WEFT_HD void ar_walk(NodeGrid g, int gpu, F&& f) {
+/// the rail AllReduce of its slice, then the in-node AllGather (announce the
+/// result, fetch each peer's). The rail runs `way` where it applies
+/// (ar_rail_way), else direct:
+///   direct: put the node sum to every rail peer, wait for theirs, sum in
+///     node order, round once.
+///   halving-doubling: halving round r puts the node sum's sub-chunks
+///     hd_held(partner, r+1) into the partner's slot of this node,
+///     ar_node_buffer(sender's node) (where the direct way puts too), raising
+///     that slot's flag; the partner waits and adds them into its own node
+///     sum, in place. Doubling round d puts hd_held(n, rounds-d), final, into
+///     the partner's own node sum at the same offsets (sub-chunks the partner
+///     sent away while halving), raising ar_doubling_flag; after the last
+///     round the node sum is the whole slice's, rounded once.
+/// Double-buffering holds for halving-doubling too: a rail GPU writes a
+/// peer's buffers of launch e + 2 only after finishing e + 1, in whose
+/// halving it waited for that peer's put (halving pairs both ways), which
+/// the peer sent after finishing launch e, its reads included. Within a
+/// launch, a doubling put overwrites sub-chunks of the receiver's node sum
+/// that the receiver sent to the writer in the mirrored halving round, and
+/// the writer waited for that put's flag first, so it had been read. No GPU
+/// rewrites a put's source itself within the launch (its adds go into the
+/// half it keeps), so the puts need not complete before the kernel's quiet.
+/// The CPU tests check all of it, sub-chunk by sub-chunk.
+WEFT_HIERARCHY_WALK WEFT_HD void ar_walk(NodeGrid g, int gpu, F&& f, RailWay way = RailWay::direct) {
   const int L = g.local, N = g.nodes, n = g.node_of(gpu), l = g.local_of(gpu);
   for (int t = 1; t < L; ++t)
     f(Step{Act::put, ar_node_to(g, gpu, t), ar_rs_slice(g, gpu, t), ar_peer_buffer(g, l), ar_peer_buffer(g, l)});
@@ -461,14 +512,36 @@ WEFT_HIERARCHY_WALK WEFT_HD void ar_walk(NodeGrid g, int gpu, F&& f) {
     f(Step{Act::wait, from, l, slot, slot});
   }
   f(Step{Act::sum_node, gpu, l, -1, -1});
-  for (int i = 1; i < N; ++i)
-    f(Step{Act::put_sum, ar_direct_to(g, gpu, i), l, ar_node_buffer(g, n), ar_node_buffer(g, n)});
-  for (int i = 1; i < N; ++i) {
-    const int from = ar_direct_from(g, gpu, i);
-    const int slot = ar_node_buffer(g, g.node_of(from));
-    f(Step{Act::wait, from, l, slot, slot});
+  if (ar_rail_way(N, way) == RailWay::halving_doubling) {
+    const int rounds = hd_rounds(N);
+    for (int r = 0; r < rounds; ++r) {
+      const int p = hd_halving_partner(n, r, N), partner = g.rank(p, l);
+      int first, last;
+      hd_held(p, r + 1, N, first, last);  // the partner's half of what this node holds
+      f(Step{Act::put_part, partner, l, ar_node_buffer(g, n), ar_node_buffer(g, n), first, last});
+      hd_held(n, r + 1, N, first, last);  // this node's half, which the partner sent
+      f(Step{Act::wait, partner, l, ar_node_buffer(g, p), ar_node_buffer(g, p), first, last});
+      f(Step{Act::add_part, gpu, l, -1, ar_node_buffer(g, p), first, last});
+    }
+    for (int d = 0; d < rounds; ++d) {
+      const int p = hd_doubling_partner(n, d), partner = g.rank(p, l);
+      int first, last;
+      hd_held(n, rounds - d, N, first, last);  // all this node holds, summed
+      f(Step{Act::put_part, partner, l, ar_doubling_flag(g, n), ar_node_buffer(g, p), first, last});
+      hd_held(p, rounds - d, N, first, last);  // all the partner holds, into this node sum
+      f(Step{Act::wait, partner, l, ar_doubling_flag(g, p), ar_node_buffer(g, n), first, last});
+    }
+    f(Step{Act::round_result, gpu, l, -1, -1});
+  } else {
+    for (int i = 1; i < N; ++i)
+      f(Step{Act::put_sum, ar_direct_to(g, gpu, i), l, ar_node_buffer(g, n), ar_node_buffer(g, n)});
+    for (int i = 1; i < N; ++i) {
+      const int from = ar_direct_from(g, gpu, i);
+      const int slot = ar_node_buffer(g, g.node_of(from));
+      f(Step{Act::wait, from, l, slot, slot});
+    }
+    f(Step{Act::sum_final, gpu, l, -1, -1});
   }
-  f(Step{Act::sum_final, gpu, l, -1, -1});
   for (int t = 1; t < L; ++t) f(Step{Act::signal, ar_node_to(g, gpu, t), l, ar_result_flag(g, l), -1});
   for (int t = 1; t < L; ++t) {
     const int from = ar_node_from(g, gpu, t);

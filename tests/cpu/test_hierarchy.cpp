@@ -1,17 +1,20 @@
 // The two-level (multi-node) schedules' index maps (src/ops/hierarchy.hpp), simulated with
 // integers on the CPU for grids of 1 to 8 nodes of 1 to 8 GPUs: AllGather delivers every
 // shard once over the right links, in an order its GEMM can walk; ReduceScatter and
-// AllReduce sum every contribution exactly once, at the NIC bytes the cost model
-// (tools/model/scale_model.py) assumes; the EP two-hop route delivers every (token, rank)
-// pair once, crossing the NIC at most once per remote node.
+// AllReduce (on both rail ways, direct and halving-doubling) sum every contribution exactly
+// once, at the NIC bytes and latencies the cost model (tools/model/scale_model.py) assumes;
+// the EP two-hop route delivers every (token, rank) pair once, crossing the NIC at most once
+// per remote node.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ops/hierarchy.hpp"
@@ -551,6 +554,9 @@ std::string act_name(Act a) {
     case Act::put_sum: return "put_sum";
     case Act::sum_final: return "sum_final";
     case Act::get: return "get";
+    case Act::put_part: return "put_part";
+    case Act::add_part: return "add_part";
+    case Act::round_result: return "round_result";
   }
   return "?";
 }
@@ -558,7 +564,8 @@ std::string act_name(Act a) {
 std::string describe(int gpu, int e, const Step& s) {
   return "GPU " + std::to_string(gpu) + ", launch " + std::to_string(e) + ", " + act_name(s.act) + " peer " +
          std::to_string(s.peer) + " index " + std::to_string(s.index) + " flag " + std::to_string(s.flag) +
-         " buffer " + std::to_string(s.buffer);
+         " buffer " + std::to_string(s.buffer) +
+         (s.last > s.first ? " sub-chunks [" + std::to_string(s.first) + ", " + std::to_string(s.last) + ")" : "");
 }
 
 /// Runs every GPU's `steps` for `launches` launches in a random interleaving drawn from `seed`;
@@ -609,7 +616,7 @@ std::string run_launches(NodeGrid g, const std::vector<std::vector<Step>>& steps
     const std::string at = describe(r, e, s);
     const auto ue = static_cast<std::uint64_t>(e);
     if (s.peer < 0 || s.peer >= W) return at + ": no such peer";
-    const bool raises = s.act == Act::signal || s.act == Act::put || s.act == Act::put_sum;
+    const bool raises = s.act == Act::signal || s.act == Act::put || s.act == Act::put_sum || s.act == Act::put_part;
     if (raises || s.act == Act::wait) {
       if (s.flag < 0 || s.flag >= slots) return at + ": flag slot out of range";
       if (s.peer == r) return at + ": a flag to or from itself";
@@ -642,27 +649,32 @@ std::vector<std::vector<Step>> step_lists(NodeGrid g, Walk walk) {
   return steps;
 }
 
-/// A buffer slot: what it holds (of which launch) and how many reads of it are still to come.
+/// A buffer slot: what it holds (of which launch) and how many reads of it are still to come; where the
+/// order of a sum matters (AllReduce's node sums), the expression that computed it: fp32 additions in
+/// that order, so two GPUs whose expressions are equal hold equal bits.
 struct Slot {
   int epoch = 0;
   Sum value;
   int unread = 0;
+  std::string expr = {};
 };
 /// Writes a slot, refusing to overwrite one whose reads are still to come.
-std::string write_slot(Slot& slot, int e, Sum value, int readers, const std::string& what) {
+std::string write_slot(Slot& slot, int e, Sum value, int readers, const std::string& what,
+                       const std::string& expr = "") {
   if (slot.unread > 0)
     return what + " still holds launch " + std::to_string(slot.epoch) + "'s data, not yet read: overwritten by launch " +
            std::to_string(e);
-  slot = Slot{e, value, readers};
+  slot = Slot{e, value, readers, expr};
   return "";
 }
 /// Reads a slot that must hold launch e's data and a read still to come.
-std::string read_slot(Slot& slot, int e, Sum& value, const std::string& what) {
+std::string read_slot(Slot& slot, int e, Sum& value, const std::string& what, std::string* expr = nullptr) {
   if (slot.epoch != e || slot.unread == 0)
     return what + " holds launch " + std::to_string(slot.epoch) + "'s data (" + std::to_string(slot.unread) +
            " reads left), read in launch " + std::to_string(e);
   --slot.unread;
   value = slot.value;
+  if (expr) *expr = slot.expr;
   return "";
 }
 
@@ -787,19 +799,36 @@ class ReduceScatterSemantics final : public Semantics {
   std::vector<int> done_;
 };
 
+/// AllReduce, on either rail way. The node-sum slots are tracked sub-chunk by
+/// sub-chunk (halving-doubling moves sub-chunks; the direct way moves all of
+/// them at once), sub-chunk c of slice q as block q x nodes + c, each with its
+/// expression; every GPU of a rail must end with the same expression for
+/// each sub-chunk (the same bits), and under halving-doubling each sub-chunk's
+/// whole sum must be formed at exactly one GPU of the rail (rail_results).
 class AllReduceSemantics final : public Semantics {
  public:
-  explicit AllReduceSemantics(NodeGrid g)
+  explicit AllReduceSemantics(NodeGrid g, RailWay way = RailWay::direct)
       : g_(g),
+        way_(ar_rail_way(g.nodes, way)),
         peer_(g.world(), std::vector<Slot>(2 * g.local)),
-        node_(g.world(), std::vector<Slot>(2 * g.nodes)),
+        node_(g.world(), std::vector<Slot>(2 * g.nodes * g.nodes)),
         result_(g.world(), std::vector<Slot>(2)),
         have_(g.world(), std::vector<int>(g.local, 0)) {}
-  int flag_slots() const override { return ar_flag_slots(g_); }
+  int flag_slots() const override { return ar_flag_slots(g_, way_); }
   bool parity_flags() const override { return true; }
   std::string start(int, int) override { return ""; }
   std::string apply(int gpu, int e, const Step& s) override {
-    const int L = g_.local, N = g_.nodes, par = e & 1, n = g_.node_of(gpu), l = g_.local_of(gpu);
+    const int L = g_.local, N = g_.nodes, W = g_.world(), par = e & 1, n = g_.node_of(gpu), l = g_.local_of(gpu);
+    const bool hd = way_ == RailWay::halving_doubling;
+    if (s.first < 0 || s.first > s.last || s.last > N) return "sub-chunks out of range";
+    const bool parted = s.last > s.first;
+    // The sub-chunks a step moves: [first, last), or all of them where it moves whole data.
+    const int first = parted ? s.first : 0, last = parted ? s.last : N;
+    // Sub-chunk c of node-sum buffer `slot` (ar_node_buffer) on GPU `at`, this launch's parity.
+    auto part = [&](int at, int slot, int c) -> Slot& { return node_[at][(par * N + slot - L) * N + c]; };
+    auto node_slot = [&](int at, int slot) {
+      return "GPU " + std::to_string(at) + "'s node slot " + std::to_string(slot - L);
+    };
     switch (s.act) {
       case Act::put:
         if (!same_node(g_, gpu, s.peer) || g_.local_of(s.peer) != s.index) return "a slice goes to its owner";
@@ -807,14 +836,28 @@ class AllReduceSemantics final : public Semantics {
         return write_slot(peer_[s.peer][par * L + s.buffer], e, one(gpu, s.index), 1,
                           "GPU " + std::to_string(s.peer) + "'s peer slot");
       case Act::wait: {
-        if (s.flag >= L + N) {  // a local peer's result, in its staging
+        if (s.flag >= L + N && s.flag < 2 * L + N) {  // a local peer's result, in its staging
           if (s.flag != ar_result_flag(g_, g_.local_of(s.peer)) || s.buffer != ar_result_buffer(g_)) return "wrong slot";
           const Slot& slot = result_[s.peer][par];
           return slot.epoch == e ? "" : "the flag announces a result that is not there";
         }
-        if (s.buffer != s.flag) return "wrong slot";
-        const Slot& slot = s.buffer < L ? peer_[gpu][par * L + s.buffer] : node_[gpu][par * N + s.buffer - L];
-        return slot.epoch == e && slot.unread == 1 ? "" : "the flag announces data that is not there";
+        if (s.buffer < L) {
+          if (s.buffer != s.flag || parted) return "wrong slot";
+          const Slot& slot = peer_[gpu][par * L + s.buffer];
+          return slot.epoch == e && slot.unread == 1 ? "" : "the flag announces data that is not there";
+        }
+        if (s.flag >= 2 * L + N) {  // a doubling round's sub-chunks, in the own node sum
+          if (!hd || !parted || s.flag != ar_doubling_flag(g_, g_.node_of(s.peer)) || s.buffer != ar_node_buffer(g_, n))
+            return "wrong slot";
+        } else if (s.buffer != s.flag || s.buffer >= L + N || parted != hd) {
+          return "wrong slot";
+        }
+        for (int c = first; c < last; ++c) {
+          const Slot& slot = part(gpu, s.buffer, c);
+          if (slot.epoch != e || slot.unread != 1)
+            return "the flag announces data that is not there (sub-chunk " + std::to_string(c) + ")";
+        }
+        return "";
       }
       case Act::sum_node: {
         if (s.index != l) return "sums another slice";
@@ -825,27 +868,97 @@ class AllReduceSemantics final : public Semantics {
           if (auto err = read_slot(peer_[gpu][par * L + q], e, v, "peer slot"); !err.empty()) return err;
           if (!add_once(sum, v)) return "a contribution added twice";
         }
-        return write_slot(node_[gpu][par * N + n], e, sum, 1, "the own node sum");
+        for (int c = 0; c < N; ++c)
+          if (auto err = write_slot(part(gpu, L + n, c), e, Sum{l * N + c, sum.ranks}, 1, "the own node sum",
+                                    "node" + std::to_string(n));
+              !err.empty())
+            return err;
+        return "";
       }
       case Act::put_sum: {
+        if (hd) return "halving-doubling puts no whole node sum";
         if (!rail_link(g_, gpu, s.peer)) return "a node sum goes over the rail";
-        if (s.buffer != ar_node_buffer(g_, n) || s.flag != s.buffer || s.index != l) return "wrong slot";
-        const Slot& own = node_[gpu][par * N + n];
-        if (own.epoch != e) return "puts a node sum not computed in this launch";
-        return write_slot(node_[s.peer][par * N + n], e, own.value, 1,
-                          "GPU " + std::to_string(s.peer) + "'s node slot " + std::to_string(n));
+        if (s.buffer != ar_node_buffer(g_, n) || s.flag != s.buffer || s.index != l || parted) return "wrong slot";
+        for (int c = 0; c < N; ++c) {
+          const Slot& own = part(gpu, L + n, c);
+          if (own.epoch != e || own.unread == 0) return "puts a node sum not computed in this launch";
+          if (auto err = write_slot(part(s.peer, L + n, c), e, own.value, 1, node_slot(s.peer, L + n), own.expr);
+              !err.empty())
+            return err;
+        }
+        return "";
       }
       case Act::sum_final: {
-        Sum sum;
-        for (int m = 0; m < N; ++m) {
-          Sum v;
-          if (auto err = read_slot(node_[gpu][par * N + m], e, v, "node slot " + std::to_string(m)); !err.empty())
-            return err;
-          if (!add_once(sum, v)) return "a contribution added twice";
+        if (hd) return "halving-doubling sums in its rounds, not at the end";
+        for (int c = 0; c < N; ++c) {
+          Sum sum;
+          std::string expr;
+          for (int m = 0; m < N; ++m) {
+            Sum v;
+            std::string x;
+            if (auto err = read_slot(part(gpu, L + m, c), e, v, node_slot(gpu, L + m), &x); !err.empty()) return err;
+            if (!add_once(sum, v)) return "a contribution added twice";
+            expr = m == 0 ? x : "(" + expr + " + " + x + ")";
+          }
+          if (sum != whole(l * N + c, W)) return "the result is not the whole slice's sum";
+          if (auto err = record(e, l, c, expr); !err.empty()) return err;
         }
-        if (sum != whole(l, g_.world())) return "the result is not the whole slice's sum";
         have_[gpu][l] = e;
-        return write_slot(result_[gpu][par], e, sum, L - 1, "the result staging");
+        return write_slot(result_[gpu][par], e, whole(l, W), L - 1, "the result staging");
+      }
+      case Act::put_part: {
+        if (!hd) return "the direct way puts no sub-chunks";
+        if (!rail_link(g_, gpu, s.peer) || s.index != l || !parted) return "sub-chunks of the own slice, over the rail";
+        const bool halving = s.flag == ar_node_buffer(g_, n);
+        if (halving ? s.buffer != s.flag
+                    : s.flag != ar_doubling_flag(g_, n) || s.buffer != ar_node_buffer(g_, g_.node_of(s.peer)))
+          return "wrong slot";
+        for (int c = first; c < last; ++c) {
+          Slot& own = part(gpu, L + n, c);
+          if (own.epoch != e || own.unread == 0)
+            return "puts sub-chunk " + std::to_string(c) + ", which it does not hold in this launch";
+          // Halving sends a sub-chunk away for good: its range is free for the partner's doubling put.
+          if (halving) --own.unread;
+          if (auto err = write_slot(part(s.peer, s.buffer, c), e, own.value, 1, node_slot(s.peer, s.buffer), own.expr);
+              !err.empty())
+            return err + " (sub-chunk " + std::to_string(c) + ")";
+        }
+        return "";
+      }
+      case Act::add_part: {
+        if (!hd) return "the direct way adds no sub-chunks";
+        const int m = s.buffer - L;
+        if (s.peer != gpu || s.index != l || !parted || m < 0 || m >= N || m == n || s.flag != -1)
+          return "adds a rail peer's sub-chunks of the own slice into the own node sum";
+        for (int c = first; c < last; ++c) {
+          Sum own, staged;
+          std::string own_expr, staged_expr;
+          if (auto err = read_slot(part(gpu, s.buffer, c), e, staged, node_slot(gpu, s.buffer), &staged_expr);
+              !err.empty())
+            return err;
+          if (auto err = read_slot(part(gpu, L + n, c), e, own, "the own node sum", &own_expr); !err.empty())
+            return err;
+          if (!add_once(own, staged)) return "a contribution added twice";
+          if (own == whole(l * N + c, W)) ++formed_[{e, l, c}];
+          if (auto err = write_slot(part(gpu, L + n, c), e, own, 1, "the own node sum",
+                                    "(" + own_expr + " + " + staged_expr + ")");
+              !err.empty())
+            return err;
+        }
+        return "";
+      }
+      case Act::round_result: {
+        if (!hd) return "the direct way rounds in its final sum";
+        if (s.peer != gpu || s.index != l || parted) return "rounds another slice";
+        for (int c = 0; c < N; ++c) {
+          Sum v;
+          std::string expr;
+          if (auto err = read_slot(part(gpu, L + n, c), e, v, "the own node sum", &expr); !err.empty()) return err;
+          if (v != whole(l * N + c, W)) return "sub-chunk " + std::to_string(c) + " of the result is not its whole sum";
+          if (auto err = record(e, l, c, expr); !err.empty()) return err;
+        }
+        have_[gpu][l] = e;
+        return write_slot(result_[gpu][par], e, whole(l, W), L - 1, "the result staging");
       }
       case Act::signal:
         if (!same_node(g_, gpu, s.peer) || s.flag != ar_result_flag(g_, l)) return "wrong result signal";
@@ -868,11 +981,43 @@ class AllReduceSemantics final : public Semantics {
       if (have_[gpu][q] != e) return "slice " + std::to_string(q) + " missing";
     return "";
   }
+  /// After `launches` launches: "" when every GPU of each rail rounded every sub-chunk of its slice
+  /// from the same expression and, under halving-doubling, each whole sum was formed at one GPU.
+  std::string rail_results(int launches) const {
+    for (int e = 1; e <= launches; ++e)
+      for (int q = 0; q < g_.local; ++q)
+        for (int c = 0; c < g_.nodes; ++c) {
+          const std::string at =
+              "launch " + std::to_string(e) + ", slice " + std::to_string(q) + ", sub-chunk " + std::to_string(c);
+          const auto result = results_.find({e, q, c});
+          if (result == results_.end() || result->second.second != g_.nodes)
+            return at + ": not rounded once by every GPU of its rail";
+          if (way_ != RailWay::halving_doubling) continue;
+          const auto formed = formed_.find({e, q, c});
+          const int places = formed == formed_.end() ? 0 : formed->second;
+          if (places != 1) return at + ": its whole sum is formed at " + std::to_string(places) + " GPUs, not one";
+        }
+    return "";
+  }
 
  private:
+  using Key = std::tuple<int, int, int>;  // (launch, slice, sub-chunk)
+  /// A rail GPU's result of a sub-chunk: the same expression as its rail's others, or what differs.
+  std::string record(int e, int q, int c, const std::string& expr) {
+    auto [it, first] = results_.try_emplace(Key{e, q, c}, expr, 0);
+    ++it->second.second;
+    if (!first && it->second.first != expr)
+      return "sub-chunk " + std::to_string(c) + " is " + expr + " here, " + it->second.first +
+             " on another GPU of the rail: not the same bits";
+    return "";
+  }
+
   NodeGrid g_;
-  std::vector<std::vector<Slot>> peer_, node_, result_;  // [gpu][parity x slots]
+  RailWay way_;
+  std::vector<std::vector<Slot>> peer_, node_, result_;  // [gpu][parity x slots] (node_: x sub-chunks)
   std::vector<std::vector<int>> have_;                   // [gpu][slice]: the launch whose result it holds
+  std::map<Key, std::pair<std::string, int>> results_;   // the rail's expression, and how many GPUs rounded it
+  std::map<Key, int> formed_;                            // GPUs where the whole sum was formed (halving-doubling)
 };
 
 constexpr int kLaunches = 5;     // the parities wrap twice
@@ -917,8 +1062,91 @@ TEST(HierarchyKernels, AllReduceStepsSumEverySliceEveryLaunchInAnyInterleaving) 
     for (int seed = 0; seed < kInterleavings; ++seed) {
       AllReduceSemantics sem(g);
       EXPECT_EQ(run_launches(g, steps, sem, kLaunches, 3000 * g.world() + seed), "") << name(g) << ", seed " << seed;
+      EXPECT_EQ(sem.rail_results(kLaunches), "") << name(g) << ", seed " << seed;
     }
   }
+}
+
+// scale_model.py's ar_weft, the halving-doubling way: 2 ceil(log2 Nn) NIC latencies and
+// 2 (Nn - 1) / Nn x S / L on each GPU's NIC (S / L: the rail's slice).
+double model_hd_latencies(int nodes) { return 2 * std::ceil(std::log2(nodes)); }
+double model_hd_nic(int nodes, double slice) { return 2.0 * (nodes - 1) / nodes * slice; }
+
+TEST(HierarchyKernels, AllReduceHalvingDoublingStepsSumEverySubChunkOnceEveryLaunchInAnyInterleaving) {
+  int grids = 0;
+  for (NodeGrid g : every_grid()) {
+    if (!hd_applies(g.nodes)) continue;
+    ++grids;
+    const int N = g.nodes;
+    const auto steps =
+        step_lists(g, [](NodeGrid gg, int r, auto&& f) { ar_walk(gg, r, f, RailWay::halving_doubling); });
+    for (int seed = 0; seed < kInterleavings; ++seed) {
+      AllReduceSemantics sem(g, RailWay::halving_doubling);
+      EXPECT_EQ(run_launches(g, steps, sem, kLaunches, 4000 * g.world() + seed), "") << name(g) << ", seed " << seed;
+      EXPECT_EQ(sem.rail_results(kLaunches), "") << name(g) << ", seed " << seed;
+    }
+    // What crosses each NIC, in elements of a slice cut as the kernels cut it (grain 8: bf16's 16
+    // bytes) into equal sub-chunks; and how many NIC latencies deep the rail is: one per rail wait.
+    const std::uint64_t slice = std::uint64_t(N) * 8 * 5;
+    for (int r = 0; r < g.world(); ++r) {
+      int sub_chunks = 0, rail_waits = 0;
+      std::uint64_t elements = 0;
+      for (const Step& s : steps[r]) {
+        if (s.act == Act::put_part) {
+          ASSERT_TRUE(rail_link(g, r, s.peer)) << name(g) << ": GPU " << r;
+          std::uint64_t lo, hi;
+          hd_sub_range(0, slice, 8, N, s.first, s.last, lo, hi);
+          sub_chunks += s.last - s.first;
+          elements += hi - lo;
+        }
+        if (s.act == Act::wait && rail_link(g, r, s.peer)) ++rail_waits;
+        EXPECT_TRUE(s.act != Act::put_sum && s.act != Act::sum_final) << name(g) << ": a direct step";
+      }
+      EXPECT_EQ(sub_chunks, 2 * (N - 1)) << name(g) << ": GPU " << r;
+      EXPECT_EQ(rail_waits, 2 * hd_rounds(N)) << name(g) << ": GPU " << r;
+      EXPECT_EQ(rail_waits, model_hd_latencies(N)) << name(g) << ": GPU " << r;
+      EXPECT_EQ(static_cast<double>(elements), model_hd_nic(N, static_cast<double>(slice))) << name(g) << ": GPU " << r;
+    }
+  }
+  EXPECT_EQ(grids, 3 * 8) << "2, 4 and 8 nodes of 1 to 8 GPUs";
+}
+
+// The way falls back to direct where halving-doubling does not apply, step for step; and the
+// sub-chunk ranges of hd_sub_range tile a slice in order.
+TEST(HierarchyKernels, AllReduceHalvingDoublingFallsBackToDirectAndItsSubChunksTileTheSlice) {
+  auto same = [](const Step& a, const Step& b) {
+    return a.act == b.act && a.peer == b.peer && a.index == b.index && a.flag == b.flag && a.buffer == b.buffer &&
+           a.first == b.first && a.last == b.last;
+  };
+  for (NodeGrid g : every_grid()) {
+    const auto direct = step_lists(g, [](NodeGrid gg, int r, auto&& f) { ar_walk(gg, r, f); });
+    const auto asked =
+        step_lists(g, [](NodeGrid gg, int r, auto&& f) { ar_walk(gg, r, f, RailWay::halving_doubling); });
+    EXPECT_EQ(ar_flag_slots(g, RailWay::halving_doubling), ar_flag_slots(g) + (hd_applies(g.nodes) ? g.nodes : 0))
+        << name(g);
+    if (hd_applies(g.nodes)) continue;
+    for (int r = 0; r < g.world(); ++r) {
+      ASSERT_EQ(asked[r].size(), direct[r].size()) << name(g) << ": GPU " << r;
+      for (std::size_t i = 0; i < direct[r].size(); ++i)
+        EXPECT_TRUE(same(asked[r][i], direct[r][i])) << name(g) << ": GPU " << r << ", step " << i;
+    }
+  }
+  for (int nodes : {2, 4, 8})
+    for (std::uint64_t begin : {std::uint64_t{0}, std::uint64_t{24}})
+      for (std::uint64_t len : {std::uint64_t{0}, std::uint64_t{5}, std::uint64_t{64}, std::uint64_t{1001}}) {
+        std::uint64_t at = begin;
+        for (int c = 0; c < nodes; ++c) {
+          std::uint64_t lo, hi;
+          hd_sub_range(begin, begin + len, 8, nodes, c, c + 1, lo, hi);
+          EXPECT_EQ(lo, at) << nodes << " nodes, " << len << " elements, sub-chunk " << c;
+          EXPECT_LE(lo, hi);
+          at = hi;
+        }
+        EXPECT_EQ(at, begin + len) << nodes << " nodes, " << len << " elements";
+        std::uint64_t lo, hi;
+        hd_sub_range(begin, begin + len, 8, nodes, 0, nodes, lo, hi);
+        EXPECT_TRUE(lo == begin && hi == begin + len) << nodes << " nodes, " << len << " elements";
+      }
 }
 
 // The driver itself catches what it is there to catch: a wait dropped from a
@@ -975,6 +1203,37 @@ TEST(HierarchyKernels, TheSimulationCatchesAMissingWaitAndAnUnguardedBuffer) {
     caught = run_launches(g, no_ready, sem, kLaunches, seed).find("output while it runs launch") != std::string::npos;
   }
   EXPECT_TRUE(caught) << "an AllGather without its ready handshake passed every interleaving";
+
+  // Halving-doubling with its doubling rounds raising the halving flags (the same pairs, so the
+  // same slots): raised twice in one launch, or a wait that passes before its data is there.
+  const NodeGrid g4{4, 2};
+  auto shared_flags =
+      step_lists(g4, [](NodeGrid gg, int r, auto&& f) { ar_walk(gg, r, f, RailWay::halving_doubling); });
+  for (int r = 0; r < g4.world(); ++r)
+    for (Step& s : shared_flags[r])
+      if (s.flag >= ar_doubling_flag(g4, 0)) s.flag = ar_node_buffer(g4, s.flag - ar_doubling_flag(g4, 0));
+  AllReduceSemantics shared_sem(g4, RailWay::halving_doubling);
+  last = run_launches(g4, shared_flags, shared_sem, kLaunches, 7);
+  EXPECT_TRUE(last.find("raised twice for launch") != std::string::npos) << last;
+
+  // ... and without the wait before its first add: the add reads a partial not there yet.
+  auto no_halving_wait =
+      step_lists(g4, [](NodeGrid gg, int r, auto&& f) { ar_walk(gg, r, f, RailWay::halving_doubling); });
+  for (auto& list : no_halving_wait)
+    for (auto it = list.begin(); it != list.end(); ++it)
+      if (it->act == Act::wait && it->last > it->first) {
+        list.erase(it);
+        break;
+      }
+  caught = false;
+  for (int seed = 0; seed < 50 && !caught; ++seed) {
+    AllReduceSemantics sem(g4, RailWay::halving_doubling);
+    last = run_launches(g4, no_halving_wait, sem, kLaunches, seed);
+    caught = reads_early(last);
+  }
+  EXPECT_TRUE(caught) << "a halving-doubling AllReduce without its first rail wait passed every interleaving (or "
+                         "failed otherwise: "
+                      << last << ")";
 }
 
 TEST(HierarchyKernels, StepSlotsStayInTheirRanges) {
@@ -993,6 +1252,14 @@ TEST(HierarchyKernels, StepSlotsStayInTheirRanges) {
         EXPECT_LT(s.flag, ar_flag_slots(g)) << name(g);
         EXPECT_LT(s.buffer, ar_buffer_slots(g)) << name(g);
       });
+      ar_walk(
+          g, r,
+          [&](const Step& s) {
+            EXPECT_LT(s.flag, ar_flag_slots(g, RailWay::halving_doubling)) << name(g);
+            EXPECT_LT(s.buffer, ar_buffer_slots(g)) << name(g);
+            EXPECT_TRUE(0 <= s.first && s.first <= s.last && s.last <= g.nodes) << name(g);
+          },
+          RailWay::halving_doubling);
     }
 }
 
