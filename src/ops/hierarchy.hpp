@@ -19,7 +19,8 @@
 //               per remote node, the owner's final sum
 //   ar_*, hd_*  AllReduce: ReduceScatter in the node, AllReduce of S / L on each
 //               rail (direct or halving-doubling), AllGather in the node
-//   ep_*        EP dispatch, two hops: one NIC crossing per remote node, then NVLink
+//   ep_*        EP dispatch and combine, two hops: one NIC crossing per remote node, then NVLink
+//               (ep_two_hop: a token's route; ep_walk: a call's steps; moe/ep_layout.hpp: the rows)
 #pragma once
 
 #include <cstdint>
@@ -338,6 +339,15 @@ enum class Act : int {
   add_part,      ///< add those sub-chunks of buffer `buffer` (a rail peer's partial) into this GPU's node
                  ///< sum, in place, in fp32
   round_result,  ///< round this GPU's node sum, now the whole slice's sum, once: the result
+  // EP dispatch and combine across nodes (ep_walk); their rows are moe/ep_layout.hpp's:
+  ep_send,     ///< each own token once to each rank of this node it goes to (staging row and meta, as on
+               ///< one node) and once to each remote node, into its rail GPU's rail staging (row and record)
+  ep_forward,  ///< each token in this GPU's rail staging to the ranks of this node it goes to
+  ep_receive,  ///< each staged token to its rows of recv_x (as on one node)
+  ep_reduce,   ///< each staged token's partial: w x y over its pairs here, in slot order (as on one node)
+  ep_return,   ///< each rail token's node sum (its ranks here ascending, fp32, rounded) to its source's return row
+  ep_gather,   ///< each own token's output: over its nodes ascending, the own node's partials one by one,
+               ///< each remote node's returned sum; fp32, rounded once
 };
 
 struct Step {
@@ -550,8 +560,6 @@ WEFT_HIERARCHY_WALK WEFT_HD void ar_walk(NodeGrid g, int gpu, F&& f, RailWay way
   }
 }
 
-#undef WEFT_HIERARCHY_WALK
-
 // ---- EP dispatch, two hops (scale_model.py: ep_two_hop) ----
 //
 // A token on (n_s, l_s) goes to the distinct ranks R holding its top-k experts
@@ -600,5 +608,77 @@ WEFT_HD int ep_nic_crossings(NodeGrid g, int source, const int* ranks, int n) {
   }
   return crossings;
 }
+
+// ---- EP dispatch and combine across nodes, as a step list ----
+//
+// One call of an EP plan (layout, dispatch, combine) on GPU (n, l), in the
+// order its kernels run. Every token takes ep_two_hop's route; a receiver's
+// staging, meta and recv_x rows are the one-node plan's (moe/ep_layout.hpp),
+// so everything after the data lands is the one-node code. Flags (one epoch
+// per call; a GPU's own slot, which a kernel's last block raises for its other
+// blocks, is not listed: the list is one GPU's order):
+//   counts [p]     p's counts row is here (the exchange: a barrier per call, which
+//                  is what lets every buffer be reused without a reset)
+//   dispatch [s]   all of source s's tokens for this GPU are here: raised by s on this
+//                  node, else by the rail GPU that forwarded them, (n, local_of(s))
+//   rail [m]       all of (m, l)'s tokens for this node are in this GPU's rail staging
+//   partial [l']   (n, l')'s partials are ready (its ep_reduce is done)
+//   return [m]     (m, l) has put the node-m sums of this GPU's tokens in its return rows
+// Combine returns each token's sum of a remote node as one bf16 row: a token
+// crosses the NIC once each way, and its output is
+//   round(sum over its nodes m ascending of (m own ? its partials there, one by one, ascending
+//                                               : round(their sum, ascending))), in fp32,
+// which on one node is the one-node combine's sum, bit for bit.
+
+/// Flag slots of the EP plan across nodes, ep_flag_slots() in all.
+WEFT_HD int ep_counts_flag(NodeGrid, int from) { return from; }
+WEFT_HD int ep_dispatch_flag(NodeGrid g, int source) { return g.world() + source; }
+WEFT_HD int ep_rail_flag(NodeGrid g, int from_node) { return 2 * g.world() + from_node; }
+WEFT_HD int ep_partial_flag(NodeGrid g, int from_local) { return 2 * g.world() + g.nodes + from_local; }
+WEFT_HD int ep_return_flag(NodeGrid g, int from_node) { return 2 * g.world() + g.nodes + g.local + from_node; }
+WEFT_HD int ep_flag_slots(NodeGrid g) { return 2 * g.world() + 2 * g.nodes + g.local; }
+
+/// Calls f(Step) for each step of one EP call on `gpu`: the exchange, dispatch, combine.
+WEFT_HIERARCHY_WALK WEFT_HD void ep_walk(NodeGrid g, int gpu, F&& f) {
+  const int n = g.node_of(gpu), l = g.local_of(gpu), W = g.world();
+  // layout: the counts exchange.
+  for (int p = 0; p < W; ++p)
+    if (p != gpu) f(Step{Act::signal, p, -1, ep_counts_flag(g, gpu), -1});
+  for (int p = 0; p < W; ++p)
+    if (p != gpu) f(Step{Act::wait, p, -1, ep_counts_flag(g, p), -1});
+  // dispatch.
+  f(Step{Act::ep_send, gpu, -1, -1, -1});
+  for (int m = 0; m < g.nodes; ++m)
+    if (m != n) f(Step{Act::signal, g.rank(m, l), -1, ep_rail_flag(g, n), -1});
+  for (int i = 0; i < g.local; ++i)
+    if (i != l) f(Step{Act::signal, g.rank(n, i), -1, ep_dispatch_flag(g, gpu), -1});
+  for (int m = 0; m < g.nodes; ++m)
+    if (m != n) f(Step{Act::wait, g.rank(m, l), -1, ep_rail_flag(g, m), -1});
+  f(Step{Act::ep_forward, gpu, -1, -1, -1});
+  for (int m = 0; m < g.nodes; ++m) {
+    if (m == n) continue;
+    for (int i = 0; i < g.local; ++i)
+      if (i != l) f(Step{Act::signal, g.rank(n, i), -1, ep_dispatch_flag(g, g.rank(m, l)), -1});
+  }
+  for (int s = 0; s < W; ++s) {
+    const int raiser = g.node_of(s) == n ? s : g.rank(n, g.local_of(s));
+    if (raiser != gpu) f(Step{Act::wait, raiser, -1, ep_dispatch_flag(g, s), -1});
+  }
+  f(Step{Act::ep_receive, gpu, -1, -1, -1});
+  // combine.
+  f(Step{Act::ep_reduce, gpu, -1, -1, -1});
+  for (int i = 0; i < g.local; ++i)
+    if (i != l) f(Step{Act::signal, g.rank(n, i), -1, ep_partial_flag(g, l), -1});
+  for (int i = 0; i < g.local; ++i)
+    if (i != l) f(Step{Act::wait, g.rank(n, i), -1, ep_partial_flag(g, i), -1});
+  f(Step{Act::ep_return, gpu, -1, -1, -1});
+  for (int m = 0; m < g.nodes; ++m)
+    if (m != n) f(Step{Act::signal, g.rank(m, l), -1, ep_return_flag(g, n), -1});
+  for (int m = 0; m < g.nodes; ++m)
+    if (m != n) f(Step{Act::wait, g.rank(m, l), -1, ep_return_flag(g, m), -1});
+  f(Step{Act::ep_gather, gpu, -1, -1, -1});
+}
+
+#undef WEFT_HIERARCHY_WALK
 
 }  // namespace weft::hierarchy

@@ -841,8 +841,8 @@ class AllReduceSemantics final : public Semantics {
         have_[gpu][s.index] = e;
         return "";
       }
+      default: return "not an AllReduce step";
     }
-    return "?";
   }
   std::string finish(int gpu, int e) override {
     for (int q = 0; q < g_.local; ++q)

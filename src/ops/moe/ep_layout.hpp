@@ -19,13 +19,20 @@
 //   - low-latency mode: fixed, [local experts][W x max_tokens] rows, so no
 //     count needs to be known before the data moves; a pair's row is
 //     (local expert, source, position).
-// The kernels (device) and the CPU tests (host, world sizes 1 to 8) call the
-// same functions, as schedule.hpp's maps.
+// Across nodes (two hops, hierarchy.hpp's ep_two_hop and ep_walk) a token
+// crosses the NIC once per remote node it goes to, into a rail staging on the
+// GPU of its own local rank there, with a RailRecord; that GPU forwards it to
+// the receivers' staging rows above, and returns the node's sum of its
+// partials to the source's return rows. Both are sized from one more count
+// the ranks exchange, [W sources][N nodes] tokens.
+// The kernels (device) and the CPU tests (host, world sizes 1 to 8, grids of
+// 1 to 8 nodes) call the same functions, as schedule.hpp's maps.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "../hierarchy.hpp"
 #include "weft/device/types.cuh"
 
 namespace weft::moe_detail {
@@ -163,6 +170,91 @@ inline SourceLayout source_layout(const std::int64_t* topk, std::int64_t tokens,
     for (int i = 0; i < n; ++i) l.rank_position[t * p.world + ranks[i]] = l.tokens_per_rank[ranks[i]]++;
     for (int j = 0; j < k; ++j)
       if (row[j] >= 0) l.pair_position[t * k + j] = l.pairs_per_expert[row[j]]++;
+  }
+  return l;
+}
+
+// ---- across nodes: the rail staging, the record a token carries, the return rows ----
+
+using hierarchy::NodeGrid;
+
+/// The row of rail peer `from`'s first token in `gpu`'s rail staging (token-major: by the
+/// sender's node, then its token order): the tokens for gpu's node of the rail peers on the
+/// nodes before from's. `node_tokens` is [W sources][nodes]; `from` is on gpu's rail, on another node.
+WEFT_HD std::int64_t rail_receive_base(const std::int32_t* node_tokens, NodeGrid g, int gpu, int from) {
+  const int node = g.node_of(gpu), l = g.local_of(gpu);
+  std::int64_t base = 0;
+  for (int m = 0; m < g.node_of(from); ++m)
+    if (m != node) base += node_tokens[static_cast<std::int64_t>(g.rank(m, l)) * g.nodes + node];
+  return base;
+}
+
+/// Rows of `gpu`'s rail staging: the tokens its rail peers send to its node.
+WEFT_HD std::int64_t rail_receive_rows(const std::int32_t* node_tokens, NodeGrid g, int gpu) {
+  std::int64_t rows = 0;
+  for (int m = 0; m < g.nodes; ++m)
+    if (m != g.node_of(gpu)) rows += node_tokens[static_cast<std::int64_t>(g.rank(m, g.local_of(gpu))) * g.nodes + g.node_of(gpu)];
+  return rows;
+}
+
+/// The row of remote node `node`'s sums in `source`'s return buffer (by node, then token
+/// order): the source's tokens for the remote nodes before it.
+WEFT_HD std::int64_t return_base(const std::int32_t* node_tokens, NodeGrid g, int source, int node) {
+  std::int64_t base = 0;
+  for (int m = 0; m < node; ++m)
+    if (m != g.node_of(source)) base += node_tokens[static_cast<std::int64_t>(source) * g.nodes + m];
+  return base;
+}
+
+/// Rows of `source`'s return buffer: its tokens for remote nodes, once per node.
+WEFT_HD std::int64_t return_rows(const std::int32_t* node_tokens, NodeGrid g, int source) {
+  return return_base(node_tokens, g, source, g.nodes);
+}
+
+/// The int32 words that travel with a token on the rail, after its row: all the
+/// rail GPU needs to place it on its node and to return its node sum, computed
+/// by the source, which alone holds the counts' positions.
+///   [0]              the token's index on its source
+///   [1]              its row in the source's return buffer
+///   [2 + j]          slot j's expert if it lives on this node, else -1 (j < k)
+///   [2 + k + j]      that pair's row in its owner's recv_x
+///   [2 + 2k + j]     its weight (float bits)
+///   [2 + 3k + i]     the token's staging row on local rank i of this node, -1 if it goes there not (i < L)
+struct RailRecord {
+  int k = 0;      ///< top-k slots
+  int local = 0;  ///< GPUs per node
+
+  WEFT_HD int words() const { return 2 + 3 * k + local; }
+  WEFT_HD int token() const { return 0; }
+  WEFT_HD int return_row() const { return 1; }
+  WEFT_HD int expert(int slot) const { return 2 + slot; }
+  WEFT_HD int pair_row(int slot) const { return 2 + k + slot; }
+  WEFT_HD int weight(int slot) const { return 2 + 2 * k + slot; }
+  WEFT_HD int staging_row(int local_rank) const { return 2 + 3 * k + local_rank; }
+};
+
+/// One source rank's routing by node: what two hops add to SourceLayout. Host form, for plans and tests.
+struct NodeLayout {
+  std::vector<std::int32_t> tokens_per_node;  ///< [nodes]: tokens sent to each node (once per token), its own included
+  std::vector<std::int32_t> node_position;    ///< [T][nodes]: the token's index among those sent to the node, -1 if none
+};
+
+/// Counts one source's routing `topk` ([T][k], valid rows) by node; p.world == g.world().
+inline NodeLayout node_layout(const std::int64_t* topk, std::int64_t tokens, int k, ExpertPlacement p, NodeGrid g) {
+  NodeLayout l;
+  l.tokens_per_node.assign(g.nodes, 0);
+  l.node_position.assign(static_cast<std::size_t>(tokens) * g.nodes, -1);
+  std::vector<int> ranks(static_cast<std::size_t>(k > 0 ? k : 1));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    RowError error;
+    const int n = token_destinations(topk + t * k, k, p, ranks.data(), error);
+    int last = -1;
+    for (int i = 0; i < n; ++i) {  // ranks ascending, so nodes ascending
+      const int node = g.node_of(ranks[i]);
+      if (node == last) continue;
+      last = node;
+      l.node_position[t * g.nodes + node] = l.tokens_per_node[node]++;
+    }
   }
   return l;
 }

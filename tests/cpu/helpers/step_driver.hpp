@@ -1,6 +1,6 @@
-// step_driver.hpp - runs the step lists of src/ops/hierarchy.hpp (ag_walk, rs_walk, ar_walk)
-// on the CPU: every GPU of a grid runs its list for several launches back to back, one step
-// at a time in a random interleaving (each GPU's launches in order, as on its
+// step_driver.hpp - runs the step lists of src/ops/hierarchy.hpp (ag_walk, rs_walk, ar_walk,
+// ep_walk) on the CPU: every GPU of a grid runs its list for several launches back to back,
+// one step at a time in a random interleaving (each GPU's launches in order, as on its
 // stream), with the flags as integers. A wait proceeds only once its flag holds the launch's
 // epoch, and the flag must then hold exactly that epoch and have been raised by the GPU the
 // wait names (the one a timeout report names); a flag has one writer and is raised once a
@@ -60,6 +60,12 @@ inline std::string act_name(Act a) {
     case Act::put_part: return "put_part";
     case Act::add_part: return "add_part";
     case Act::round_result: return "round_result";
+    case Act::ep_send: return "ep_send";
+    case Act::ep_forward: return "ep_forward";
+    case Act::ep_receive: return "ep_receive";
+    case Act::ep_reduce: return "ep_reduce";
+    case Act::ep_return: return "ep_return";
+    case Act::ep_gather: return "ep_gather";
   }
   return "?";
 }
