@@ -33,10 +33,10 @@ std::string name(NodeGrid g) { return std::to_string(g.nodes) + " x " + std::to_
 struct Call {
   int k = 0;
   ExpertPlacement place;
-  std::vector<std::int64_t> tokens;                // [W]
-  std::vector<std::vector<std::int64_t>> topk;     // [W][T x k]
-  std::vector<SourceLayout> src;                   // [W]
-  std::vector<NodeLayout> by_node;                 // [W]
+  std::vector<std::int64_t> tokens;                    // [W]
+  std::vector<std::vector<std::int64_t>> topk;         // [W][T x k]
+  std::vector<SourceLayout> src;                       // [W]
+  std::vector<NodeLayout> by_node;                     // [W]
   std::vector<std::int32_t> pairs, sent, node_tokens;  // [W][E], [W][W], [W][nodes]
 };
 
@@ -99,9 +99,9 @@ std::vector<std::int32_t> one_node_meta(const Call& c, int s, std::int64_t t, in
   for (int j = 0; j < c.k; ++j) {
     const std::int64_t e = c.topk[s][t * c.k + j];
     if (e < 0 || c.place.owner(static_cast<int>(e)) != r) continue;
-    rows.push_back(static_cast<std::int32_t>(
-        receive_pair_base(c.pairs.data(), c.place, r, c.place.local(static_cast<int>(e)), s) +
-        c.src[s].pair_position[t * c.k + j]));
+    rows.push_back(
+        static_cast<std::int32_t>(receive_pair_base(c.pairs.data(), c.place, r, c.place.local(static_cast<int>(e)), s) +
+                                  c.src[s].pair_position[t * c.k + j]));
     weights.push_back(static_cast<std::int32_t>(1000 * s + 10 * t + j));  // stands for the float's bits
   }
   std::vector<std::int32_t> m = {static_cast<std::int32_t>(t), static_cast<std::int32_t>(rows.size())};
@@ -149,7 +149,8 @@ std::string write_row(Buffer& b, std::int64_t row, int e, int readers, std::stri
   if (r.unread > 0)
     return where + " row " + std::to_string(row) + " still holds call " + std::to_string(r.epoch) + "'s " + r.what +
            ", not yet read: overwritten by call " + std::to_string(e);
-  if (r.epoch == e && !in_place) return where + " row " + std::to_string(row) + " written twice in call " + std::to_string(e);
+  if (r.epoch == e && !in_place)
+    return where + " row " + std::to_string(row) + " written twice in call " + std::to_string(e);
   r = Row{e, readers, std::move(what), std::move(words)};
   return "";
 }
@@ -220,7 +221,9 @@ class EpSemantics final : public Semantics {
   long nic_returns() const { return nic_returns_; }
 
  private:
-  std::string where(const char* buffer, int gpu) const { return std::string(buffer) + " of GPU " + std::to_string(gpu); }
+  std::string where(const char* buffer, int gpu) const {
+    return std::string(buffer) + " of GPU " + std::to_string(gpu);
+  }
 
   std::string send(int s, int e, const Call& c) {
     const RailRecord rec{c.k, g_.local};
@@ -269,8 +272,10 @@ class EpSemantics final : public Semantics {
     return "";
   }
 
-  /// The rail GPU places each rail token from its record alone (and the counts, for the rows' range).
-  std::string forward(int gpu, int e, const Call& c) {
+  /// Reads each row of `gpu`'s rail staging, rail peer by rail peer (the counts give the rows'
+  /// ranges), and calls f(source, its token, the row): "" or what went wrong.
+  template <class F>
+  std::string for_each_rail_row(int gpu, int e, const Call& c, F f) {
     const RailRecord rec{c.k, g_.local};
     const int n = g_.node_of(gpu), l = g_.local_of(gpu);
     for (int m = 0; m < g_.nodes; ++m) {
@@ -281,44 +286,65 @@ class EpSemantics final : public Semantics {
         Row r;
         if (auto err = read_row(rail_[gpu], base + i, e, "", where("rail staging", gpu), &r); !err.empty()) return err;
         const std::int32_t t = r.words[rec.token()];
-        const std::string token = "token " + std::to_string(from) + "," + std::to_string(t);
-        if (r.what != "rail " + token) return "rail row " + std::to_string(base + i) + " holds " + r.what;
-        for (int dl = 0; dl < g_.local; ++dl) {
-          const std::int32_t row = r.words[rec.staging_row(dl)];
-          if (row < 0) continue;
-          const int dest = g_.rank(n, dl);
-          std::vector<std::int32_t> rows, weights;
-          for (int j = 0; j < c.k; ++j) {
-            const std::int32_t ex = r.words[rec.expert(j)];
-            if (ex < 0 || c.place.owner(ex) != dest) continue;
-            rows.push_back(r.words[rec.pair_row(j)]);
-            weights.push_back(r.words[rec.weight(j)]);
-          }
-          std::vector<std::int32_t> meta = {t, static_cast<std::int32_t>(rows.size())};
-          meta.insert(meta.end(), rows.begin(), rows.end());
-          meta.insert(meta.end(), weights.begin(), weights.end());
-          if (auto err = write_row(staging_[dest], row, e, 1, token, std::move(meta), where("staging", dest));
-              !err.empty())
-            return err;
-        }
+        if (r.what != "rail token " + std::to_string(from) + "," + std::to_string(t))
+          return "rail row " + std::to_string(base + i) + " holds " + r.what;
+        if (auto err = f(from, t, r); !err.empty()) return err;
       }
     }
+    return "";
+  }
+
+  /// The rail GPU places each rail token from its record alone (and the counts, for the rows' range).
+  std::string forward(int gpu, int e, const Call& c) {
+    const RailRecord rec{c.k, g_.local};
+    const int n = g_.node_of(gpu);
+    return for_each_rail_row(gpu, e, c, [&](int from, std::int32_t t, const Row& r) -> std::string {
+      const std::string token = "token " + std::to_string(from) + "," + std::to_string(t);
+      for (int dl = 0; dl < g_.local; ++dl) {
+        const std::int32_t row = r.words[rec.staging_row(dl)];
+        if (row < 0) continue;
+        const int dest = g_.rank(n, dl);
+        std::vector<std::int32_t> rows, weights;
+        for (int j = 0; j < c.k; ++j) {
+          const std::int32_t ex = r.words[rec.expert(j)];
+          if (ex < 0 || c.place.owner(ex) != dest) continue;
+          rows.push_back(r.words[rec.pair_row(j)]);
+          weights.push_back(r.words[rec.weight(j)]);
+        }
+        std::vector<std::int32_t> meta = {t, static_cast<std::int32_t>(rows.size())};
+        meta.insert(meta.end(), rows.begin(), rows.end());
+        meta.insert(meta.end(), weights.begin(), weights.end());
+        if (auto err = write_row(staging_[dest], row, e, 1, token, std::move(meta), where("staging", dest));
+            !err.empty())
+          return err;
+      }
+      return "";
+    });
+  }
+
+  /// Calls f(source, token) for each token rank r receives, by source, then token: "" or what went wrong.
+  template <class F>
+  std::string for_each_staged(int r, const Call& c, F f) const {
+    const int W = g_.world();
+    for (int s = 0; s < W; ++s)
+      for (std::int64_t t = 0; t < c.tokens[s]; ++t)
+        if (c.src[s].rank_position[t * W + r] >= 0)
+          if (auto err = f(s, t); !err.empty()) return err;
     return "";
   }
 
   /// Every row the one-node maps give this receiver holds its token and the one-node meta record.
   std::string receive(int r, int e, const Call& c) {
     const int W = g_.world();
-    for (int s = 0; s < W; ++s)
-      for (std::int64_t t = 0; t < c.tokens[s]; ++t) {
-        if (c.src[s].rank_position[t * W + r] < 0) continue;
-        Row got;
-        const std::string token = "token " + std::to_string(s) + "," + std::to_string(t);
-        if (auto err = read_row(staging_[r], staging_row(c, s, t, r), e, token, where("staging", r), &got);
-            !err.empty())
-          return err;
-        if (got.words != one_node_meta(c, s, t, r)) return token + ": its meta record differs from the one-node plan's";
-      }
+    auto err = for_each_staged(r, c, [&](int s, std::int64_t t) -> std::string {
+      Row got;
+      const std::string token = "token " + std::to_string(s) + "," + std::to_string(t);
+      if (auto err = read_row(staging_[r], staging_row(c, s, t, r), e, token, where("staging", r), &got); !err.empty())
+        return err;
+      if (got.words != one_node_meta(c, s, t, r)) return token + ": its meta record differs from the one-node plan's";
+      return "";
+    });
+    if (!err.empty()) return err;
     std::int64_t rows = 0;
     for (int s = 0; s < W; ++s) rows += c.sent[static_cast<std::size_t>(s) * W + r];
     for (const auto& [row, x] : staging_[r])
@@ -328,53 +354,36 @@ class EpSemantics final : public Semantics {
 
   /// Each staged token's partial, in place; a token that went to its own source alone is its output.
   std::string reduce(int r, int e, const Call& c) {
-    const int W = g_.world();
-    for (int s = 0; s < W; ++s)
-      for (std::int64_t t = 0; t < c.tokens[s]; ++t) {
-        if (c.src[s].rank_position[t * W + r] < 0) continue;
-        const std::vector<int> ranks = destinations(c, s, t);
-        const bool own_only = s == r && ranks.size() == 1;
-        if (own_only) {
-          out_[r][t] = Row{e, 0, partial(s, t, r), {}};
-          continue;
-        }
-        if (auto err = write_row(staging_[r], staging_row(c, s, t, r), e, 1, partial(s, t, r), {}, where("staging", r),
-                                 true);
-            !err.empty())
-          return err;
+    return for_each_staged(r, c, [&](int s, std::int64_t t) -> std::string {
+      if (s == r && destinations(c, s, t).size() == 1) {
+        out_[r][t] = Row{e, 0, partial(s, t, r), {}};
+        return "";
       }
-    return "";
+      return write_row(staging_[r], staging_row(c, s, t, r), e, 1, partial(s, t, r), {}, where("staging", r), true);
+    });
   }
 
   /// The rail GPU's node sums, from the records in its rail staging, to the sources' return rows.
   std::string give_back(int gpu, int e, const Call& c) {
     const RailRecord rec{c.k, g_.local};
-    const int n = g_.node_of(gpu), l = g_.local_of(gpu);
-    for (int m = 0; m < g_.nodes; ++m) {
-      if (m == n) continue;
-      const int from = g_.rank(m, l);
-      const std::int64_t base = rail_receive_base(c.node_tokens.data(), g_, gpu, from);
-      for (std::int64_t i = 0; i < c.node_tokens[static_cast<std::size_t>(from) * g_.nodes + n]; ++i) {
-        Row r;
-        if (auto err = read_row(rail_[gpu], base + i, e, "", where("rail staging", gpu), &r); !err.empty()) return err;
-        const std::int32_t t = r.words[rec.token()];
-        std::string sum;
-        for (int dl = 0; dl < g_.local; ++dl) {  // local ranks ascending
-          const std::int32_t row = r.words[rec.staging_row(dl)];
-          if (row < 0) continue;
-          const int dest = g_.rank(n, dl);
-          if (auto err = read_row(staging_[dest], row, e, partial(from, t, dest), where("staging", dest)); !err.empty())
-            return err;
-          sum += (sum.empty() ? "" : "+") + partial(from, t, dest);
-        }
-        if (auto err = write_row(ret_[from], r.words[rec.return_row()], e, 1, "round(" + sum + ")", {},
-                                 where("return rows", from));
-            !err.empty())
+    const int n = g_.node_of(gpu);
+    return for_each_rail_row(gpu, e, c, [&](int from, std::int32_t t, const Row& r) -> std::string {
+      std::string sum;
+      for (int dl = 0; dl < g_.local; ++dl) {  // local ranks ascending
+        const std::int32_t row = r.words[rec.staging_row(dl)];
+        if (row < 0) continue;
+        const int dest = g_.rank(n, dl);
+        if (auto err = read_row(staging_[dest], row, e, partial(from, t, dest), where("staging", dest)); !err.empty())
           return err;
-        ++nic_returns_;
+        sum += (sum.empty() ? "" : "+") + partial(from, t, dest);
       }
-    }
-    return "";
+      if (auto err = write_row(ret_[from], r.words[rec.return_row()], e, 1, "round(" + sum + ")", {},
+                               where("return rows", from));
+          !err.empty())
+        return err;
+      ++nic_returns_;
+      return "";
+    });
   }
 
   /// Each own token's output: its nodes ascending, the own node's partials one by one, the returned sums.
@@ -394,8 +403,8 @@ class EpSemantics final : public Semantics {
         if (hop.rail_target == s) {
           for (int j = hop.begin; j < hop.end; ++j) {
             Row p;
-            if (auto err = read_row(staging_[ranks[j]], staging_row(c, s, t, ranks[j]), e, "",
-                                    where("staging", ranks[j]), &p);
+            if (auto err =
+                    read_row(staging_[ranks[j]], staging_row(c, s, t, ranks[j]), e, "", where("staging", ranks[j]), &p);
                 !err.empty())
               return err;
             out += (out.size() > 6 ? "+" : "") + p.what;
