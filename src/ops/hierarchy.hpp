@@ -387,11 +387,27 @@ WEFT_HD int ag_push_flag(NodeGrid g, int hop, int sender_local) {
 /// 0) along the rail and push it to the local peers, waiting for each rail
 /// step's shard and for each peer's ready before its first write there. At hop 0
 /// the NVLink pushes go first (the rail successor's ready crosses the NIC); at
-/// later hops the rail put goes first (the NIC's leg is the longer one). Last,
-/// the local peers' pushes.
-WEFT_HIERARCHY_WALK WEFT_HD void ag_walk(NodeGrid g, int gpu, F&& f) {
+/// later hops the rail put goes first (the NIC's leg is the longer one). The
+/// waits for the local peers' pushes come last (AgPushWaits::at_end), or after
+/// each hop's own steps (per_hop: every shard then waited for in ag_arrival order).
+/// When a GPU waits for the shards its node's GPUs push to it over NVLink.
+enum class AgPushWaits : int {
+  at_end = 0,   ///< after all its own steps (the AllGather kernel: nothing reads the output before its end)
+  per_hop = 1,  ///< hop by hop, after its own pushes of the hop: the waits then come in ag_arrival order, which
+                ///< a GEMM reading each shard as it lands (AllGather+GEMM across nodes) needs
+};
+
+WEFT_HIERARCHY_WALK WEFT_HD void ag_walk(NodeGrid g, int gpu, F&& f, AgPushWaits push_waits = AgPushWaits::at_end) {
   const int N = g.nodes, L = g.local, l = g.local_of(gpu);
   const int rail_to = ag_rail_to(g, gpu), rail_from = ag_rail_from(g, gpu);
+  // The shards of hop h that this node's GPUs push here, in turn order (l+1, l+2, ...).
+  auto wait_pushes = [&](int h) {
+    for (int t = 1; t < L; ++t) {
+      const int from = ag_push_from(g, gpu, t);
+      const int shard = ag_push_shard(g, from, h);
+      f(Step{Act::wait, from, shard, ag_push_flag(g, h, g.local_of(from)), shard});
+    }
+  };
   if (N > 1) f(Step{Act::signal, rail_from, -1, ag_ready_flag(g, gpu), -1});
   for (int t = 1; t < L; ++t) f(Step{Act::signal, ag_push_from(g, gpu, t), -1, ag_ready_flag(g, gpu), -1});
   for (int h = 0; h < N; ++h) {
@@ -408,13 +424,10 @@ WEFT_HIERARCHY_WALK WEFT_HD void ag_walk(NodeGrid g, int gpu, F&& f) {
       f(Step{Act::wait, rail_to, -1, ag_ready_flag(g, rail_to), -1});
       f(Step{Act::put, rail_to, shard, ag_rail_flag(g, 1), shard});
     }
+    if (push_waits == AgPushWaits::per_hop) wait_pushes(h);
   }
-  for (int h = 0; h < N; ++h)
-    for (int t = 1; t < L; ++t) {
-      const int from = ag_push_from(g, gpu, t);
-      const int shard = ag_push_shard(g, from, h);
-      f(Step{Act::wait, from, shard, ag_push_flag(g, h, g.local_of(from)), shard});
-    }
+  if (push_waits == AgPushWaits::at_end)
+    for (int h = 0; h < N; ++h) wait_pushes(h);
 }
 
 // ReduceScatter. Buffers, each per parity: the peers' partials, slot

@@ -909,6 +909,37 @@ TEST(HierarchyKernels, AllGatherStepsCompleteEveryLaunchInAnyInterleaving) {
   }
 }
 
+// With the push waits hop by hop (what AllGather+GEMM across nodes needs), the
+// same checks hold, and a GPU waits for the shards in ag_arrival order: a GEMM
+// walking its tiles in that order reads each shard right after its wait.
+TEST(HierarchyKernels, AllGatherWithPushWaitsPerHopWaitsInArrivalOrderInAnyInterleaving) {
+  for (NodeGrid g : every_grid()) {
+    const auto steps =
+        step_lists(g, [](NodeGrid gg, int r, auto&& f) { ag_walk(gg, r, f, AgPushWaits::per_hop); });
+    for (int seed = 0; seed < kInterleavings; ++seed) {
+      AllGatherSemantics sem(g);
+      EXPECT_EQ(run_launches(g, steps, sem, kLaunches, 5000 * g.world() + seed), "") << name(g) << ", seed " << seed;
+    }
+    const auto at_end = step_lists(g, [](NodeGrid gg, int r, auto&& f) { ag_walk(gg, r, f); });
+    for (int r = 0; r < g.world(); ++r) {
+      std::vector<int> waited;
+      for (const Step& s : steps[r])
+        if (s.act == Act::wait && s.buffer >= 0) waited.push_back(s.buffer);
+      ASSERT_EQ(static_cast<int>(waited.size()), g.world() - 1) << name(g) << ": GPU " << r;
+      for (int i = 1; i < g.world(); ++i)
+        EXPECT_EQ(waited[i - 1], ag_arrival(g, r, i)) << name(g) << ": GPU " << r << ", wait " << i;
+      // The same steps as the kernel's walk, only the push waits moved.
+      auto sorted = [](const std::vector<Step>& list) {
+        std::vector<std::tuple<int, int, int, int, int>> v;
+        for (const Step& s : list) v.emplace_back(static_cast<int>(s.act), s.peer, s.index, s.flag, s.buffer);
+        std::sort(v.begin(), v.end());
+        return v;
+      };
+      EXPECT_EQ(sorted(steps[r]), sorted(at_end[r])) << name(g) << ": GPU " << r;
+    }
+  }
+}
+
 TEST(HierarchyKernels, ReduceScatterStepsSumEveryBlockEveryLaunchInAnyInterleaving) {
   for (NodeGrid g : every_grid()) {
     const auto steps = step_lists(g, [](NodeGrid gg, int r, auto&& f) { rs_walk(gg, r, f); });
