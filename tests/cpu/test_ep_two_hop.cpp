@@ -110,6 +110,12 @@ std::vector<std::int32_t> one_node_meta(const Call& c, int s, std::int64_t t, in
   return m;
 }
 
+/// Appends `term` to the sum expression `sum` (which starts after `open` characters), with a "+" between terms.
+void add_term(std::string& sum, const std::string& term, std::size_t open = 0) {
+  if (sum.size() > open) sum += '+';
+  sum += term;
+}
+
 std::string partial(int s, std::int64_t t, int r) {
   return "P[" + std::to_string(s) + "," + std::to_string(t) + "," + std::to_string(r) + "]";
 }
@@ -125,8 +131,8 @@ std::string documented_output(NodeGrid g, const Call& c, int s, std::int64_t t) 
     const int node = g.node_of(ranks[i]);
     std::string node_sum;
     for (; i < ranks.size() && g.node_of(ranks[i]) == node; ++i)
-      node_sum += (node_sum.empty() ? "" : "+") + partial(s, t, ranks[i]);
-    out += (out.size() > 6 ? "+" : "") + (node == g.node_of(s) ? node_sum : "round(" + node_sum + ")");
+      add_term(node_sum, partial(s, t, ranks[i]));
+    add_term(out, node == g.node_of(s) ? node_sum : "round(" + node_sum + ")", 6);
   }
   return out + ")";
 }
@@ -375,7 +381,7 @@ class EpSemantics final : public Semantics {
         const int dest = g_.rank(n, dl);
         if (auto err = read_row(staging_[dest], row, e, partial(from, t, dest), where("staging", dest)); !err.empty())
           return err;
-        sum += (sum.empty() ? "" : "+") + partial(from, t, dest);
+        add_term(sum, partial(from, t, dest));
       }
       if (auto err = write_row(ret_[from], r.words[rec.return_row()], e, 1, "round(" + sum + ")", {},
                                where("return rows", from));
@@ -407,7 +413,7 @@ class EpSemantics final : public Semantics {
                     read_row(staging_[ranks[j]], staging_row(c, s, t, ranks[j]), e, "", where("staging", ranks[j]), &p);
                 !err.empty())
               return err;
-            out += (out.size() > 6 ? "+" : "") + p.what;
+            add_term(out, p.what, 6);
           }
           continue;
         }
@@ -415,7 +421,7 @@ class EpSemantics final : public Semantics {
             return_base(c.node_tokens.data(), g_, s, hop.node) + c.by_node[s].node_position[t * g_.nodes + hop.node];
         Row sum;
         if (auto err = read_row(ret_[s], row, e, "", where("return rows", s), &sum); !err.empty()) return err;
-        out += (out.size() > 6 ? "+" : "") + sum.what;
+        add_term(out, sum.what, 6);
       }
       out_[s][t] = Row{e, 0, out + ")", {}};
     }
@@ -484,7 +490,7 @@ TEST(EpTwoHop, OnOneNodeTheOutputIsTheOneNodeCombinesSum) {
         const std::vector<int> ranks = destinations(c, s, t);
         std::string one_node = ranks.empty() ? "0" : ranks.size() == 1 && ranks[0] == s ? partial(s, t, s) : "round(";
         if (one_node == "round(") {
-          for (std::size_t i = 0; i < ranks.size(); ++i) one_node += (i ? "+" : "") + partial(s, t, ranks[i]);
+          for (std::size_t i = 0; i < ranks.size(); ++i) add_term(one_node, partial(s, t, ranks[i]), 6);
           one_node += ")";
         }
         EXPECT_EQ(documented_output(g, c, s, t), one_node) << name(g);
