@@ -63,8 +63,9 @@ void CopyPipe::join(cudaStream_t stream) {
 void push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c, std::uint64_t* flags,
                 cudaStream_t side) {
   const std::uint64_t off = static_cast<std::uint64_t>(c) * chunk_bytes;
-  WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes,
-                            cudaMemcpyDeviceToDevice, side));
+  if (chunk_bytes > 0)  // an empty chunk (a rank with no tokens) still raises its flag
+    WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, chunk_bytes,
+                              cudaMemcpyDeviceToDevice, side));
   raise_flag(flags, c, side);
 }
 

@@ -52,7 +52,7 @@ class CopyPipe {
 /// end (cuStreamWriteValue64, behind a memory barrier): no SM is needed, so
 /// nothing queues behind a persistent kernel that waits for the flag. `dst`
 /// and `flags` may be a peer's, as mapped here; null `flags`: no flag (a
-/// local move).
+/// local move). A chunk of 0 bytes copies nothing and still raises its flag.
 void push_chunk(void* dst, const void* src, std::uint64_t chunk_bytes, std::int64_t c, std::uint64_t* flags,
                 cudaStream_t side);
 /// push_chunk, but only once done[c] >= done_value: the side stream's front

@@ -7,11 +7,13 @@
 
 namespace weft::ops_detail {
 
-PathChoice::PathChoice(std::shared_ptr<Context> ctx, OverlapMode mode, std::string what, TileWaits* tile_waits)
+PathChoice::PathChoice(std::shared_ptr<Context> ctx, OverlapMode mode, std::string what, TileWaits* tile_waits,
+                       bool nccl_path)
     : ctx_(std::move(ctx)),
       mode_(mode),
       what_(std::move(what)),
       tile_waits_(tile_waits),
+      nccl_path_(nccl_path),
       graphs_(ctx_->settings().plan_graphs),
       trace_left_(ctx_->settings().trace_overlap) {}
 
@@ -32,7 +34,8 @@ void PathChoice::run(cudaStream_t stream, std::initializer_list<const void*> key
     paths.push_back({"sequential, NCCL", [&] { sequential(true); }});
     std::vector<int> candidates;
     for (int i = 0; i < static_cast<int>(paths.size()); ++i) {
-      if (i == nf + 1 && !ctx_->has_nccl()) continue;  // ranks sharing a GPU: NCCL cannot run
+      // No NCCL path in the plan, or ranks sharing a GPU (NCCL cannot run there).
+      if (i == nf + 1 && !(nccl_path_ && ctx_->has_nccl())) continue;
       if (mode_ == OverlapMode::automatic || (mode_ == OverlapMode::fused) == (i < nf)) candidates.push_back(i);
     }
     if (candidates.size() == 1 || capturing(stream)) {

@@ -31,13 +31,16 @@ class PathChoice {
  public:
   /// `mode` fixes the path now (fused, sequential) or on the first run
   /// (automatic); `what` names the plan in logs ("AgGemm 8192 x 14336 x
-  /// 8192"); `tile_waits`, where given, counts the fused calls.
-  PathChoice(std::shared_ptr<Context> ctx, OverlapMode mode, std::string what, TileWaits* tile_waits = nullptr);
+  /// 8192"); `tile_waits`, where given, counts the fused calls;
+  /// `nccl_path`: whether the plan has a sequential path on NCCL (a
+  /// candidate where the Context has NCCL).
+  PathChoice(std::shared_ptr<Context> ctx, OverlapMode mode, std::string what, TileWaits* tile_waits = nullptr,
+             bool nccl_path = true);
 
   /// Runs one call the chosen way, of these paths: each of `fused` (in order;
   /// each through the graph cache with `key`), "sequential"
   /// (`sequential(false)`: a plain GEMM, then weft's collective) and
-  /// "sequential, NCCL" (where the Context has NCCL) (`sequential(true)`). The
+  /// "sequential, NCCL" (where the plan has it and the Context has NCCL) (`sequential(true)`). The
   /// candidates: automatic, all of them; fused, the fused ones; sequential,
   /// the two sequential ones. On the first call outside graph capture with
   /// more than one candidate, `first` runs before anything else where a fused
@@ -70,6 +73,7 @@ class PathChoice {
   OverlapMode mode_;
   std::string what_;
   TileWaits* tile_waits_;
+  bool nccl_path_;
   GraphCache graphs_;
   int trace_left_;  // WEFT_TRACE_OVERLAP: fused calls still to trace
   int path_ = -1;   // [0, fused_paths_): fused; then sequential, sequential with NCCL; -1: undecided

@@ -87,6 +87,21 @@ TEST(MoeTpOptions, AgMoeErrorsNameTheFieldAndWhatWasExpected) {
               o.max_tokens_per_rank = 64;
             }),
             "");
+  // Overlapped, the AllGather moves the routing heads alone (16 + 12 k bytes a token): 1024 tokens fit ll...
+  EXPECT_EQ(with([](AgMoeOptions& o) {
+              o.gather = AllGatherVariant::low_latency;
+              o.max_tokens_per_rank = 1024;
+              o.mode = OverlapMode::fused;
+            }),
+            "");
+  // ... and 65536 tokens of top-8 (7 MiB of heads) do not, named as heads.
+  expect_names(with([](AgMoeOptions& o) {
+                 o.gather = AllGatherVariant::low_latency;
+                 o.max_tokens_per_rank = 65536;
+                 o.top_k = 8;
+                 o.mode = OverlapMode::fused;
+               }),
+               {"gather = ll moves routing heads", "max_tokens_per_rank = 65536", "1048576"});
   expect_names(AgMoe::can_implement(good_ag(), 0), {"world_size = 0"});
 }
 
@@ -128,6 +143,20 @@ TEST(MoeTpLayout, ShardRegionsAreAlignedDisjointAndLargeEnough) {
           EXPECT_GE(l.bytes, l.x + static_cast<std::uint64_t>(cap * hidden * es));
           EXPECT_LT(l.bytes, l.x + static_cast<std::uint64_t>(cap * hidden * es) + 16);  // no slack past alignment
         }
+}
+
+TEST(MoeTpLayout, AHeadIsAShardWithoutItsTokenRows) {
+  // The overlapped path's sort reads heads with the shards' offsets: count, ids and weights must sit alike.
+  for (std::int64_t cap : {1, 7, 128, 1001, 4096})
+    for (int k : {1, 2, 7, 8, 32}) {
+      const ShardLayout h = head_layout(cap, k), l = shard_layout(cap, k, 1024, 2);
+      EXPECT_EQ(h.count, l.count);
+      EXPECT_EQ(h.topk, l.topk);
+      EXPECT_EQ(h.weights, l.weights);
+      EXPECT_EQ(h.x, l.x);
+      EXPECT_EQ(h.bytes, h.x);  // no room for rows
+      EXPECT_EQ(h.bytes % 16, 0u);
+    }
 }
 
 TEST(MoeTpLayout, CapacityAndChunksAtWorldSizesOneToEight) {

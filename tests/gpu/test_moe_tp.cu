@@ -1,5 +1,6 @@
-// MoE under tensor parallelism on the GPU, the sequential path: weft::AgMoe
-// (AllGather + the up-projection's grouped GEMM) then weft::MoeRs (the
+// MoE under tensor parallelism on the GPU: weft::AgMoe (AllGather + the
+// up-projection's grouped GEMM, on its sequential path, its overlapped path
+// by source regions, and the path it chooses by timing) then weft::MoeRs (the
 // down-projection's grouped GEMM + top-k weighted sum + ReduceScatter), as one
 // activation-free layer: AgMoe's output is MoeRs's h (K_local = N_local).
 //
@@ -21,8 +22,11 @@
 //     empty experts (first, last, every fourth), one token per rank, fp16,
 //     padding past the largest rank's count, every AllGather and
 //     ReduceScatter variant;
+//   - every case on each AgMoe mode (sequential, fused, automatic), fused
+//     reporting its path;
 //   - 1,000 back-to-back runs bitwise equal to the first; CUDA-graph replays
-//     equal to eager, and a replay after new routing equal to an eager run on it;
+//     equal to eager, and a replay after new routing equal to an eager run on
+//     it; both on the sequential and on the overlapped path;
 //   - bad expert ids left out and named on every rank by check_errors; bad
 //     options, disagreeing ranks and mismatched plans refused on every rank.
 // Every rank makes every collective call whatever it found; verdicts are
@@ -96,14 +100,15 @@ struct Case {
   AllGatherVariant gather = AllGatherVariant::automatic;
   ReduceScatterVariant scatter = ReduceScatterVariant::automatic;
   std::vector<BadId> bad;            // ids written over the routing after it is drawn
+  OverlapMode mode = OverlapMode::sequential;  // AgMoe's path
 };
 
 std::string describe(const Case& c) {
   std::string t;
   for (auto n : c.tokens) t += str(n, " ");
   return str(c.label, ": E ", c.experts, " k ", c.k, " H ", c.hidden, " F ", c.f, " ", to_string(c.dtype), ", ",
-             name(c.routing), ", gather ", to_string(c.gather), ", scatter ", to_string(c.scatter),
-             ", tokens per rank ", t);
+             name(c.routing), ", gather ", to_string(c.gather), ", scatter ", to_string(c.scatter), ", AgMoe mode ",
+             to_string(c.mode), ", tokens per rank ", t);
 }
 
 // `total` tokens over `world` ranks by weight s + 1, rank 1 holding none from 3 ranks on.
@@ -245,7 +250,8 @@ class Layer {
                                                                      .top_k = k,
                                                                      .max_tokens_per_rank = cap_,
                                                                      .dtype = c.dtype,
-                                                                     .gather = c.gather});
+                                                                     .gather = c.gather,
+                                                                     .mode = c.mode});
     down_plan_ = std::make_unique<MoeRs>(test::ctx_ptr(), MoeRsOptions{.experts = E,
                                                                        .hidden = H,
                                                                        .k_local = n_local_,
@@ -414,22 +420,35 @@ class Layer {
   std::unique_ptr<MoeRs> down_plan_;
 };
 
-// Builds the case's layer, runs it once on poisoned outputs, checks; "" or what was wrong (or thrown).
+constexpr char kFusedPath[] = "fused, source regions";
+
+// Builds the case's layer, runs it once on poisoned outputs (automatic: the
+// first run times both paths, the output is its last call's), checks; "" or
+// what was wrong (or thrown).
 std::string run_and_check(const Case& c) {
   try {
     Layer layer(c);
     layer.poison(test::stream());
     layer.run(test::stream());
-    return layer.check();
+    std::string error = layer.check();
+    const std::string path = layer.up().path();
+    if (error.empty() && c.mode != OverlapMode::automatic && (c.mode == OverlapMode::fused) != (path == kFusedPath))
+      error = str("AgMoe with mode ", to_string(c.mode), " ran the path '", path, "'");
+    return error;
   } catch (const std::exception& e) {
     return str("threw: ", e.what());
   }
 }
 
-void expect_right(const Case& c) {
-  const std::string error = run_and_check(c);
-  EXPECT_EQ(error, "") << "rank " << ctx().rank() << ": " << describe(c);
-  EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
+// The case on each of AgMoe's modes.
+void expect_right(const Case& base) {
+  for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused, OverlapMode::automatic}) {
+    Case c = base;
+    c.mode = mode;
+    const std::string error = run_and_check(c);
+    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ": " << describe(c);
+    EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
+  }
 }
 
 }  // namespace
@@ -484,13 +503,18 @@ TEST(MoeTp, EveryAllGatherAndReduceScatterVariant) {
   }
 }
 
-TEST(MoeTp, AThousandBackToBackRunsAreBitwiseEqualToTheFirst) {
+namespace {
+
+// 1,000 layer runs on one AgMoe mode, each bitwise equal to the first. "" or what was wrong.
+std::string thousand_runs_bitwise(OverlapMode mode) {
   const int world = ctx().world_size();
   std::string error;
   unsigned long long* bad = nullptr;
   WEFT_CUDA(cudaMalloc(&bad, 4 * sizeof(unsigned long long)));
   try {
-    Layer layer({"back to back", 8, 2, 256, 512, ragged(world, 200), Routing::zipf, 20});
+    Case c{"back to back", 8, 2, 256, 512, ragged(world, 200), Routing::zipf, 20};
+    c.mode = mode;
+    Layer layer(c);
     cudaStream_t s = test::stream();
     layer.poison(s);
     layer.run(s);
@@ -520,11 +544,23 @@ TEST(MoeTp, AThousandBackToBackRunsAreBitwiseEqualToTheFirst) {
     error = str("threw: ", e.what());
   }
   cudaFree(bad);
-  EXPECT_EQ(error, "") << "rank " << ctx().rank();
-  EXPECT_TRUE(test::all_ranks(error.empty()));
+  return error;
 }
 
-TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
+}  // namespace
+
+TEST(MoeTp, AThousandBackToBackRunsAreBitwiseEqualToTheFirst) {
+  for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused}) {
+    const std::string error = thousand_runs_bitwise(mode);
+    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", AgMoe mode " << to_string(mode);
+    EXPECT_TRUE(test::all_ranks(error.empty())) << "AgMoe mode " << to_string(mode);
+  }
+}
+
+namespace {
+
+// CUDA-graph replays of the layer on one AgMoe mode against eager runs, before and after new routing. "" or what was wrong.
+std::string graph_replays_equal_eager(OverlapMode mode) {
   const int world = ctx().world_size();
   std::string error;
   unsigned long long* bad = nullptr;
@@ -532,7 +568,9 @@ TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   try {
-    Layer layer({"graph", 16, 4, 256, 512, ragged(world, 230), Routing::zipf, 30});
+    Case c{"graph", 16, 4, 256, 512, ragged(world, 230), Routing::zipf, 30};
+    c.mode = mode;
+    Layer layer(c);
     cudaStream_t s = test::stream();
     layer.poison(s);
     layer.run(s);  // eager first: plans choose and load their kernels outside the capture
@@ -581,8 +619,17 @@ TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
   if (exec) cudaGraphExecDestroy(exec);
   if (graph) cudaGraphDestroy(graph);
   cudaFree(bad);
-  EXPECT_EQ(error, "") << "rank " << ctx().rank();
-  EXPECT_TRUE(test::all_ranks(error.empty()));
+  return error;
+}
+
+}  // namespace
+
+TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
+  for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused}) {
+    const std::string error = graph_replays_equal_eager(mode);
+    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", AgMoe mode " << to_string(mode);
+    EXPECT_TRUE(test::all_ranks(error.empty())) << "AgMoe mode " << to_string(mode);
+  }
 }
 
 TEST(MoeTp, BadExpertIdsAreLeftOutAndNamedOnEveryRank) {

@@ -1,9 +1,12 @@
-// weft-bench moe_tp: MoE under tensor parallelism, the sequential path: AgMoe
-// (AllGather of the tokens + the sort by expert + the up-projection's grouped
-// GEMM) and MoeRs (the down-projection's grouped GEMM + the top-k weighted sum
-// + ReduceScatter), each against its own grouped GEMM alone on the same counts
-// and configuration: the GEMM is the bound a perfectly overlapped operator
-// would reach, so the ratio is what the gather, the sort and the scatter cost.
+// weft-bench moe_tp: MoE under tensor parallelism: AgMoe (AllGather of the
+// tokens + the sort by expert + the up-projection's grouped GEMM) on its
+// sequential and on its overlapped path (mode fused: the routing heads
+// gathered first, the rows on the copy engines, a GEMM per source rank's
+// regions), and MoeRs (the down-projection's grouped GEMM + the top-k weighted
+// sum + ReduceScatter), each against its own grouped GEMM alone on the same
+// counts and configuration: the GEMM is the bound a perfectly overlapped
+// operator would reach, so the ratio is what the gather, the sort and the
+// scatter cost.
 //
 // Each case is the layer's: T tokens over all ranks (rank r holds a contiguous
 // T / W of them), hidden H, F the experts' intermediate size (each rank holds
@@ -16,7 +19,8 @@
 // (no activation between them: a bench, not a model).
 //
 // --check: a few tokens of every rank against a float64 layer computed on the
-// host from every rank's seeds (fill_uniform's values, uniform_value here).
+// host from every rank's seeds (fill_uniform's values, uniform_value here),
+// once through each AgMoe path; the larger error is reported.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -83,7 +87,7 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
   struct Row {
     MoeTpCase c;
     std::string up_config, down_config;
-    double ag_us, up_us, rs_us, down_us, rel_err;
+    double ag_us, ag_fused_us, up_us, rs_us, down_us, rel_err;
     std::int64_t pairs;
     bool ok;  // this case's check (true when unchecked)
   };
@@ -101,7 +105,11 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
     std::vector<float> weights_all;
     make_routing(routing, T, c.top_k, c.experts, topk_all, weights_all);
     AgMoe up(ctx_ptr, {.experts = c.experts, .hidden = H, .n_local = F_me, .top_k = c.top_k,
-                       .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms});
+                       .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms,
+                       .mode = OverlapMode::sequential});
+    AgMoe up_fused(ctx_ptr, {.experts = c.experts, .hidden = H, .n_local = F_me, .top_k = c.top_k,
+                             .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms,
+                             .mode = OverlapMode::fused});
     MoeRs down(ctx_ptr, {.experts = c.experts, .hidden = H, .k_local = F_me, .top_k = c.top_k,
                          .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms});
     const std::int64_t max_rows = up.max_rows();
@@ -152,7 +160,8 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
 
     double rel_err = 0;
     bool row_ok = true;
-    if (args.check) {  // up to 4 tokens of this rank against float64 over every rank's slices
+    // This rank's out against float64 on up to 4 of its tokens, the slowest rank's relative error.
+    auto out_error = [&]() -> double {
       const std::int64_t step = std::max<std::int64_t>(1, T_me / 4);
       std::vector<std::int64_t> picked;
       for (std::int64_t i = 0; i < T_me && picked.size() < 4; i += step) picked.push_back(i);
@@ -188,24 +197,33 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
       for (std::int64_t p = 0; p < n; ++p)
         WEFT_CUDA(cudaMemcpyAsync(static_cast<char*>(got) + p * H * es, static_cast<const char*>(out) + picked[p] * H * es,
                                   H * es, cudaMemcpyDeviceToDevice, stream));
-      rel_err = n > 0 ? relative_error_vs_fp32(got, args.dtype, d_ref, n * H, stream) : 0.0;
+      double err = n > 0 ? relative_error_vs_fp32(got, args.dtype, d_ref, n * H, stream) : 0.0;
       ctx.synchronize(stream);
       cudaFree(got);
       cudaFree(d_ref);
-      rel_err = slowest_over_ranks(ctx, {rel_err}, "moe_tp relative errors")[0];
+      return slowest_over_ranks(ctx, {err}, "moe_tp relative errors")[0];
+    };
+    if (args.check) {
+      rel_err = out_error();  // the sequential path's layer, run above
+      poison(h, max_rows * F_me * es, 0xFF, stream);
+      poison(out, std::max<std::int64_t>(T_me, 1) * H * es, 0xFF, stream);
+      up_fused.run(x, d_topk, d_w, T_me, w_up, h, stream);
+      down.run(h, up_fused.routing(), w_down, out, stream);
+      rel_err = std::max(rel_err, out_error());
       row_ok = rel_err <= 2e-2;  // two roundings to the input type (h, then out) over sums of thousands of terms
       ok &= row_ok;
     }
 
     auto run_ag = [&] { up.run(x, d_topk, d_w, T_me, w_up, h, stream); };
+    auto run_ag_fused = [&] { up_fused.run(x, d_topk, d_w, T_me, w_up, h, stream); };
     auto run_up = [&] { up_alone.run({.a = a, .w = w_up, .out = h, .expert_rows = counts}, stream); };
     auto run_rs = [&] { down.run(h, up.routing(), w_down, out, stream); };
     auto run_down = [&] { down_alone.run({.a = h, .w = w_down, .out = y, .expert_rows = counts}, stream); };
-    const std::vector<double> us = time_interleaved(ctx, stream, {run_ag, run_up, run_rs, run_down}, 1,
+    const std::vector<double> us = time_interleaved(ctx, stream, {run_ag, run_ag_fused, run_up, run_rs, run_down}, 1,
                                                     args.samples, args.warmup, args.hold, args.order);
     std::int64_t pairs = 0;
     for (std::int64_t i = 0; i < T * c.top_k; ++i) pairs += topk_all[i] >= 0;
-    rows.push_back({c, up.gemm_config(), down.gemm_config(), us[0], us[1], us[2], us[3], rel_err, pairs, row_ok});
+    rows.push_back({c, up.gemm_config(), down.gemm_config(), us[0], us[1], us[2], us[3], us[4], rel_err, pairs, row_ok});
     ctx.synchronize(stream);
     for (void* p : {x, w_up, w_down, h, out, a, y, static_cast<void*>(d_topk), static_cast<void*>(d_w)}) cudaFree(p);
   }
@@ -220,27 +238,29 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
       for (const Row& r : rows)
         std::printf("{\"op\":\"moe_tp\",\"world\":%d,\"tokens\":%lld,\"hidden\":%lld,\"ffn\":%lld,\"experts\":%d,"
                     "\"topk\":%d,\"routing\":\"%s\",\"dtype\":\"%s\",\"pairs\":%lld,\"ag_moe_us\":%.2f,"
-                    "\"up_gemm_us\":%.2f,\"moe_rs_us\":%.2f,\"down_gemm_us\":%.2f,\"up_config\":\"%s\","
+                    "\"ag_moe_fused_us\":%.2f,\"up_gemm_us\":%.2f,\"moe_rs_us\":%.2f,\"down_gemm_us\":%.2f,\"up_config\":\"%s\","
                     "\"down_config\":\"%s\",\"rel_err\":%.2e,\"shared_gpu\":%s,\"check\":\"%s\"}\n",
                     W, static_cast<long long>(r.c.tokens), static_cast<long long>(r.c.hidden),
                     static_cast<long long>(r.c.ffn), r.c.experts, r.c.top_k, routing_name(routing),
-                    args.dtype.c_str(), static_cast<long long>(r.pairs), r.ag_us, r.up_us, r.rs_us, r.down_us,
+                    args.dtype.c_str(), static_cast<long long>(r.pairs), r.ag_us, r.ag_fused_us, r.up_us, r.rs_us,
+                    r.down_us,
                     r.up_config.c_str(), r.down_config.c_str(), r.rel_err, shared ? "true" : "false",
                     args.check ? (r.ok ? "ok" : "FAIL") : "skipped");
     } else {
       std::printf("moe_tp %s, %d ranks, routing %s; us per call (median of %d samples, each contender in turn, max "
-                  "over ranks);\nag_moe = AgMoe::run (AllGather, sort, up GEMM); up = its grouped GEMM alone, same "
-                  "counts and configuration;\nmoe_rs = MoeRs::run (down GEMM, weighted sum, ReduceScatter); down = its "
+                  "over ranks);\nag_moe = AgMoe::run (AllGather, sort, up GEMM); fused = AgMoe's overlapped path "
+                  "(seq/fused: above 1, it is faster); up = its grouped GEMM alone, same counts and configuration;\nmoe_rs = MoeRs::run (down GEMM, weighted sum, ReduceScatter); down = its "
                   "grouped GEMM alone; ratio = operator / its GEMM\n",
                   args.dtype.c_str(), W, routing_name(routing), args.samples);
       if (shared) std::printf("Ranks share a GPU: times are not performance figures (a record of the run only).\n");
-      std::printf("%6s %5s %6s %4s %2s | %9s %9s %6s %7s | %9s %9s %6s %7s | %s\n", "T", "H", "F", "E", "k",
-                  "ag_moe", "up", "ratio", "TFLOP/s", "moe_rs", "down", "ratio", "TFLOP/s", "rel err (check)");
+      std::printf("%6s %5s %6s %4s %2s | %9s %9s %9s %6s %6s %7s | %9s %9s %6s %7s | %s\n", "T", "H", "F", "E", "k",
+                  "ag_moe", "fused", "up", "ratio", "seq/fu", "TFLOP/s", "moe_rs", "down", "ratio", "TFLOP/s",
+                  "rel err (check)");
       for (const Row& r : rows)
-        std::printf("%6lld %5lld %6lld %4d %2d | %9.1f %9.1f %6.3f %7.1f | %9.1f %9.1f %6.3f %7.1f | %s\n",
+        std::printf("%6lld %5lld %6lld %4d %2d | %9.1f %9.1f %9.1f %6.3f %6.3f %7.1f | %9.1f %9.1f %6.3f %7.1f | %s\n",
                     static_cast<long long>(r.c.tokens), static_cast<long long>(r.c.hidden),
-                    static_cast<long long>(r.c.ffn), r.c.experts, r.c.top_k, r.ag_us, r.up_us, r.ag_us / r.up_us,
-                    tflops(r, r.ag_us), r.rs_us, r.down_us, r.rs_us / r.down_us, tflops(r, r.rs_us),
+                    static_cast<long long>(r.c.ffn), r.c.experts, r.c.top_k, r.ag_us, r.ag_fused_us, r.up_us,
+                    r.ag_us / r.up_us, r.ag_us / r.ag_fused_us, tflops(r, std::min(r.ag_us, r.ag_fused_us)), r.rs_us, r.down_us, r.rs_us / r.down_us, tflops(r, r.rs_us),
                     args.check ? str(r.rel_err).c_str() : "not checked");
       std::printf("configs: %s\n", [&] {
         std::string s;

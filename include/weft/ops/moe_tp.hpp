@@ -1,6 +1,6 @@
-// weft/ops/moe_tp.hpp - MoE under tensor parallelism, the sequential path: AllGather + the
-// up-projection's grouped GEMM (AgMoe), then the down-projection's grouped GEMM + the top-k
-// weighted sum + ReduceScatter (MoeRs).
+// weft/ops/moe_tp.hpp - MoE under tensor parallelism: AllGather + the up-projection's grouped
+// GEMM (AgMoe, sequential or overlapped), then the down-projection's grouped GEMM + the top-k
+// weighted sum + ReduceScatter (MoeRs, sequential).
 //
 // Under tensor parallelism every rank holds every expert, each expert's
 // intermediate dimension F split over the ranks: rank r holds W_up's rows
@@ -28,6 +28,18 @@
 // pairs' up-projections, expert by expert. The pair count and every map stay
 // on the device (MoeRouting): no host read, no synchronisation, and both
 // runs can be captured in one CUDA graph.
+//
+// AgMoe's overlapped path (AgMoeOptions::mode fused, or automatic where it
+// times faster; decision 0071) starts the GEMM before every rank's tokens
+// are here. Only the routing heads (count, ids, weights: 16 + 12 k bytes a
+// token) are gathered first and sorted; the token rows travel on the copy
+// engines, each rank's pushed to every peer with a flag. Within an expert the
+// sorted rows are in (rank, token, slot) order, so rank s's pairs of expert
+// e are one run of rows, region (s, e): per rank s, in arrival order (this
+// rank's own first), a wait for its flag, the copy of its pairs' rows into
+// the sorted A, and one GroupedGemm over its regions (per-expert counts and
+// first rows on the device). The rows, maps and routing are the same as the
+// sequential path's.
 //
 // MoeRs::run multiplies h by W_down's slice (one GroupedGemm: partial sums
 // over this rank's K_local), sums each token's pairs in slot order weighted
@@ -60,6 +72,10 @@
 namespace weft {
 
 class GroupedGemm;
+namespace ops_detail {
+class CopyPipe;
+class PathChoice;
+}  // namespace ops_detail
 
 /// What an AgMoe plan is built for. Equal on every rank except n_local (checked).
 struct AgMoeOptions {
@@ -69,10 +85,16 @@ struct AgMoeOptions {
   int top_k = 0;                         ///< k: slots per token, 1 to 32
   std::int64_t max_tokens_per_rank = 0;  ///< the shards' capacity: most tokens a rank passes to run()
   DType dtype = DType::bf16;             ///< x, W_up and the output: bf16 or fp16
-  AllGatherVariant gather = AllGatherVariant::automatic;  ///< how the shards move
+  AllGatherVariant gather = AllGatherVariant::automatic;  ///< how the shards (or, overlapped, the routing heads) move
   /// Cap on the SMs of the grouped GEMM's persistent grid and of the sort's
   /// kernels; 0 = the rank's share of its GPU (Team::sm_count).
   int max_sms = 0;
+  /// sequential: gather everything (weft's AllGather), then one grouped GEMM; fused:
+  /// the overlapped path by source regions (needs every peer mapped);
+  /// automatic: times both on the first run and keeps the faster, the same
+  /// on every rank (sequential alone where a peer is not mapped). The default
+  /// stays sequential until the overlapped path is timed on two GPUs.
+  OverlapMode mode = OverlapMode::sequential;
 };
 
 /// What a MoeRs plan is built for. Equal on every rank except k_local (checked).
@@ -145,23 +167,40 @@ class AgMoe {
   const AgMoeOptions& options() const { return opt_; }
   /// The grouped GEMM's configuration ("128x256x64 c2x1 cooperative").
   std::string gemm_config() const;
+  /// The path runs take ("sequential" or "fused, source regions"), chosen on
+  /// the first run; "" before it.
+  std::string path() const;
   /// Synchronises `stream`; throws if a run since the last check met an
   /// expert id outside [-1, E) in any rank's routing (the same error on every
   /// rank: the first such rank, token, slot and id), and clears the record.
   void check_errors(cudaStream_t stream);
 
  private:
+  void run_sequential(const void* x, const std::int64_t* topk_idx, const float* topk_weights,
+                      std::int64_t num_tokens, const void* w_up, void* out, cudaStream_t stream);
+  void run_fused(const void* x, const std::int64_t* topk_idx, const float* topk_weights, std::int64_t num_tokens,
+                 const void* w_up, void* out, cudaStream_t stream);
+
   std::shared_ptr<Context> ctx_;
   AgMoeOptions opt_;
   int sms_ = 1;
   std::uint64_t runs_ = 0;
   MoeRouting routing_;
-  std::unique_ptr<AllGather> gather_;
   std::map<std::int64_t, std::unique_ptr<GroupedGemm>> gemms_;  // per n_local used
   GroupedGemm* gemm_ = nullptr;                                  // opt_.n_local's
-  SymmetricBuffer shards_;        // [W] shards (moe_tp_layout.hpp's ShardLayout)
-  DeviceBuffer scratch_;          // local: the sort's counts and maps, the error record
+  DeviceBuffer scratch_;          // local: the sort's counts and maps, the source regions, the error record
   DeviceBuffer sorted_a_;         // local: [max_rows][H], the pairs' token rows by expert
+  // The sequential path (mode sequential or automatic):
+  std::unique_ptr<AllGather> gather_;
+  SymmetricBuffer shards_;        // [W] shards (moe_tp_layout.hpp's ShardLayout)
+  // The overlapped path (mode fused or automatic):
+  std::unique_ptr<AllGather> head_gather_;
+  std::unique_ptr<ops_detail::CopyPipe> pipe_;
+  SymmetricBuffer heads_;         // [W] routing heads: shards without token rows
+  SymmetricBuffer rows_;          // [W][capacity][H]: slot s receives rank s's token rows
+  SymmetricBuffer arrived_;       // u64 [W]: word s = 1 once rank s's rows landed here
+  // Which path runs; null where a peer is not mapped (the sequential path on weft's AllGather, untimed).
+  std::unique_ptr<ops_detail::PathChoice> choice_;
 };
 
 /// The down-projection's grouped GEMM + top-k weighted sum + ReduceScatter. Collective to build and to run.

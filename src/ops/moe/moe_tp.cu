@@ -1,6 +1,6 @@
-// MoE under tensor parallelism, the sequential path: the AgMoe and MoeRs plans and their kernels.
+// MoE under tensor parallelism: the AgMoe and MoeRs plans and their kernels.
 //
-// AgMoe::run (moe_tp_layout.hpp has the shards and the sort's passes):
+// AgMoe's sequential path (moe_tp_layout.hpp has the shards and the sort's passes):
 //   pack      this rank's count, routing, weights and token rows into its
 //             shard of the gathered buffer (symmetric heap);
 //   AllGather the W shards, in place (weft's AllGather: its own flags and
@@ -19,6 +19,22 @@
 //             chunk prefix + position; the row <-> pair maps; the token's row
 //             copied once per pair into the sorted A;
 //   GroupedGemm  out = sorted A x W_up[e]^T, expert by expert, counts read on the device.
+// AgMoe's overlapped path (decision 0071), the same passes split by what they need:
+//   pack      the count, routing and weights alone into this rank's head;
+//   push      (side stream, copy engines) once every peer said "free": this
+//             rank's token rows into slot `me` of every peer's rows buffer,
+//             then a flag there (copy_pipe.hpp);
+//   AllGather the heads, in place;
+//   count, scan, place  as above on the heads, the place pass writing the
+//             maps only;
+//   regions   a thread per (rank s, expert e): rank s's pairs of expert e are
+//             the rows of e whose gathered token lies in shard s, found by
+//             bisection over row_token (moe_tiles.hpp), no atomics;
+//   per rank s in arrival order, this rank's first: a wait for s's flag (a
+//             bounded kernel that names s), the place pass copying shard s's
+//             rows into the sorted A, and GroupedGemm over s's regions (its
+//             per-expert counts and first rows), which writes exactly the rows
+//             the sequential path's one GroupedGemm writes for those pairs.
 // MoeRs::run:
 //   GroupedGemm  y = h x W_down[e]^T (this rank's partial sums over its K slice);
 //   combine   a warp per gathered token: sum over its slots ascending of
@@ -34,7 +50,9 @@
 
 #include <algorithm>
 
+#include "../copy_pipe.hpp"
 #include "../kernel_util.cuh"
+#include "../path_choice.hpp"
 #include "chunk_scan.cuh"
 #include "moe_tp_layout.hpp"
 #include "weft/core/error.hpp"
@@ -74,6 +92,8 @@ struct SortScratch {
   std::int32_t* row_slot;       // [max_rows]
   std::int32_t* expert_rows;    // [E]
   std::int32_t* expert_offset;  // [E + 1]
+  std::int32_t* region_count;   // [W][E]: the overlapped path's source regions (moe_tiles.hpp)
+  std::int32_t* region_first;   // [W][E]
 };
 
 SortScratch carve(void* base, int world, std::int64_t cap, int k, int experts, std::uint64_t* bytes_out) {
@@ -96,6 +116,8 @@ SortScratch carve(void* base, int world, std::int64_t cap, int k, int experts, s
   s.row_slot = reinterpret_cast<std::int32_t*>(take(rows * 4));
   s.expert_rows = reinterpret_cast<std::int32_t*>(take(experts * 4));
   s.expert_offset = reinterpret_cast<std::int32_t*>(take((experts + 1) * 4));
+  s.region_count = reinterpret_cast<std::int32_t*>(take(static_cast<std::uint64_t>(world) * experts * 4));
+  s.region_first = reinterpret_cast<std::int32_t*>(take(static_cast<std::uint64_t>(world) * experts * 4));
   if (bytes_out) *bytes_out = off;
   return s;
 }
@@ -107,7 +129,7 @@ int clamp_grid(std::int64_t work_units, std::int64_t per_block, int most) {
 // ---- AgMoe's kernels ------------------------------------------------------------
 
 struct SortArgs {
-  char* shards;          // symmetric [W] shards
+  char* shards;          // symmetric [W] shards, or the overlapped path's heads: counts, ids, weights
   ShardLayout l;
   std::int64_t cap;      // tokens per shard
   std::int64_t tokens;   // gathered tokens, W x cap
@@ -115,6 +137,10 @@ struct SortArgs {
   std::int64_t vecs;     // 16-byte vectors of a token row
   SortScratch s;
   uint4* sorted_a;       // [max_rows][H]
+  // Shard s's token t's row: rows + s x rows_stride + t x row bytes. The
+  // overlapped path's copies take one shard each, from its own buffer (stride 0).
+  const char* rows;
+  std::uint64_t rows_stride;
 };
 
 __device__ __forceinline__ const char* shard(const SortArgs& a, int s) {
@@ -223,31 +249,41 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(SortArgs a) {
   }
 }
 
-__global__ void __launch_bounds__(kWarpThreads) place_kernel(SortArgs a) {
+// Gathered tokens [g_begin, g_end): with `maps`, each pair's row = offset[e]
+// + chunk prefix + position, and the row <-> pair maps; else the rows are read
+// back from token_row (the maps of an earlier pass). With `copy`, the token's
+// row is copied once per pair into the sorted A. Both flags are grid-uniform.
+__global__ void __launch_bounds__(kWarpThreads)
+    place_kernel(SortArgs a, std::int64_t g_begin, std::int64_t g_end, bool maps, bool copy) {
   const int lane = static_cast<int>(threadIdx.x) & 31, k = a.k, E = a.experts;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; g < a.tokens;
+  for (std::int64_t g = g_begin + static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; g < g_end;
        g += warps) {
     const int s = moe_detail::gathered_rank(g, a.cap);
     const std::int64_t t = g - static_cast<std::int64_t>(s) * a.cap;
-    const std::int32_t pos = lane < k ? a.s.pair_local[g * k + lane] : -1;
     std::int32_t row = -1;
-    float w = 0.f;
-    if (pos >= 0) {
-      const auto e = static_cast<int>(__ldcg(shard_topk(a, s) + t * k + lane));
-      w = __ldcg(reinterpret_cast<const float*>(shard(a, s) + a.l.weights) + t * k + lane);
-      row = a.s.expert_offset[e] + a.s.chunk_counts[(g / kSortChunk) * E + e] + pos;
-      a.s.row_token[row] = static_cast<std::int32_t>(g);
-      a.s.row_slot[row] = lane;
+    if (maps) {
+      const std::int32_t pos = lane < k ? a.s.pair_local[g * k + lane] : -1;
+      float w = 0.f;
+      if (pos >= 0) {
+        const auto e = static_cast<int>(__ldcg(shard_topk(a, s) + t * k + lane));
+        w = __ldcg(reinterpret_cast<const float*>(shard(a, s) + a.l.weights) + t * k + lane);
+        row = a.s.expert_offset[e] + a.s.chunk_counts[(g / kSortChunk) * E + e] + pos;
+        a.s.row_token[row] = static_cast<std::int32_t>(g);
+        a.s.row_slot[row] = lane;
+      }
+      if (lane < k) {
+        a.s.token_row[g * k + lane] = row;
+        a.s.token_weight[g * k + lane] = w;
+      }
+    } else if (lane < k) {
+      row = a.s.token_row[g * k + lane];
     }
-    if (lane < k) {
-      a.s.token_row[g * k + lane] = row;
-      a.s.token_weight[g * k + lane] = w;
-    }
+    if (!copy) continue;
     const unsigned pairs = __ballot_sync(0xffffffffu, row >= 0);
     if (pairs == 0) continue;  // warp-uniform
     // The token's row, loaded once, stored to each of its pairs' rows.
-    const uint4* src = reinterpret_cast<const uint4*>(shard(a, s) + a.l.x) + t * a.vecs;
+    const uint4* src = reinterpret_cast<const uint4*>(a.rows + static_cast<std::uint64_t>(s) * a.rows_stride) + t * a.vecs;
     for (std::int64_t v0 = 0; v0 < a.vecs; v0 += 32 * kRowVecs) {  // every lane runs every step (shuffles)
       const std::int64_t v = v0 + lane;
       uint4 val[kRowVecs];
@@ -263,6 +299,20 @@ __global__ void __launch_bounds__(kWarpThreads) place_kernel(SortArgs a) {
       }
     }
   }
+}
+
+// Region (s, e) = rank s's pairs of expert e: the rows of e whose gathered
+// token lies in [s x cap, (s + 1) x cap), one thread each. The rows of an
+// expert hold ascending tokens, so two lower bounds find them.
+__global__ void regions_kernel(SortScratch sc, int world, int experts, std::int64_t cap) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= world * experts) return;
+  const int s = i / experts, e = i % experts;
+  const std::int64_t lo = sc.expert_offset[e], hi = sc.expert_offset[e + 1];
+  const std::int64_t begin = moe_detail::first_row_at_or_after(sc.row_token, lo, hi, s * cap);
+  const std::int64_t end = moe_detail::first_row_at_or_after(sc.row_token, begin, hi, (s + 1) * cap);
+  sc.region_first[i] = static_cast<std::int32_t>(begin);
+  sc.region_count[i] = static_cast<std::int32_t>(end - begin);
 }
 
 // ---- MoeRs's kernel ---------------------------------------------------------------
@@ -340,7 +390,7 @@ std::string common_error(int experts, std::int64_t hidden, std::int64_t slice, c
 std::string describe(const AgMoeOptions& o) {
   return str("experts ", o.experts, ", hidden ", o.hidden, ", top_k ", o.top_k, ", max_tokens_per_rank ",
              o.max_tokens_per_rank, ", ", to_string(o.dtype), ", gather ", to_string(o.gather), ", max_sms ",
-             o.max_sms);
+             o.max_sms, ", mode ", to_string(o.mode));
 }
 std::string describe(const MoeRsOptions& o) {
   return str("experts ", o.experts, ", hidden ", o.hidden, ", top_k ", o.top_k, ", max_tokens_per_rank ",
@@ -363,12 +413,15 @@ std::string AgMoe::can_implement(const AgMoeOptions& o, int world_size) {
   std::string why = common_error(o.experts, o.hidden, o.n_local, "n_local", o.top_k, o.max_tokens_per_rank, o.dtype,
                                  o.max_sms, world_size);
   if (!why.empty()) return why;
-  const ShardLayout l = moe_detail::shard_layout(o.max_tokens_per_rank, o.top_k, o.hidden,
-                                                 static_cast<int>(dtype_size(o.dtype)));
+  // What the AllGather moves: whole shards, or (mode fused) the routing heads alone.
+  const bool heads_only = o.mode == OverlapMode::fused;
+  const ShardLayout l = heads_only ? moe_detail::head_layout(o.max_tokens_per_rank, o.top_k)
+                                   : moe_detail::shard_layout(o.max_tokens_per_rank, o.top_k, o.hidden,
+                                                              static_cast<int>(dtype_size(o.dtype)));
   if (o.gather == AllGatherVariant::low_latency && l.bytes > kAllGatherLowLatencyMaxBytes)
-    return str("gather = ll moves shards of at most ", kAllGatherLowLatencyMaxBytes, " bytes; max_tokens_per_rank = ",
-               o.max_tokens_per_rank, " at hidden ", o.hidden, " and top_k ", o.top_k, " makes ", l.bytes,
-               " (use another variant or fewer tokens)");
+    return str("gather = ll moves ", heads_only ? "routing heads" : "shards", " of at most ",
+               kAllGatherLowLatencyMaxBytes, " bytes; max_tokens_per_rank = ", o.max_tokens_per_rank, " at hidden ",
+               o.hidden, " and top_k ", o.top_k, " makes ", l.bytes, " (use another variant or fewer tokens)");
   return "";
 }
 
@@ -380,11 +433,35 @@ AgMoe::AgMoe(std::shared_ptr<Context> ctx, const AgMoeOptions& options) : ctx_(s
   ctx_->verify_same_call(str("AgMoe plan: ", describe(opt_)));
   const std::string why = can_implement(opt_, W);
   WEFT_REQUIRE(why.empty(), "AgMoe: ", why);
+  if (opt_.mode == OverlapMode::fused)
+    ctx_->require_direct_peers("AgMoe with mode fused (its copies write into every peer's heap)",
+                               "use mode sequential, or automatic, which runs the sequential path there");
   sms_ = sms_for(*ctx_, opt_.max_sms);
   const int es = static_cast<int>(dtype_size(opt_.dtype));
-  const ShardLayout l = moe_detail::shard_layout(opt_.max_tokens_per_rank, opt_.top_k, opt_.hidden, es);
-  shards_ = SymmetricBuffer(ctx_->heap(), l.bytes * W, "u8", "ag_moe.shards");
-  gather_ = std::make_unique<AllGather>(ctx_, AllGatherOptions{l.bytes, opt_.gather, opt_.max_sms});
+  const std::int64_t cap = opt_.max_tokens_per_rank;
+  // Every rank agrees on the mode (the description above) and on whether every peer is mapped (the heap's
+  // reachability), so every rank makes the same symmetric allocations in the same order.
+  const bool overlapped = opt_.mode != OverlapMode::sequential && ctx_->all_peers_direct();
+  if (opt_.mode != OverlapMode::fused) {
+    const ShardLayout l = moe_detail::shard_layout(cap, opt_.top_k, opt_.hidden, es);
+    shards_ = SymmetricBuffer(ctx_->heap(), l.bytes * W, "u8", "ag_moe.shards");
+    gather_ = std::make_unique<AllGather>(ctx_, AllGatherOptions{l.bytes, opt_.gather, opt_.max_sms});
+  }
+  if (overlapped) {
+    const ShardLayout hl = moe_detail::head_layout(cap, opt_.top_k);
+    heads_ = SymmetricBuffer(ctx_->heap(), hl.bytes * W, "u8", "ag_moe.heads");
+    rows_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(W) * cap * opt_.hidden * es, to_string(opt_.dtype),
+                            "ag_moe.rows");
+    arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(W) * 8, "u64", "ag_moe.arrived");
+    head_gather_ = std::make_unique<AllGather>(ctx_, AllGatherOptions{hl.bytes, opt_.gather, opt_.max_sms});
+    pipe_ = std::make_unique<ops_detail::CopyPipe>(ctx_, "ag_moe");
+  }
+  // Timing needs barriers across the ranks, which need every peer mapped; elsewhere weft's AllGather, untimed.
+  if (ctx_->all_peers_direct())
+    choice_ = std::make_unique<ops_detail::PathChoice>(
+        ctx_, overlapped ? opt_.mode : OverlapMode::sequential,
+        str("AgMoe E ", opt_.experts, ", H ", opt_.hidden, ", k ", opt_.top_k, ", ", cap, " tokens a rank"), nullptr,
+        /*nccl_path=*/false);
 
   const std::int64_t max_rows = moe_detail::max_pair_rows(W, opt_.max_tokens_per_rank, opt_.top_k);
   std::uint64_t bytes = 0;
@@ -418,6 +495,11 @@ AgMoe::~AgMoe() = default;
 
 std::string AgMoe::gemm_config() const { return gemm_->config(); }
 
+std::string AgMoe::path() const {
+  if (choice_) return choice_->path();
+  return runs_ > 0 ? "sequential" : "";
+}
+
 void AgMoe::use_slice(std::int64_t n_local) {
   WEFT_REQUIRE(n_local > 0 && n_local % 8 == 0, "AgMoe::use_slice: n_local = ", n_local,
                " must be a positive multiple of 8 (16-byte rows)");
@@ -436,7 +518,6 @@ void AgMoe::use_slice(std::int64_t n_local) {
 
 void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_weights, std::int64_t num_tokens,
                 const void* w_up, void* out, cudaStream_t stream) {
-  const int W = ctx_->world_size(), me = ctx_->rank(), k = opt_.top_k;
   const std::int64_t cap = opt_.max_tokens_per_rank;
   WEFT_REQUIRE(num_tokens >= 0 && num_tokens <= cap, "AgMoe::run: num_tokens = ", num_tokens,
                " must be in [0, max_tokens_per_rank = ", cap, "]");
@@ -449,6 +530,30 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
   WEFT_REQUIRE(aligned(w_up, 16) && aligned(out, 16), "AgMoe::run: w_up and out must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("AgMoe run #", runs_ + 1));
 
+  if (!choice_) {
+    run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream);
+  } else {
+    std::vector<ops_detail::FusedPath> fused;
+    if (pipe_)
+      fused.push_back({"fused, source regions", [&](cudaStream_t s) {
+                         run_fused(x, topk_idx, topk_weights, num_tokens, w_up, out, s);
+                       }});
+    // A fused call's graph holds its pointers, its GEMM (the slice) and its token count (the pushes' bytes).
+    const void* token_count = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(num_tokens));
+    choice_->run(
+        stream, {x, topk_idx, topk_weights, w_up, out, gemm_, token_count},
+        [&] { run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream); },
+        fused, [&](bool) { run_sequential(x, topk_idx, topk_weights, num_tokens, w_up, out, stream); });
+  }
+  ++runs_;
+  routing_.run = runs_;
+  routing_.num_tokens = num_tokens;
+}
+
+void AgMoe::run_sequential(const void* x, const std::int64_t* topk_idx, const float* topk_weights,
+                           std::int64_t num_tokens, const void* w_up, void* out, cudaStream_t stream) {
+  const int W = ctx_->world_size(), me = ctx_->rank(), k = opt_.top_k;
+  const std::int64_t cap = opt_.max_tokens_per_rank;
   const int es = static_cast<int>(dtype_size(opt_.dtype));
   const ShardLayout l = moe_detail::shard_layout(cap, k, opt_.hidden, es);
   const std::int64_t vecs = opt_.hidden * es / 16;
@@ -461,21 +566,81 @@ void AgMoe::run(const void* x, const std::int64_t* topk_idx, const float* topk_w
   gather_->run(mine, shards, stream);  // in place: this rank's shard is its slot
 
   const SortScratch s = carve(scratch_.get(), W, cap, k, opt_.experts, nullptr);
-  SortArgs sa{shards, l, cap, moe_detail::gathered_tokens(W, cap), W, opt_.experts, k, vecs, s,
-              sorted_a_.as<uint4>()};
+  const std::int64_t tokens = moe_detail::gathered_tokens(W, cap);
+  SortArgs sa{shards, l, cap, tokens, W, opt_.experts, k, vecs, s, sorted_a_.as<uint4>(), shards + l.x, l.bytes};
   const std::int64_t chunks = moe_detail::sort_chunks(W, cap);
   count_kernel<<<static_cast<unsigned>((chunks + kCountWarps - 1) / kCountWarps), kCountWarps * 32,
                  kCountWarps * opt_.experts * 4, stream>>>(sa);
   WEFT_CUDA(cudaGetLastError());
   scan_kernel<<<1, kScanThreads, 0, stream>>>(sa);
   WEFT_CUDA(cudaGetLastError());
-  place_kernel<<<clamp_grid(sa.tokens, kWarpsPerBlock, 8 * sms_), kWarpThreads, 0, stream>>>(sa);
+  place_kernel<<<clamp_grid(tokens, kWarpsPerBlock, 8 * sms_), kWarpThreads, 0, stream>>>(sa, 0, tokens, true, true);
   WEFT_CUDA(cudaGetLastError());
   gemm_->run({.a = sorted_a_.get(), .w = w_up, .out = out, .expert_rows = s.expert_rows}, stream);
+}
 
-  ++runs_;
-  routing_.run = runs_;
-  routing_.num_tokens = num_tokens;
+void AgMoe::run_fused(const void* x, const std::int64_t* topk_idx, const float* topk_weights,
+                      std::int64_t num_tokens, const void* w_up, void* out, cudaStream_t stream) {
+  const int W = ctx_->world_size(), me = ctx_->rank(), k = opt_.top_k, E = opt_.experts;
+  const std::int64_t cap = opt_.max_tokens_per_rank;
+  const int es = static_cast<int>(dtype_size(opt_.dtype));
+  const ShardLayout hl = moe_detail::head_layout(cap, k);
+  const std::int64_t vecs = opt_.hidden * es / 16;
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(opt_.hidden) * es;
+  const std::uint64_t slot_bytes = static_cast<std::uint64_t>(cap) * row_bytes;
+  char* heads = heads_.as<char>();
+  char* my_head = heads + static_cast<std::uint64_t>(me) * hl.bytes;
+  char* rows = rows_.as<char>();
+  auto* arrived = arrived_.as<std::uint64_t>();
+
+  // The head: count, ids and weights (no rows: vecs 0).
+  PackArgs pa{my_head, hl, num_tokens, k, 0, topk_idx, topk_weights, nullptr};
+  pack_kernel<<<clamp_grid(num_tokens * k, kWarpThreads, 4 * sms_), kWarpThreads, 0, stream>>>(pa);
+  WEFT_CUDA(cudaGetLastError());
+
+  // The rows go on the copy engines once every peer said "free", to the
+  // peer that needs them soonest first: rank me - 1 takes them at its step 1.
+  cudaStream_t side = pipe_->begin(stream);
+  for (int i = 1; i < W; ++i) {
+    const int peer = (me - i + W) % W;
+    ops_detail::push_chunk(ctx_->heap().peer_ptr(rows + me * slot_bytes, peer), x,
+                           static_cast<std::uint64_t>(num_tokens) * row_bytes, 0,
+                           static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived + me, peer)), side);
+  }
+
+  head_gather_->run(my_head, heads, stream);  // in place
+  const SortScratch s = carve(scratch_.get(), W, cap, k, E, nullptr);
+  const std::int64_t tokens = moe_detail::gathered_tokens(W, cap);
+  SortArgs sa{heads, hl, cap, tokens, W, E, k, vecs, s, sorted_a_.as<uint4>(), nullptr, 0};
+  const std::int64_t chunks = moe_detail::sort_chunks(W, cap);
+  count_kernel<<<static_cast<unsigned>((chunks + kCountWarps - 1) / kCountWarps), kCountWarps * 32, kCountWarps * E * 4,
+                 stream>>>(sa);
+  WEFT_CUDA(cudaGetLastError());
+  scan_kernel<<<1, kScanThreads, 0, stream>>>(sa);
+  WEFT_CUDA(cudaGetLastError());
+  place_kernel<<<clamp_grid(tokens, kWarpsPerBlock, 8 * sms_), kWarpThreads, 0, stream>>>(sa, 0, tokens, true, false);
+  WEFT_CUDA(cudaGetLastError());
+  regions_kernel<<<static_cast<unsigned>((W * E + 255) / 256), 256, 0, stream>>>(s, W, E, cap);
+  WEFT_CUDA(cudaGetLastError());
+
+  // Per source rank in arrival order: its rows into the sorted A, then the GEMM of its regions.
+  for (int i = 0; i < W; ++i) {
+    const int src = (me + i) % W;
+    if (src != me) ops_detail::wait_from_and_consume(ctx_->world(), arrived + src, 1, src, stream);
+    SortArgs one = sa;
+    one.rows = src == me ? static_cast<const char*>(x) : rows + src * slot_bytes;
+    one.rows_stride = 0;
+    place_kernel<<<clamp_grid(cap, kWarpsPerBlock, 8 * sms_), kWarpThreads, 0, stream>>>(one, src * cap,
+                                                                                         (src + 1) * cap, false, true);
+    WEFT_CUDA(cudaGetLastError());
+    gemm_->run({.a = sorted_a_.get(),
+                .w = w_up,
+                .out = out,
+                .expert_rows = s.region_count + static_cast<std::int64_t>(src) * E,
+                .expert_first_row = s.region_first + static_cast<std::int64_t>(src) * E},
+               stream);
+  }
+  pipe_->join(stream);  // the pushes have read x: the caller may overwrite it
 }
 
 void AgMoe::check_errors(cudaStream_t stream) {

@@ -61,6 +61,11 @@ WEFT_HD ShardLayout shard_layout(std::int64_t capacity, int top_k, std::int64_t 
   return l;
 }
 
+/// The routing head of a shard: its count, ids and weights at the same
+/// offsets as shard_layout's, without the token rows (x = bytes). AgMoe's
+/// overlapped path gathers these first and sends the rows on their own.
+WEFT_HD ShardLayout head_layout(std::int64_t capacity, int top_k) { return shard_layout(capacity, top_k, 0, 1); }
+
 /// Gathered tokens: world x capacity (padding included).
 WEFT_HD std::int64_t gathered_tokens(int world, std::int64_t capacity) { return world * capacity; }
 /// Rows of the grouped GEMMs' operands: every gathered token's every slot could be a pair.
