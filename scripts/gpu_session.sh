@@ -508,7 +508,7 @@ if has ep; then  # MoE expert parallelism: weft-bench ep at world 1, then its GP
   done
 fi
 
-if has moe; then  # MoE under tensor parallelism: weft-bench moe_tp (AgMoe on both paths, MoeRs, against their GEMMs alone), checked
+if has moe; then  # MoE under tensor parallelism: weft-bench moe_tp (AgMoe and MoeRs, each on both paths, against their GEMMs alone), checked
   for routing in ${MOE_ROUTINGS:-uniform zipf}; do
     run_logged "weft-bench moe_tp, $routing" "moe_tp_$routing.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
       "$BUILD/weft-bench" moe_tp --check --routing "$routing"
@@ -614,7 +614,7 @@ if has two_gpu; then  # issue 35: the new operators' figures at 2 ranks against 
     run_logged "two_gpu: ep" two_gpu/ep.txt "${W2[@]}" "$BUILD/weft-bench" ep --check --samples 30
     grep -vE '^\[weft-bench\]' "$OUT/two_gpu/ep.txt"
   fi
-  if part moe; then  # MoE under TP 2 on the three MoE shapes: AgMoe's sequential and overlapped paths side by side, MoeRs
+  if part moe; then  # MoE under TP 2 on the three MoE shapes: AgMoe and MoeRs, each sequential and overlapped side by side
     for routing in uniform zipf; do
       run_logged "two_gpu: moe_tp $routing" "two_gpu/moe_tp_$routing.txt" "${W2[@]}" "$BUILD/weft-bench" moe_tp --check \
         --routing "$routing"

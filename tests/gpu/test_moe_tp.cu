@@ -1,8 +1,9 @@
 // MoE under tensor parallelism on the GPU: weft::AgMoe (AllGather + the
-// up-projection's grouped GEMM, on its sequential path, its overlapped path
-// by source regions, and the path it chooses by timing) then weft::MoeRs (the
-// down-projection's grouped GEMM + top-k weighted sum + ReduceScatter), as one
-// activation-free layer: AgMoe's output is MoeRs's h (K_local = N_local).
+// up-projection's grouped GEMM) then weft::MoeRs (the down-projection's
+// grouped GEMM + top-k weighted sum + ReduceScatter), each on its sequential
+// path, its overlapped path (AgMoe by source regions, MoeRs by destination)
+// and the path it chooses by timing, as one activation-free layer: AgMoe's
+// output is MoeRs's h (K_local = N_local).
 //
 // Every rank rebuilds every rank's tokens, routing and weights and the full
 // expert weights from a seed (values on a grid exact in bf16 and fp16), and
@@ -22,13 +23,15 @@
 //     empty experts (first, last, every fourth), one token per rank, fp16,
 //     padding past the largest rank's count, every AllGather and
 //     ReduceScatter variant;
-//   - every case on each AgMoe mode (sequential, fused, automatic), fused
-//     reporting its path;
+//   - every case on each mode (sequential, fused, automatic) of both plans,
+//     fused reporting its path; one case with AgMoe and MoeRs on different
+//     paths (MoeRs's regions come from the routing, whichever path sorted it);
 //   - 1,000 back-to-back runs bitwise equal to the first; CUDA-graph replays
 //     equal to eager, and a replay after new routing equal to an eager run on
 //     it; both on the sequential and on the overlapped path;
 //   - bad expert ids left out and named on every rank by check_errors; bad
-//     options, disagreeing ranks and mismatched plans refused on every rank.
+//     options, disagreeing ranks, mismatched plans and (MoeRs fused) a
+//     routing without its sorted rows' tokens refused on every rank.
 // Every rank makes every collective call whatever it found; verdicts are
 // compared across ranks.
 #include <cuda_bf16.h>
@@ -42,6 +45,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_check.hpp"
@@ -100,7 +104,8 @@ struct Case {
   AllGatherVariant gather = AllGatherVariant::automatic;
   ReduceScatterVariant scatter = ReduceScatterVariant::automatic;
   std::vector<BadId> bad;            // ids written over the routing after it is drawn
-  OverlapMode mode = OverlapMode::sequential;  // AgMoe's path
+  OverlapMode mode = OverlapMode::sequential;     // AgMoe's path
+  OverlapMode rs_mode = OverlapMode::sequential;  // MoeRs's
 };
 
 std::string describe(const Case& c) {
@@ -108,7 +113,7 @@ std::string describe(const Case& c) {
   for (auto n : c.tokens) t += str(n, " ");
   return str(c.label, ": E ", c.experts, " k ", c.k, " H ", c.hidden, " F ", c.f, " ", to_string(c.dtype), ", ",
              name(c.routing), ", gather ", to_string(c.gather), ", scatter ", to_string(c.scatter), ", AgMoe mode ",
-             to_string(c.mode), ", tokens per rank ", t);
+             to_string(c.mode), ", MoeRs mode ", to_string(c.rs_mode), ", tokens per rank ", t);
 }
 
 // `total` tokens over `world` ranks by weight s + 1, rank 1 holding none from 3 ranks on.
@@ -258,7 +263,8 @@ class Layer {
                                                                        .top_k = k,
                                                                        .max_tokens_per_rank = cap_,
                                                                        .dtype = c.dtype,
-                                                                       .scatter = c.scatter});
+                                                                       .scatter = c.scatter,
+                                                                       .mode = c.rs_mode});
     h_ = std::make_unique<TestBuffer>(static_cast<std::size_t>(up_plan_->max_rows()) * n_local_ * 2);
     out_ = std::make_unique<TestBuffer>(static_cast<std::size_t>(T) * H * 2);
   }
@@ -293,6 +299,7 @@ class Layer {
   }
 
   AgMoe& up() { return *up_plan_; }
+  MoeRs& down() { return *down_plan_; }
   const TestBuffer& h() const { return *h_; }
   const TestBuffer& out() const { return *out_; }
 
@@ -420,7 +427,14 @@ class Layer {
   std::unique_ptr<MoeRs> down_plan_;
 };
 
-constexpr char kFusedPath[] = "fused, source regions";
+constexpr char kAgMoeFusedPath[] = "fused, source regions";
+constexpr char kMoeRsFusedPath[] = "fused, by destination";
+
+// "" if a plan asked for `mode` ran the path it names (automatic: either), else what it ran.
+std::string path_error(const char* plan, OverlapMode mode, const std::string& path, const char* fused_path) {
+  if (mode == OverlapMode::automatic || (mode == OverlapMode::fused) == (path == fused_path)) return "";
+  return str(plan, " with mode ", to_string(mode), " ran the path '", path, "'");
+}
 
 // Builds the case's layer, runs it once on poisoned outputs (automatic: the
 // first run times both paths, the output is its last call's), checks; "" or
@@ -431,20 +445,19 @@ std::string run_and_check(const Case& c) {
     layer.poison(test::stream());
     layer.run(test::stream());
     std::string error = layer.check();
-    const std::string path = layer.up().path();
-    if (error.empty() && c.mode != OverlapMode::automatic && (c.mode == OverlapMode::fused) != (path == kFusedPath))
-      error = str("AgMoe with mode ", to_string(c.mode), " ran the path '", path, "'");
+    if (error.empty()) error = path_error("AgMoe", c.mode, layer.up().path(), kAgMoeFusedPath);
+    if (error.empty()) error = path_error("MoeRs", c.rs_mode, layer.down().path(), kMoeRsFusedPath);
     return error;
   } catch (const std::exception& e) {
     return str("threw: ", e.what());
   }
 }
 
-// The case on each of AgMoe's modes.
+// The case on each mode, both plans on the same one.
 void expect_right(const Case& base) {
   for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused, OverlapMode::automatic}) {
     Case c = base;
-    c.mode = mode;
+    c.mode = c.rs_mode = mode;
     const std::string error = run_and_check(c);
     EXPECT_EQ(error, "") << "rank " << ctx().rank() << ": " << describe(c);
     EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
@@ -467,6 +480,19 @@ TEST(MoeTp, QwenLikeLayerOn1001RaggedTokensUnderZipfRouting) {
 TEST(MoeTp, ARankWhoseTokensAllGoToOneExpert) {
   const int world = ctx().world_size();
   expect_right({"1001 tokens", 8, 2, 256, 512, ragged(world, 1001), Routing::rank_to_one_expert, 3});
+}
+
+TEST(MoeTp, AgMoeAndMoeRsOnDifferentPaths) {
+  const int world = ctx().world_size();
+  const OverlapMode sequential = OverlapMode::sequential, fused = OverlapMode::fused;
+  for (auto [up, down] : {std::pair{sequential, fused}, std::pair{fused, sequential}}) {
+    Case c{"mixed paths", 16, 4, 256, 512, ragged(world, 301), Routing::zipf, 7};
+    c.mode = up;
+    c.rs_mode = down;
+    const std::string error = run_and_check(c);
+    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ": " << describe(c);
+    EXPECT_TRUE(test::all_ranks(error.empty())) << describe(c);
+  }
 }
 
 TEST(MoeTp, NoneEntriesRepeatedExpertsEmptyExpertsAndPadding) {
@@ -505,7 +531,7 @@ TEST(MoeTp, EveryAllGatherAndReduceScatterVariant) {
 
 namespace {
 
-// 1,000 layer runs on one AgMoe mode, each bitwise equal to the first. "" or what was wrong.
+// 1,000 layer runs with both plans on one mode, each bitwise equal to the first. "" or what was wrong.
 std::string thousand_runs_bitwise(OverlapMode mode) {
   const int world = ctx().world_size();
   std::string error;
@@ -513,7 +539,7 @@ std::string thousand_runs_bitwise(OverlapMode mode) {
   WEFT_CUDA(cudaMalloc(&bad, 4 * sizeof(unsigned long long)));
   try {
     Case c{"back to back", 8, 2, 256, 512, ragged(world, 200), Routing::zipf, 20};
-    c.mode = mode;
+    c.mode = c.rs_mode = mode;
     Layer layer(c);
     cudaStream_t s = test::stream();
     layer.poison(s);
@@ -552,14 +578,15 @@ std::string thousand_runs_bitwise(OverlapMode mode) {
 TEST(MoeTp, AThousandBackToBackRunsAreBitwiseEqualToTheFirst) {
   for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused}) {
     const std::string error = thousand_runs_bitwise(mode);
-    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", AgMoe mode " << to_string(mode);
-    EXPECT_TRUE(test::all_ranks(error.empty())) << "AgMoe mode " << to_string(mode);
+    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", mode " << to_string(mode);
+    EXPECT_TRUE(test::all_ranks(error.empty())) << "mode " << to_string(mode);
   }
 }
 
 namespace {
 
-// CUDA-graph replays of the layer on one AgMoe mode against eager runs, before and after new routing. "" or what was wrong.
+// CUDA-graph replays of the layer, both plans on one mode, against eager runs, before and after new routing. "" or
+// what was wrong.
 std::string graph_replays_equal_eager(OverlapMode mode) {
   const int world = ctx().world_size();
   std::string error;
@@ -569,7 +596,7 @@ std::string graph_replays_equal_eager(OverlapMode mode) {
   cudaGraphExec_t exec = nullptr;
   try {
     Case c{"graph", 16, 4, 256, 512, ragged(world, 230), Routing::zipf, 30};
-    c.mode = mode;
+    c.mode = c.rs_mode = mode;
     Layer layer(c);
     cudaStream_t s = test::stream();
     layer.poison(s);
@@ -627,8 +654,8 @@ std::string graph_replays_equal_eager(OverlapMode mode) {
 TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
   for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused}) {
     const std::string error = graph_replays_equal_eager(mode);
-    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", AgMoe mode " << to_string(mode);
-    EXPECT_TRUE(test::all_ranks(error.empty())) << "AgMoe mode " << to_string(mode);
+    EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", mode " << to_string(mode);
+    EXPECT_TRUE(test::all_ranks(error.empty())) << "mode " << to_string(mode);
   }
 }
 
@@ -698,12 +725,23 @@ TEST(MoeTp, BadOptionsDisagreeingRanksAndMismatchedPlansAreRefusedOnEveryRank) {
                                         .max_tokens_per_rank = 8});
             }),
             "");
-  std::string mismatch, too_many;
+  std::string mismatch, too_many, no_rows;
   try {
     Layer layer({"mismatch", 8, 2, 256, 512, std::vector<std::int64_t>(world, 4), Routing::uniform, 50});
     MoeRs other(test::ctx_ptr(), {.experts = 8, .hidden = 256, .k_local = 64, .top_k = 4, .max_tokens_per_rank = 4});
+    MoeRs fused(test::ctx_ptr(), {.experts = 8,
+                                  .hidden = 256,
+                                  .k_local = 64,
+                                  .top_k = 2,
+                                  .max_tokens_per_rank = 4,
+                                  .mode = OverlapMode::fused});
     layer.run(test::stream());
     mismatch = thrown([&] { other.run(layer.h().p, layer.up().routing(), layer.h().p, layer.out().p, test::stream()); });
+    // A routing without the sorted rows' tokens (as one rebuilt from the counts and pair maps alone):
+    // the overlapped path cannot find its regions and says so, before any collective call.
+    MoeRouting partial = layer.up().routing();
+    partial.row_token = nullptr;
+    no_rows = thrown([&] { fused.run(layer.h().p, partial, layer.h().p, layer.out().p, test::stream()); });
     too_many = thrown([&] {
       layer.up().run(nullptr, nullptr, nullptr, 5, layer.h().p, layer.h().p, test::stream());
     });
@@ -713,5 +751,6 @@ TEST(MoeTp, BadOptionsDisagreeingRanksAndMismatchedPlansAreRefusedOnEveryRank) {
   EXPECT_NE(mismatch.find("top_k 2"), std::string::npos) << mismatch;
   EXPECT_NE(mismatch.find("this plan expects world"), std::string::npos) << mismatch;
   EXPECT_NE(too_many.find("num_tokens = 5 must be in [0, max_tokens_per_rank = 4]"), std::string::npos) << too_many;
+  EXPECT_NE(no_rows.find("mode fused needs the routing's expert_offset and row_token"), std::string::npos) << no_rows;
   EXPECT_TRUE(test::all_ranks(!HasFailure()));
 }

@@ -3,8 +3,11 @@
 // sequential and on its overlapped path (mode fused: the routing heads
 // gathered first, the rows on the copy engines, a GEMM per source rank's
 // regions), and MoeRs (the down-projection's grouped GEMM + the top-k weighted
-// sum + ReduceScatter), each against its own grouped GEMM alone on the same
-// counts and configuration: the GEMM is the bound a perfectly overlapped
+// sum + ReduceScatter) on its sequential and on its overlapped path (mode
+// fused: a GEMM per destination rank's regions, each slice of partial sums
+// on the copy engines while the next computes), each against its own grouped
+// GEMM alone on the same counts and configuration (the overlapped paths where
+// every peer is mapped, one node; elsewhere their columns read "-"): the GEMM is the bound a perfectly overlapped
 // operator would reach, so the ratio is what the gather, the sort and the
 // scatter cost.
 //
@@ -20,12 +23,14 @@
 //
 // --check: a few tokens of every rank against a float64 layer computed on the
 // host from every rank's seeds (fill_uniform's values, uniform_value here),
-// once through each AgMoe path; the larger error is reported.
+// once through the sequential paths and once through the overlapped ones;
+// the larger error is reported.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +75,9 @@ void make_routing(Routing routing, std::int64_t T, int k, int E, std::vector<std
   }
 }
 
+// A fused path's time where it could not run (some peer not mapped): -1 in JSON, "-" in the table.
+constexpr double kNotRun = -1;
+
 struct Seeds {
   std::uint64_t x, up, down;
 };
@@ -87,7 +95,7 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
   struct Row {
     MoeTpCase c;
     std::string up_config, down_config;
-    double ag_us, ag_fused_us, up_us, rs_us, down_us, rel_err;
+    double ag_us, ag_fused_us, up_us, rs_us, rs_fused_us, down_us, rel_err;
     std::int64_t pairs;
     bool ok;  // this case's check (true when unchecked)
   };
@@ -107,11 +115,23 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
     AgMoe up(ctx_ptr, {.experts = c.experts, .hidden = H, .n_local = F_me, .top_k = c.top_k,
                        .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms,
                        .mode = OverlapMode::sequential});
-    AgMoe up_fused(ctx_ptr, {.experts = c.experts, .hidden = H, .n_local = F_me, .top_k = c.top_k,
-                             .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms,
-                             .mode = OverlapMode::fused});
     MoeRs down(ctx_ptr, {.experts = c.experts, .hidden = H, .k_local = F_me, .top_k = c.top_k,
-                         .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms});
+                         .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms,
+                         .mode = OverlapMode::sequential});
+    // The overlapped paths need every peer mapped (one node): elsewhere only the sequential ones run.
+    const bool fused_paths = ctx.all_peers_direct();
+    std::unique_ptr<AgMoe> up_fused;
+    std::unique_ptr<MoeRs> down_fused;
+    if (fused_paths) {
+      up_fused = std::make_unique<AgMoe>(
+          ctx_ptr, AgMoeOptions{.experts = c.experts, .hidden = H, .n_local = F_me, .top_k = c.top_k,
+                                .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms,
+                                .mode = OverlapMode::fused});
+      down_fused = std::make_unique<MoeRs>(
+          ctx_ptr, MoeRsOptions{.experts = c.experts, .hidden = H, .k_local = F_me, .top_k = c.top_k,
+                                .max_tokens_per_rank = cap, .dtype = t, .max_sms = args.max_sms,
+                                .mode = OverlapMode::fused});
+    }
     const std::int64_t max_rows = up.max_rows();
     // Every rank's seeds, so the check can rebuild any rank's inputs on the host.
     const Seeds mine{fresh_seed(me, 31), fresh_seed(me, 32), fresh_seed(me, 33)};
@@ -205,25 +225,32 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
     };
     if (args.check) {
       rel_err = out_error();  // the sequential path's layer, run above
-      poison(h, max_rows * F_me * es, 0xFF, stream);
-      poison(out, std::max<std::int64_t>(T_me, 1) * H * es, 0xFF, stream);
-      up_fused.run(x, d_topk, d_w, T_me, w_up, h, stream);
-      down.run(h, up_fused.routing(), w_down, out, stream);
-      rel_err = std::max(rel_err, out_error());
+      if (fused_paths) {
+        poison(h, max_rows * F_me * es, 0xFF, stream);
+        poison(out, std::max<std::int64_t>(T_me, 1) * H * es, 0xFF, stream);
+        up_fused->run(x, d_topk, d_w, T_me, w_up, h, stream);
+        down_fused->run(h, up_fused->routing(), w_down, out, stream);
+        rel_err = std::max(rel_err, out_error());
+      }
       row_ok = rel_err <= 2e-2;  // two roundings to the input type (h, then out) over sums of thousands of terms
       ok &= row_ok;
     }
 
     auto run_ag = [&] { up.run(x, d_topk, d_w, T_me, w_up, h, stream); };
-    auto run_ag_fused = [&] { up_fused.run(x, d_topk, d_w, T_me, w_up, h, stream); };
+    auto run_ag_fused = [&] { up_fused->run(x, d_topk, d_w, T_me, w_up, h, stream); };
     auto run_up = [&] { up_alone.run({.a = a, .w = w_up, .out = h, .expert_rows = counts}, stream); };
     auto run_rs = [&] { down.run(h, up.routing(), w_down, out, stream); };
+    auto run_rs_fused = [&] { down_fused->run(h, up.routing(), w_down, out, stream); };
     auto run_down = [&] { down_alone.run({.a = h, .w = w_down, .out = y, .expert_rows = counts}, stream); };
-    const std::vector<double> us = time_interleaved(ctx, stream, {run_ag, run_ag_fused, run_up, run_rs, run_down}, 1,
-                                                    args.samples, args.warmup, args.hold, args.order);
+    std::vector<std::function<void()>> contenders{run_ag, run_up, run_rs, run_down};
+    if (fused_paths) contenders.insert(contenders.end(), {run_ag_fused, run_rs_fused});
+    const std::vector<double> us =
+        time_interleaved(ctx, stream, contenders, 1, args.samples, args.warmup, args.hold, args.order);
+    const double ag_fused_us = fused_paths ? us[4] : kNotRun, rs_fused_us = fused_paths ? us[5] : kNotRun;
     std::int64_t pairs = 0;
     for (std::int64_t i = 0; i < T * c.top_k; ++i) pairs += topk_all[i] >= 0;
-    rows.push_back({c, up.gemm_config(), down.gemm_config(), us[0], us[1], us[2], us[3], us[4], rel_err, pairs, row_ok});
+    rows.push_back({c, up.gemm_config(), down.gemm_config(), us[0], ag_fused_us, us[1], us[2], rs_fused_us, us[3],
+                    rel_err, pairs, row_ok});
     ctx.synchronize(stream);
     for (void* p : {x, w_up, w_down, h, out, a, y, static_cast<void*>(d_topk), static_cast<void*>(d_w)}) cudaFree(p);
   }
@@ -238,30 +265,45 @@ int bench_moe_tp(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args)
       for (const Row& r : rows)
         std::printf("{\"op\":\"moe_tp\",\"world\":%d,\"tokens\":%lld,\"hidden\":%lld,\"ffn\":%lld,\"experts\":%d,"
                     "\"topk\":%d,\"routing\":\"%s\",\"dtype\":\"%s\",\"pairs\":%lld,\"ag_moe_us\":%.2f,"
-                    "\"ag_moe_fused_us\":%.2f,\"up_gemm_us\":%.2f,\"moe_rs_us\":%.2f,\"down_gemm_us\":%.2f,\"up_config\":\"%s\","
+                    "\"ag_moe_fused_us\":%.2f,\"up_gemm_us\":%.2f,\"moe_rs_us\":%.2f,\"moe_rs_fused_us\":%.2f,"
+                    "\"down_gemm_us\":%.2f,\"up_config\":\"%s\","
                     "\"down_config\":\"%s\",\"rel_err\":%.2e,\"shared_gpu\":%s,\"check\":\"%s\"}\n",
                     W, static_cast<long long>(r.c.tokens), static_cast<long long>(r.c.hidden),
                     static_cast<long long>(r.c.ffn), r.c.experts, r.c.top_k, routing_name(routing),
                     args.dtype.c_str(), static_cast<long long>(r.pairs), r.ag_us, r.ag_fused_us, r.up_us, r.rs_us,
-                    r.down_us,
+                    r.rs_fused_us, r.down_us,
                     r.up_config.c_str(), r.down_config.c_str(), r.rel_err, shared ? "true" : "false",
                     args.check ? (r.ok ? "ok" : "FAIL") : "skipped");
     } else {
       std::printf("moe_tp %s, %d ranks, routing %s; us per call (median of %d samples, each contender in turn, max "
                   "over ranks);\nag_moe = AgMoe::run (AllGather, sort, up GEMM); fused = AgMoe's overlapped path "
-                  "(seq/fused: above 1, it is faster); up = its grouped GEMM alone, same counts and configuration;\nmoe_rs = MoeRs::run (down GEMM, weighted sum, ReduceScatter); down = its "
-                  "grouped GEMM alone; ratio = operator / its GEMM\n",
+                  "(seq/fused: above 1, it is faster); up = its grouped GEMM alone, same counts and configuration;\nmoe_rs = MoeRs::run (down GEMM, weighted sum, ReduceScatter); fused = "
+                  "MoeRs's overlapped path; down = its grouped GEMM alone; ratio = operator (sequential) / its GEMM\n",
                   args.dtype.c_str(), W, routing_name(routing), args.samples);
       if (shared) std::printf("Ranks share a GPU: times are not performance figures (a record of the run only).\n");
-      std::printf("%6s %5s %6s %4s %2s | %9s %9s %9s %6s %6s %7s | %9s %9s %6s %7s | %s\n", "T", "H", "F", "E", "k",
-                  "ag_moe", "fused", "up", "ratio", "seq/fu", "TFLOP/s", "moe_rs", "down", "ratio", "TFLOP/s",
-                  "rel err (check)");
-      for (const Row& r : rows)
-        std::printf("%6lld %5lld %6lld %4d %2d | %9.1f %9.1f %9.1f %6.3f %6.3f %7.1f | %9.1f %9.1f %6.3f %7.1f | %s\n",
-                    static_cast<long long>(r.c.tokens), static_cast<long long>(r.c.hidden),
-                    static_cast<long long>(r.c.ffn), r.c.experts, r.c.top_k, r.ag_us, r.ag_fused_us, r.up_us,
-                    r.ag_us / r.up_us, r.ag_us / r.ag_fused_us, tflops(r, std::min(r.ag_us, r.ag_fused_us)), r.rs_us, r.down_us, r.rs_us / r.down_us, tflops(r, r.rs_us),
-                    args.check ? str(r.rel_err).c_str() : "not checked");
+      std::printf("%6s %5s %6s %4s %2s | %9s %9s %9s %6s %6s %7s | %9s %9s %9s %6s %6s %7s | %s\n", "T", "H", "F",
+                  "E", "k", "ag_moe", "fused", "up", "ratio", "seq/fu", "TFLOP/s", "moe_rs", "fused", "down", "ratio",
+                  "seq/fu", "TFLOP/s", "rel err (check)");
+      // "-" for a fused path that did not run (and for its ratio).
+      auto num = [](double v, int digits) {
+        if (v < 0) return std::string("-");
+        char text[32];
+        std::snprintf(text, sizeof text, "%.*f", digits, v);
+        return std::string(text);
+      };
+      for (const Row& r : rows) {
+        const bool ag_fused = r.ag_fused_us >= 0, rs_fused = r.rs_fused_us >= 0;
+        std::printf(
+            "%6lld %5lld %6lld %4d %2d | %9.1f %9s %9.1f %6.3f %6s %7.1f | %9.1f %9s %9.1f %6.3f %6s %7.1f | %s\n",
+            static_cast<long long>(r.c.tokens), static_cast<long long>(r.c.hidden), static_cast<long long>(r.c.ffn),
+            r.c.experts, r.c.top_k, r.ag_us, num(r.ag_fused_us, 1).c_str(), r.up_us, r.ag_us / r.up_us,
+            num(ag_fused ? r.ag_us / r.ag_fused_us : kNotRun, 3).c_str(),
+            tflops(r, ag_fused ? std::min(r.ag_us, r.ag_fused_us) : r.ag_us), r.rs_us,
+            num(r.rs_fused_us, 1).c_str(), r.down_us, r.rs_us / r.down_us,
+            num(rs_fused ? r.rs_us / r.rs_fused_us : kNotRun, 3).c_str(),
+            tflops(r, rs_fused ? std::min(r.rs_us, r.rs_fused_us) : r.rs_us),
+            args.check ? str(r.rel_err).c_str() : "not checked");
+      }
       std::printf("configs: %s\n", [&] {
         std::string s;
         for (const Row& r : rows) s += str(s.empty() ? "" : "; ", "up ", r.up_config, ", down ", r.down_config);

@@ -49,6 +49,16 @@
 // routed nowhere comes out 0. Every sum runs in a fixed order: repeated runs
 // and graph replays are bitwise identical.
 //
+// MoeRs's overlapped path (MoeRsOptions::mode fused, or automatic where it
+// times faster) works by destination: rank d's pairs of expert e are region
+// (d, e) of the sorted rows, as in AgMoe's. Per destination d, this rank's
+// own last, one GroupedGemm over d's regions, the weighted sum of d's
+// tokens, and (d not this rank) that slice of partial sums on the copy
+// engines into slot `me` of rank d's incoming buffer, with a flag, while the
+// next destination's GEMM runs. Last, once every peer's slice is here, each
+// of this rank's tokens is the sum over the ranks' partials in rank order
+// (fp32, one rounding).
+//
 // Every rank makes the same calls in the same order (AgMoe::run, then
 // MoeRs::run with that run's routing). An expert id outside [-1, E) counts
 // as none and is recorded; check_errors() names the first (rank, token,
@@ -105,8 +115,14 @@ struct MoeRsOptions {
   int top_k = 0;                         ///< k: 1 to 32
   std::int64_t max_tokens_per_rank = 0;  ///< as AgMoe's: the ReduceScatter's slices are the same shards
   DType dtype = DType::bf16;             ///< h, W_down and out: bf16 or fp16
-  ReduceScatterVariant scatter = ReduceScatterVariant::automatic;  ///< how the partial sums meet
+  ReduceScatterVariant scatter = ReduceScatterVariant::automatic;  ///< how the partial sums meet (sequential path)
   int max_sms = 0;                       ///< as AgMoe's
+  /// sequential: one grouped GEMM, the weighted sum, then weft's
+  /// ReduceScatter; fused: the overlapped path by destination (needs every
+  /// peer mapped); automatic: times both on the first run and keeps the
+  /// faster, as AgMoe's. The default stays sequential until the overlapped
+  /// path is timed on two GPUs.
+  OverlapMode mode = OverlapMode::sequential;
 };
 
 /// One AgMoe run's routing, on the device: what MoeRs needs, and what a
@@ -228,18 +244,33 @@ class MoeRs {
 
   const MoeRsOptions& options() const { return opt_; }
   std::string gemm_config() const;
+  /// The path runs take ("sequential" or "fused, by destination"), chosen
+  /// on the first run; "" before it.
+  std::string path() const;
 
  private:
+  void run_sequential(const void* h, const MoeRouting& routing, const void* w_down, void* out, cudaStream_t stream);
+  void run_fused(const void* h, const MoeRouting& routing, const void* w_down, void* out, cudaStream_t stream);
+
   std::shared_ptr<Context> ctx_;
   MoeRsOptions opt_;
   int sms_ = 1;
   std::uint64_t runs_ = 0;
   std::int64_t max_rows_ = 0;
-  std::unique_ptr<ReduceScatter> scatter_;
   std::map<std::int64_t, std::unique_ptr<GroupedGemm>> gemms_;  // per k_local used
   GroupedGemm* gemm_ = nullptr;                                  // opt_.k_local's
-  SymmetricBuffer partial_;  // [W][capacity][H]: token-order partial sums, the ReduceScatter's input
+  SymmetricBuffer partial_;  // [W][capacity][H]: token-order partial sums (the ReduceScatter's input)
   DeviceBuffer y_;           // local: [max_rows][H], the pairs' down-projections
+  // The sequential path (mode sequential or automatic):
+  std::unique_ptr<ReduceScatter> scatter_;
+  // The overlapped path (mode fused or automatic):
+  std::unique_ptr<ops_detail::CopyPipe> pipe_;
+  SymmetricBuffer incoming_;  // [W][capacity][H]: slot s receives rank s's partial sums of this rank's tokens
+  SymmetricBuffer arrived_;   // u64 [W]: word s = 1 once rank s's slice landed here
+  DeviceBuffer regions_;      // local: int32 [2][W][E], each destination's region counts, then first rows
+  Event combined_;            // a destination's weighted sum is done: its push may start
+  // Which path runs; null where a peer is not mapped (the sequential path, untimed).
+  std::unique_ptr<ops_detail::PathChoice> choice_;
 };
 
 }  // namespace weft

@@ -35,7 +35,7 @@
 //             rows into the sorted A, and GroupedGemm over s's regions (its
 //             per-expert counts and first rows), which writes exactly the rows
 //             the sequential path's one GroupedGemm writes for those pairs.
-// MoeRs::run:
+// MoeRs's sequential path:
 //   GroupedGemm  y = h x W_down[e]^T (this rank's partial sums over its K slice);
 //   combine   a warp per gathered token: sum over its slots ascending of
 //             w x y[row] in fp32, one rounding, into the token-order partial
@@ -43,6 +43,19 @@
 //   ReduceScatter  in place: slice s (rank s's shard of tokens) summed over
 //             the ranks lands in rank s's slice;
 //   copy      this rank's T_r rows to out.
+// MoeRs's overlapped path, by destination:
+//   regions   as AgMoe's, from the routing's sorted rows;
+//   per destination d, rank me + 1 first and this rank last: GroupedGemm over
+//             d's regions (the rows of d's pairs, into y), combine over d's
+//             tokens (slice d of the partial buffer), and, d not this rank,
+//             once the combine is done (an event), a push of that slice on
+//             the copy engines into slot `me` of rank d's incoming buffer,
+//             then a flag there (copy_pipe.hpp; the pushes wait for every
+//             peer's "free" of this run);
+//   wait      one bounded kernel for every peer's flag, naming the late rank;
+//   sum       out = the ranks' partials of this rank's tokens in rank order
+//             (its own slice from the partial buffer, the peers' from
+//             incoming), fp32, one rounding.
 // Nothing reads the routing on the host, and every position is computed:
 // the rows and sums are the same, bit for bit, in every run and replay.
 #include <cuda_bf16.h>
@@ -303,16 +316,31 @@ __global__ void __launch_bounds__(kWarpThreads)
 
 // Region (s, e) = rank s's pairs of expert e: the rows of e whose gathered
 // token lies in [s x cap, (s + 1) x cap), one thread each. The rows of an
-// expert hold ascending tokens, so two lower bounds find them.
-__global__ void regions_kernel(SortScratch sc, int world, int experts, std::int64_t cap) {
+// expert hold ascending tokens, so two lower bounds find them. AgMoe's
+// regions are the source ranks', MoeRs's the same rows read as destinations.
+struct RegionArgs {
+  const std::int32_t* expert_offset;  // [E + 1]
+  const std::int32_t* row_token;      // [pairs]
+  std::int32_t* region_count;         // [W][E]
+  std::int32_t* region_first;         // [W][E]
+  int world, experts;
+  std::int64_t cap;
+};
+
+__global__ void regions_kernel(RegionArgs a) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= world * experts) return;
-  const int s = i / experts, e = i % experts;
-  const std::int64_t lo = sc.expert_offset[e], hi = sc.expert_offset[e + 1];
-  const std::int64_t begin = moe_detail::first_row_at_or_after(sc.row_token, lo, hi, s * cap);
-  const std::int64_t end = moe_detail::first_row_at_or_after(sc.row_token, begin, hi, (s + 1) * cap);
-  sc.region_first[i] = static_cast<std::int32_t>(begin);
-  sc.region_count[i] = static_cast<std::int32_t>(end - begin);
+  if (i >= a.world * a.experts) return;
+  const int s = i / a.experts, e = i % a.experts;
+  const std::int64_t lo = a.expert_offset[e], hi = a.expert_offset[e + 1];
+  const std::int64_t begin = moe_detail::first_row_at_or_after(a.row_token, lo, hi, s * a.cap);
+  const std::int64_t end = moe_detail::first_row_at_or_after(a.row_token, begin, hi, (s + 1) * a.cap);
+  a.region_first[i] = static_cast<std::int32_t>(begin);
+  a.region_count[i] = static_cast<std::int32_t>(end - begin);
+}
+
+void launch_regions(const RegionArgs& a, cudaStream_t stream) {
+  regions_kernel<<<static_cast<unsigned>((a.world * a.experts + 255) / 256), 256, 0, stream>>>(a);
+  WEFT_CUDA(cudaGetLastError());
 }
 
 // ---- MoeRs's kernel ---------------------------------------------------------------
@@ -322,7 +350,7 @@ struct CombineArgs {
   const float* token_weight;      // [G][k]
   const uint4* y;                 // [max_rows][H]
   uint4* partial;                 // [G][H]
-  std::int64_t tokens;            // G
+  std::int64_t g_begin, g_end;    // the gathered tokens summed: all G, or one destination's shard
   int k;
   std::int64_t vecs;              // 16-byte vectors of a row
 };
@@ -332,8 +360,8 @@ template <class T>
 __global__ void __launch_bounds__(kWarpThreads) combine_kernel(CombineArgs a) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; g < a.tokens;
-       g += warps) {
+  for (std::int64_t g = a.g_begin + static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+       g < a.g_end; g += warps) {
     const std::int32_t row = lane < a.k ? a.token_row[g * a.k + lane] : -1;
     const float w = lane < a.k ? a.token_weight[g * a.k + lane] : 0.f;
     const unsigned pairs = __ballot_sync(0xffffffffu, row >= 0);
@@ -359,6 +387,33 @@ __global__ void __launch_bounds__(kWarpThreads) combine_kernel(CombineArgs a) {
         if (v + 32 * u < a.vecs) dst[v + 32 * u] = acc[u].template pack<uint4>();
     }
   }
+}
+
+void launch_combine(const CombineArgs& a, DType dtype, int sms, cudaStream_t stream) {
+  const int grid = clamp_grid(a.g_end - a.g_begin, kWarpsPerBlock, 8 * sms);
+  if (dtype == DType::bf16) combine_kernel<__nv_bfloat16><<<grid, kWarpThreads, 0, stream>>>(a);
+  else combine_kernel<__half><<<grid, kWarpThreads, 0, stream>>>(a);
+  WEFT_CUDA(cudaGetLastError());
+}
+
+// The overlapped path's last step: out[i] = sum over ranks q = 0..W-1, in that
+// order, of source(q)[i] for i < elems (fp32, one rounding): this rank's own
+// slice of partial sums for q = me, rank q's pushed slice for the others.
+struct RankSumArgs {
+  const void* own;       // [cap][H]: this rank's partials of its own tokens
+  const void* incoming;  // [W][cap][H]: slot q, rank q's
+  void* out;             // [elems]
+  std::uint64_t slot_elems, elems;
+  int world, me;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kWarpThreads) rank_sum_kernel(RankSumArgs a) {
+  const T* own = static_cast<const T*>(a.own);
+  const T* incoming = static_cast<const T*>(a.incoming);
+  auto source = [&](int q) { return q == a.me ? own : incoming + static_cast<std::uint64_t>(q) * a.slot_elems; };
+  dev::reduce_span(static_cast<T*>(a.out), source, a.world, 0, a.elems,
+                   blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
 // ---- options ------------------------------------------------------------------------
@@ -395,7 +450,7 @@ std::string describe(const AgMoeOptions& o) {
 std::string describe(const MoeRsOptions& o) {
   return str("experts ", o.experts, ", hidden ", o.hidden, ", top_k ", o.top_k, ", max_tokens_per_rank ",
              o.max_tokens_per_rank, ", ", to_string(o.dtype), ", scatter ", to_string(o.scatter), ", max_sms ",
-             o.max_sms);
+             o.max_sms, ", mode ", to_string(o.mode));
 }
 
 int sms_for(const Context& ctx, int max_sms) {
@@ -620,8 +675,7 @@ void AgMoe::run_fused(const void* x, const std::int64_t* topk_idx, const float* 
   WEFT_CUDA(cudaGetLastError());
   place_kernel<<<clamp_grid(tokens, kWarpsPerBlock, 8 * sms_), kWarpThreads, 0, stream>>>(sa, 0, tokens, true, false);
   WEFT_CUDA(cudaGetLastError());
-  regions_kernel<<<static_cast<unsigned>((W * E + 255) / 256), 256, 0, stream>>>(s, W, E, cap);
-  WEFT_CUDA(cudaGetLastError());
+  launch_regions({s.expert_offset, s.row_token, s.region_count, s.region_first, W, E, cap}, stream);
 
   // Per source rank in arrival order: its rows into the sorted A, then the GEMM of its regions.
   for (int i = 0; i < W; ++i) {
@@ -664,7 +718,9 @@ std::string MoeRs::can_implement(const MoeRsOptions& o, int world_size) {
                                  o.max_sms, world_size);
   if (!why.empty()) return why;
   const std::uint64_t slice = static_cast<std::uint64_t>(o.max_tokens_per_rank) * o.hidden * dtype_size(o.dtype);
-  if (o.scatter == ReduceScatterVariant::low_latency && slice > kReduceScatterLowLatencyMaxBytes)
+  // The fused path builds no ReduceScatter: its variant's limits apply to the other modes only.
+  if (o.mode != OverlapMode::fused && o.scatter == ReduceScatterVariant::low_latency &&
+      slice > kReduceScatterLowLatencyMaxBytes)
     return str("scatter = ll takes slices of at most ", kReduceScatterLowLatencyMaxBytes,
                " bytes; max_tokens_per_rank = ", o.max_tokens_per_rank, " x hidden ", o.hidden, " makes ", slice,
                " (use another variant or fewer tokens)");
@@ -677,14 +733,33 @@ MoeRs::MoeRs(std::shared_ptr<Context> ctx, const MoeRsOptions& options) : ctx_(s
   ctx_->verify_same_call(str("MoeRs plan: ", describe(opt_)));
   const std::string why = can_implement(opt_, W);
   WEFT_REQUIRE(why.empty(), "MoeRs: ", why);
+  if (opt_.mode == OverlapMode::fused)
+    ctx_->require_direct_peers("MoeRs with mode fused (its copies write into every peer's heap)",
+                               "use mode sequential, or automatic, which runs the sequential path there");
   sms_ = sms_for(*ctx_, opt_.max_sms);
   const int es = static_cast<int>(dtype_size(opt_.dtype));
   const std::int64_t cap = opt_.max_tokens_per_rank;
+  const std::uint64_t slots_bytes = static_cast<std::uint64_t>(W) * cap * opt_.hidden * es;
   max_rows_ = moe_detail::max_pair_rows(W, cap, opt_.top_k);
-  partial_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(W) * cap * opt_.hidden * es,
-                             to_string(opt_.dtype), "moe_rs.partial");
-  scatter_ = std::make_unique<ReduceScatter>(
-      ctx_, ReduceScatterOptions{static_cast<std::uint64_t>(cap * opt_.hidden), opt_.dtype, opt_.scatter, opt_.max_sms});
+  partial_ = SymmetricBuffer(ctx_->heap(), slots_bytes, to_string(opt_.dtype), "moe_rs.partial");
+  // As AgMoe's: every rank agrees on the mode and on whether every peer is mapped, so the symmetric
+  // allocations below come in the same order on every rank.
+  const bool overlapped = opt_.mode != OverlapMode::sequential && ctx_->all_peers_direct();
+  if (opt_.mode != OverlapMode::fused)
+    scatter_ = std::make_unique<ReduceScatter>(
+        ctx_, ReduceScatterOptions{static_cast<std::uint64_t>(cap * opt_.hidden), opt_.dtype, opt_.scatter,
+                                   opt_.max_sms});
+  if (overlapped) {
+    incoming_ = SymmetricBuffer(ctx_->heap(), slots_bytes, to_string(opt_.dtype), "moe_rs.incoming");
+    arrived_ = SymmetricBuffer(ctx_->heap(), static_cast<std::uint64_t>(W) * 8, "u64", "moe_rs.arrived");
+    regions_ = DeviceBuffer(static_cast<std::size_t>(2) * W * opt_.experts * sizeof(std::int32_t));
+    pipe_ = std::make_unique<ops_detail::CopyPipe>(ctx_, "moe_rs");
+  }
+  if (ctx_->all_peers_direct())
+    choice_ = std::make_unique<ops_detail::PathChoice>(
+        ctx_, overlapped ? opt_.mode : OverlapMode::sequential,
+        str("MoeRs E ", opt_.experts, ", H ", opt_.hidden, ", k ", opt_.top_k, ", ", cap, " tokens a rank"), nullptr,
+        /*nccl_path=*/false);
   y_ = DeviceBuffer(static_cast<std::size_t>(max_rows_) * opt_.hidden * es);
   use_slice(opt_.k_local);
   WEFT_CUDA(cudaDeviceSynchronize());  // the allocations' set-up, before any run's stream uses them
@@ -693,6 +768,11 @@ MoeRs::MoeRs(std::shared_ptr<Context> ctx, const MoeRsOptions& options) : ctx_(s
 MoeRs::~MoeRs() = default;
 
 std::string MoeRs::gemm_config() const { return gemm_->config(); }
+
+std::string MoeRs::path() const {
+  if (choice_) return choice_->path();
+  return runs_ > 0 ? "sequential" : "";
+}
 
 void MoeRs::use_slice(std::int64_t k_local) {
   WEFT_REQUIRE(k_local > 0 && k_local % 8 == 0, "MoeRs::use_slice: k_local = ", k_local,
@@ -711,7 +791,7 @@ void MoeRs::use_slice(std::int64_t k_local) {
 }
 
 void MoeRs::run(const void* h, const MoeRouting& routing, const void* w_down, void* out, cudaStream_t stream) {
-  const int W = ctx_->world_size(), me = ctx_->rank();
+  const int W = ctx_->world_size();
   const std::int64_t cap = opt_.max_tokens_per_rank;
   WEFT_REQUIRE(routing.run != 0, "MoeRs::run: the routing is from no AgMoe run (run AgMoe first, pass its routing())");
   WEFT_REQUIRE(routing.world == W && routing.experts == opt_.experts && routing.top_k == opt_.top_k &&
@@ -722,21 +802,44 @@ void MoeRs::run(const void* h, const MoeRouting& routing, const void* w_down, vo
                ", max_tokens_per_rank ", cap, ", ", to_string(opt_.dtype));
   WEFT_REQUIRE(routing.expert_rows && routing.token_row && routing.token_weight,
                "MoeRs::run: the routing's device maps are null");
+  // The overlapped path finds each destination's rows by bisection over the sorted rows' tokens.
+  WEFT_REQUIRE(!pipe_ || (routing.expert_offset && routing.row_token), "MoeRs::run: mode ", to_string(opt_.mode),
+               " needs the routing's expert_offset and row_token (AgMoe::routing() has them)");
   WEFT_REQUIRE(h && w_down, "MoeRs::run: h [max_rows, k_local] and w_down [E, H, k_local] are needed");
   WEFT_REQUIRE(aligned(h, 16) && aligned(w_down, 16), "MoeRs::run: h and w_down must be 16-byte aligned");
   WEFT_REQUIRE(routing.num_tokens == 0 || out, "MoeRs::run: out is null for ", routing.num_tokens, " tokens");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("MoeRs run #", runs_ + 1));
 
+  if (!choice_) {
+    run_sequential(h, routing, w_down, out, stream);
+  } else {
+    std::vector<ops_detail::FusedPath> fused;
+    if (pipe_)
+      fused.push_back({"fused, by destination", [&](cudaStream_t s) { run_fused(h, routing, w_down, out, s); }});
+    // A fused call's graph holds its pointers (the routing's maps among them), its GEMM (the slice) and
+    // the token count (the last sum's extent).
+    const void* token_count = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(routing.num_tokens));
+    choice_->run(
+        stream,
+        {h, w_down, out, gemm_, routing.expert_offset, routing.row_token, routing.token_row, routing.token_weight,
+         token_count},
+        [&] { run_sequential(h, routing, w_down, out, stream); }, fused,
+        [&](bool) { run_sequential(h, routing, w_down, out, stream); });
+  }
+  ++runs_;
+}
+
+void MoeRs::run_sequential(const void* h, const MoeRouting& routing, const void* w_down, void* out,
+                           cudaStream_t stream) {
+  const int W = ctx_->world_size(), me = ctx_->rank();
+  const std::int64_t cap = opt_.max_tokens_per_rank;
   gemm_->run({.a = h, .w = w_down, .out = y_.get(), .expert_rows = routing.expert_rows}, stream);
   const int es = static_cast<int>(dtype_size(opt_.dtype));
   const std::int64_t vecs = opt_.hidden * es / 16;
   const std::int64_t tokens = moe_detail::gathered_tokens(W, cap);
-  CombineArgs ca{routing.token_row, routing.token_weight, y_.as<const uint4>(), partial_.as<uint4>(),
-                 tokens, opt_.top_k, vecs};
-  const int grid = clamp_grid(tokens, kWarpsPerBlock, 8 * sms_);
-  if (opt_.dtype == DType::bf16) combine_kernel<__nv_bfloat16><<<grid, kWarpThreads, 0, stream>>>(ca);
-  else combine_kernel<__half><<<grid, kWarpThreads, 0, stream>>>(ca);
-  WEFT_CUDA(cudaGetLastError());
+  launch_combine({routing.token_row, routing.token_weight, y_.as<const uint4>(), partial_.as<uint4>(), 0, tokens,
+                  opt_.top_k, vecs},
+                 opt_.dtype, sms_, stream);
 
   // In place: this rank's slice of the partial sums receives its tokens' sums over the ranks.
   char* slice = partial_.as<char>() + static_cast<std::uint64_t>(me) * cap * opt_.hidden * es;
@@ -744,7 +847,54 @@ void MoeRs::run(const void* h, const MoeRouting& routing, const void* w_down, vo
   if (routing.num_tokens > 0)
     WEFT_CUDA(cudaMemcpyAsync(out, slice, static_cast<std::size_t>(routing.num_tokens) * opt_.hidden * es,
                               cudaMemcpyDeviceToDevice, stream));
-  ++runs_;
+}
+
+void MoeRs::run_fused(const void* h, const MoeRouting& routing, const void* w_down, void* out, cudaStream_t stream) {
+  const int W = ctx_->world_size(), me = ctx_->rank(), E = opt_.experts;
+  const std::int64_t cap = opt_.max_tokens_per_rank;
+  const int es = static_cast<int>(dtype_size(opt_.dtype));
+  const std::int64_t vecs = opt_.hidden * es / 16;
+  // The destination's token count is on the device only: each push moves the whole shard (as the
+  // sequential path's ReduceScatter does); the combine wrote its padding tokens as 0.
+  const std::uint64_t slot_bytes = static_cast<std::uint64_t>(cap) * opt_.hidden * es;
+  char* partial = partial_.as<char>();
+  char* incoming = incoming_.as<char>();
+  auto* arrived = arrived_.as<std::uint64_t>();
+  auto* region_count = regions_.as<std::int32_t>();
+  std::int32_t* region_first = region_count + static_cast<std::int64_t>(W) * E;
+
+  cudaStream_t side = pipe_->begin(stream);
+  launch_regions({routing.expert_offset, routing.row_token, region_count, region_first, W, E, cap}, stream);
+  // Per destination, the peer after this rank first (every rank starts on a different one), its own last:
+  // every slice but its own is on its way while a later GEMM runs.
+  for (int i = 1; i <= W; ++i) {
+    const int dest = (me + i) % W;
+    gemm_->run({.a = h,
+                .w = w_down,
+                .out = y_.get(),
+                .expert_rows = region_count + static_cast<std::int64_t>(dest) * E,
+                .expert_first_row = region_first + static_cast<std::int64_t>(dest) * E},
+               stream);
+    launch_combine({routing.token_row, routing.token_weight, y_.as<const uint4>(), partial_.as<uint4>(), dest * cap,
+                    (dest + 1) * cap, opt_.top_k, vecs},
+                   opt_.dtype, sms_, stream);
+    if (dest == me) continue;
+    WEFT_CUDA(cudaEventRecord(combined_, stream));
+    WEFT_CUDA(cudaStreamWaitEvent(side, combined_, 0));
+    ops_detail::push_chunk(ctx_->heap().peer_ptr(incoming + me * slot_bytes, dest), partial + dest * slot_bytes,
+                           slot_bytes, 0, static_cast<std::uint64_t*>(ctx_->heap().peer_ptr(arrived + me, dest)), side);
+  }
+  // Every peer's slice of this rank's tokens, then their sum in rank order.
+  ops_detail::wait_all_and_consume(ctx_->world(), arrived, W, 1, stream);
+  if (routing.num_tokens > 0) {
+    const auto elems = static_cast<std::uint64_t>(routing.num_tokens) * opt_.hidden;
+    RankSumArgs ra{partial + me * slot_bytes, incoming, out, slot_bytes / es, elems, W, me};
+    const int grid = clamp_grid(static_cast<std::int64_t>(elems / (16 / es) + 1), kWarpThreads, 4 * sms_);
+    if (opt_.dtype == DType::bf16) rank_sum_kernel<__nv_bfloat16><<<grid, kWarpThreads, 0, stream>>>(ra);
+    else rank_sum_kernel<__half><<<grid, kWarpThreads, 0, stream>>>(ra);
+    WEFT_CUDA(cudaGetLastError());
+  }
+  pipe_->join(stream);  // the pushes have read the partial buffer: the next run may write it
 }
 
 }  // namespace weft
