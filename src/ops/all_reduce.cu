@@ -149,18 +149,34 @@ AllReduceVariant parse_all_reduce_variant(const std::string& name) {
   return parse_variant(kAllReduceVariantNames, name, "all_reduce");
 }
 
+constexpr VariantName<AllReduceRailWay> kAllReduceRailWayNames[] = {
+    {AllReduceRailWay::direct, "direct"},
+    {AllReduceRailWay::halving_doubling, "halving_doubling"},
+};
+
+const char* to_string(AllReduceRailWay w) { return variant_name(kAllReduceRailWayNames, w); }
+
 AllReduce::AllReduce(std::shared_ptr<Context> ctx, const AllReduceOptions& options)
     : ctx_(std::move(ctx)), count_(options.count), dtype_(options.dtype), variant_(options.variant) {
   WEFT_REQUIRE(ctx_, "AllReduce needs a Context");
   WEFT_REQUIRE(count_ > 0, "AllReduce: count must be positive (elements per rank)");
   WEFT_REQUIRE(options.max_sms >= 0, "AllReduce: max_sms = ", options.max_sms, " must be >= 0 (0: no cap)");
+  WEFT_REQUIRE(options.rail_way == AllReduceRailWay::direct || options.rail_way == AllReduceRailWay::halving_doubling,
+               "AllReduce: rail_way = ", static_cast<int>(options.rail_way),
+               " is neither AllReduceRailWay::direct nor AllReduceRailWay::halving_doubling");
   // Across nodes (some peer without an address) automatic takes the two-level schedule (docs/decisions/0066).
   if (variant_ == AllReduceVariant::automatic && !ctx_->all_peers_direct()) variant_ = AllReduceVariant::two_level;
   if (variant_ == AllReduceVariant::two_level) {
-    ctx_->verify_same_call(str("AllReduce plan: ", count_, " x ", to_string(dtype_), ", two_level, max_sms ",
-                               options.max_sms, ops_detail::two_level_readiness()));
-    two_level_ =
-        ops_detail::two_level_or_refuse(*ctx_, "AllReduce").all_reduce(*ctx_, count_, dtype_, options.max_sms);
+    ctx_->verify_same_call(str("AllReduce plan: ", count_, " x ", to_string(dtype_), ", two_level, ",
+                               to_string(options.rail_way), " rail, max_sms ", options.max_sms,
+                               ops_detail::two_level_readiness()));
+    const auto& table = ops_detail::two_level_or_refuse(*ctx_, "AllReduce");
+    const hierarchy::RailWay asked = options.rail_way == AllReduceRailWay::halving_doubling
+                                         ? hierarchy::RailWay::halving_doubling
+                                         : hierarchy::RailWay::direct;
+    const hierarchy::RailWay way = hierarchy::ar_rail_way(ops_detail::two_level_grid(*ctx_, "AllReduce").nodes, asked);
+    if (way == hierarchy::RailWay::halving_doubling) rail_way_ = AllReduceRailWay::halving_doubling;
+    two_level_ = table.all_reduce(*ctx_, count_, dtype_, options.max_sms, way);
     blocks_ = two_level_->blocks();
     return;
   }

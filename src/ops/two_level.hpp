@@ -41,7 +41,8 @@ class TwoLevelRun {
 struct TwoLevelCollectives {
   std::unique_ptr<TwoLevelRun> (*all_gather)(Context& ctx, std::uint64_t bytes_per_rank, int max_sms);
   std::unique_ptr<TwoLevelRun> (*reduce_scatter)(Context& ctx, std::uint64_t count, DType dtype, int max_sms);
-  std::unique_ptr<TwoLevelRun> (*all_reduce)(Context& ctx, std::uint64_t count, DType dtype, int max_sms);
+  std::unique_ptr<TwoLevelRun> (*all_reduce)(Context& ctx, std::uint64_t count, DType dtype, int max_sms,
+                                             hierarchy::RailWay way);
 };
 
 /// Registers `table` (weft::RemotePeers' constructor) or, with nullptr, drops

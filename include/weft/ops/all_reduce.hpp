@@ -21,6 +21,10 @@
 //               docs/decisions/0066). The order differs from rank order where nodes
 //               hold several ranks; results repeat exactly and agree on every rank.
 //               Its kernel lives in weft::internode, ready while a weft::RemotePeers is alive.
+//               The rail AllReduce runs direct (one NIC latency) unless the options ask
+//               for halving_doubling (rail_way), which moves 2 / nodes of the direct
+//               way's bytes per NIC in 2 log2(nodes) latencies; it sums each rail's
+//               nodes in butterfly order, so its bits can differ from direct's.
 // automatic picks by size from the 2 x H200 measurements in docs/PERF.md (docs/decisions/0008)
 // where every peer is mapped (one node), and two_level where some are not.
 #pragma once
@@ -43,10 +47,19 @@ class TwoLevelRun;
 
 enum class AllReduceVariant { automatic, low_latency, one_shot, two_shot, copy_engine, two_level };
 
+/// How the two_level variant sums each rail's node sums across the nodes.
+enum class AllReduceRailWay {
+  direct,           ///< every node's sum put to every node of the rail, summed in node order
+  halving_doubling  ///< recursive halving then doubling; where the node count is a power of two (2, 4,
+                    ///< 8, ...), else direct
+};
+
 /// "auto", "ll", "one_shot", "two_shot", "ce", "two_level".
 const char* to_string(AllReduceVariant v);
 /// Parses those names; throws naming the accepted ones.
 AllReduceVariant parse_all_reduce_variant(const std::string& name);
+/// "direct", "halving_doubling".
+const char* to_string(AllReduceRailWay w);
 
 /// Largest message (bytes per rank) of the ll and one_shot variants: their
 /// staging holds 2 x world x (2 x, for ll) the message on every rank.
@@ -59,6 +72,7 @@ struct AllReduceOptions {
   DType dtype = DType::bf16;
   AllReduceVariant variant = AllReduceVariant::automatic;
   int max_sms = 0;          ///< cap on the SMs (thread blocks) it occupies; 0 = the plan chooses
+  AllReduceRailWay rail_way = AllReduceRailWay::direct;  ///< two_level only: its rail AllReduce across nodes
 };
 
 /// A planned AllReduce (sum). Collective to build; runs many times.
@@ -80,6 +94,9 @@ class AllReduce {
   void run(const void* input, void* output, cudaStream_t stream);
 
   AllReduceVariant variant() const { return variant_; }
+  /// The rail way that runs: halving_doubling where it was asked, the variant is
+  /// two_level and the node count a power of two; direct otherwise.
+  AllReduceRailWay rail_way() const { return rail_way_; }
   /// SMs (thread blocks) the plan occupies while it runs.
   int sms_used() const { return blocks_; }
   /// Elements per rank, their type, and their size in bytes, as planned.
@@ -92,6 +109,7 @@ class AllReduce {
   std::uint64_t count_;
   DType dtype_;
   AllReduceVariant variant_;
+  AllReduceRailWay rail_way_ = AllReduceRailWay::direct;
   int blocks_ = 1;
   SignalArray signals_;
   SymmetricBuffer staging_;

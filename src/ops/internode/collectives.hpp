@@ -15,8 +15,10 @@ std::unique_ptr<TwoLevelRun> make_two_level_all_gather(Context& ctx, std::uint64
 /// Collective: a two-level ReduceScatter of `count` elements per rank (reduce_scatter.cu).
 std::unique_ptr<TwoLevelRun> make_two_level_reduce_scatter(Context& ctx, std::uint64_t count, DType dtype,
                                                            int max_sms);
-/// Collective: a two-level AllReduce of `count` elements (all_reduce.cu).
-std::unique_ptr<TwoLevelRun> make_two_level_all_reduce(Context& ctx, std::uint64_t count, DType dtype, int max_sms);
+/// Collective: a two-level AllReduce of `count` elements, its rail run `way` where
+/// that applies, else direct (hierarchy::ar_rail_way; all_reduce.cu).
+std::unique_ptr<TwoLevelRun> make_two_level_all_reduce(Context& ctx, std::uint64_t count, DType dtype, int max_sms,
+                                                       hierarchy::RailWay way);
 
 /// The three, as weft::RemotePeers registers them.
 const TwoLevelCollectives& internode_collectives();

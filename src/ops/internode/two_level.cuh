@@ -67,6 +67,12 @@ __device__ __forceinline__ void sum_to_f32(float* out, Src src, int n, std::uint
   }
 }
 
+/// acc[k] = acc[k] + add[k] in fp32, k in [0, len), by the block's threads; loads
+/// bypass L1 (peers and NVSHMEM wrote both). No ordering: the caller waited and syncs after.
+__device__ __forceinline__ void add_f32(float* acc, const float* add, std::uint64_t len) {
+  for (std::uint64_t k = threadIdx.x; k < len; k += blockDim.x) acc[k] = __ldcg(acc + k) + __ldcg(add + k);
+}
+
 /// out[k] = the fp32 sum over q = 0..n-1, in that order, of src(q)[k] (fp32),
 /// rounded once to T; also into `copy` where it is not null. By the block's
 /// threads; no ordering.

@@ -7,7 +7,8 @@
 // one-node AllGather's result by definition); ReduceScatter and AllReduce
 // against the float64 reference of the one-node tests and, bitwise, against
 // fp32 sums in the two-level order (each node's ranks in order, then the
-// nodes in order, rounded once). Ragged and odd sizes, every element type, in
+// nodes in order, rounded once); AllReduce's halving-doubling rail against
+// float64, with every rank's output bitwise the same. Ragged and odd sizes, every element type, in
 // place, hundreds of back-to-back runs with no host synchronisation and
 // alternating inputs (epochs, no reset), CUDA-graph replays, and, in a process
 // of its own (WEFT_TEST_PROVOKE_TIMEOUT=internode), a rank that skips the
@@ -126,6 +127,15 @@ Verdict check_sum(const void* device_out, std::uint64_t count, DType t, const st
 }
 
 double tolerance(DType t) { return t == DType::fp32 ? 1e-6 : 1e-2; }
+
+/// FNV-1a of `bytes` device bytes, as text: equal on two ranks whose bytes are (but for a collision).
+std::string device_hash(const void* p, std::uint64_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  WEFT_CUDA(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost));
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
+  return std::to_string(h);
+}
 
 /// The number of wrong bytes over `replays` back-to-back replays of a graph
 /// holding one `run` and a comparison of `out` with `expected`.
@@ -342,6 +352,93 @@ TEST(TwoLevelAllReduce, EveryTypeMatchesFloat64AndTheTwoLevelOrderBitwiseOnEvery
   const Verdict v = check_sum(plain, count, DType::fp32, seeds, 0);
   EXPECT_EQ(v.node_order, 0u) << "buffers outside the heap";
   WEFT_CUDA(cudaFree(plain));
+}
+
+// AllReduce with the halving-doubling rail (AllReduceOptions::rail_way) at 2
+// and 4 nodes: every type within the float64 tolerance and every rank's output
+// bitwise the same (each sub-chunk is summed at one node and copied); at 2
+// nodes, where the butterfly's sum is node order (a + b = b + a), bitwise the
+// two-level order's too. Random inputs, poisoned outputs, ragged sizes, in place.
+TEST(TwoLevelAllReduce, HalvingDoublingMatchesFloat64AndEveryRankHoldsTheSameBits) {
+  NEED_NODES();
+  RemotePeers remote(test::ctx_ptr());
+  cudaStream_t s = test::stream();
+  const int me = ctx().rank();
+  const hierarchy::NodeGrid g = grid();
+  const AllReduceRailWay runs =
+      hierarchy::hd_applies(g.nodes) ? AllReduceRailWay::halving_doubling : AllReduceRailWay::direct;
+  EXPECT_STREQ(to_string(AllReduceRailWay::halving_doubling), "halving_doubling");
+  for (DType t : kTypes) {
+    const std::size_t size = dtype_size(t);
+    for (std::uint64_t count : {std::uint64_t{1}, std::uint64_t{7}, std::uint64_t{1000}, std::uint64_t{4099},
+                                std::uint64_t{(1u << 19) + 5}}) {
+      SymmetricBuffer in(ctx().heap(), count * size, to_string(t), "test.two_level.ar_hd.in");
+      SymmetricBuffer out(ctx().heap(), count * size, to_string(t), "test.two_level.ar_hd.out");
+      const auto seeds = gathered_seeds(count + 3);
+      AllReduce plan(test::ctx_ptr(), {count, t, AllReduceVariant::automatic, 0, AllReduceRailWay::halving_doubling});
+      ASSERT_EQ(plan.variant(), AllReduceVariant::two_level);
+      ASSERT_EQ(plan.rail_way(), runs) << g.nodes << " nodes";
+      for (bool in_place : {false, true}) {
+        bench::fill_uniform(in.get(), count, to_string(t), seeds[me], s);
+        void* dst = in_place ? in.get() : out.get();
+        if (!in_place) bench::poison(out.get(), count * size, 0xA5, s);
+        plan.run(in.get(), dst, s);
+        ctx().synchronize(s);
+        const std::string what = str(to_string(t), " count ", count, in_place ? " in place" : "");
+        const Verdict v = check_sum(dst, count, t, seeds, 0);
+        EXPECT_LE(v.relative_error, tolerance(t)) << what;
+        if (g.nodes == 2) EXPECT_EQ(v.node_order, 0u) << what << ": bits differ from fp32 sums in the two-level order";
+        const auto hashes = test::gather(device_hash(dst, count * size));
+        for (std::size_t q = 1; q < hashes.size(); ++q)
+          EXPECT_EQ(hashes[q], hashes[0]) << what << ": rank " << q << "'s result differs from rank 0's";
+        ctx().host_barrier("two-level all_reduce, halving-doubling, checked");
+      }
+    }
+  }
+}
+
+// Halving-doubling's staging by parity, as TwoLevelReductions checks the
+// direct way's: two inputs in turn, hundreds of runs with no host
+// synchronisation, each repeating its input's first bits.
+TEST(TwoLevelAllReduce, HalvingDoublingBackToBackRunsOnAlternatingInputsRepeatBitwise) {
+  NEED_NODES();
+  RemotePeers remote(test::ctx_ptr());
+  cudaStream_t s = test::stream();
+  const int runs = 200;
+  const std::uint64_t count = (96u << 10) + 3;
+  unsigned long long* bad = nullptr;
+  WEFT_CUDA(cudaMalloc(&bad, sizeof(*bad)));
+  for (DType t : {DType::bf16, DType::fp32}) {
+    const std::uint64_t bytes = count * dtype_size(t);
+    SymmetricBuffer a(ctx().heap(), bytes, to_string(t), "test.two_level.ar_hd_rep.a");
+    SymmetricBuffer b(ctx().heap(), bytes, to_string(t), "test.two_level.ar_hd_rep.b");
+    SymmetricBuffer out(ctx().heap(), bytes, to_string(t), "test.two_level.ar_hd_rep.out");
+    SymmetricBuffer first_a(ctx().heap(), bytes, to_string(t), "test.two_level.ar_hd_rep.first_a");
+    SymmetricBuffer first_b(ctx().heap(), bytes, to_string(t), "test.two_level.ar_hd_rep.first_b");
+    bench::fill_uniform(a.get(), count, to_string(t), bench::fresh_seed(ctx().rank(), 21), s);
+    bench::fill_uniform(b.get(), count, to_string(t), bench::fresh_seed(ctx().rank(), 22), s);
+    AllReduce plan(test::ctx_ptr(), {count, t, AllReduceVariant::automatic, 0, AllReduceRailWay::halving_doubling});
+    plan.run(a.get(), first_a.get(), s);
+    plan.run(b.get(), first_b.get(), s);
+    WEFT_CUDA(cudaMemsetAsync(bad, 0, sizeof(*bad), s));
+    for (int i = 0; i < runs; ++i) {
+      plan.run(a.get(), out.get(), s);
+      bench::accumulate_mismatches(out.get(), first_a.get(), bytes, bad, s);
+      plan.run(b.get(), out.get(), s);
+      bench::accumulate_mismatches(out.get(), first_b.get(), bytes, bad, s);
+    }
+    ctx().synchronize(s);
+    unsigned long long h = 1;
+    WEFT_CUDA(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(h, 0u) << to_string(t) << ": wrong bytes over " << 2 * runs << " runs";
+    EXPECT_EQ(bench::count_mismatches(first_a.get(), first_b.get(), bytes, s) > 0, true)
+        << "the two inputs gave the same result: the check above proves nothing";
+    const auto hashes = test::gather(device_hash(first_a.get(), bytes));
+    for (std::size_t q = 1; q < hashes.size(); ++q)
+      EXPECT_EQ(hashes[q], hashes[0]) << to_string(t) << ": rank " << q << "'s result differs from rank 0's";
+    ctx().host_barrier("two-level all_reduce, halving-doubling, repeats checked");
+  }
+  WEFT_CUDA(cudaFree(bad));
 }
 
 // Two inputs in turn, hundreds of runs with no host synchronisation: every
