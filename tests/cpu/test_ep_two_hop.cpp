@@ -27,8 +27,6 @@ using namespace weft::hierarchy;
 using namespace weft::moe_detail;
 using namespace step_driver;
 
-std::string name(NodeGrid g) { return std::to_string(g.nodes) + " x " + std::to_string(g.local); }
-
 /// One call's routing on every source, and the counts the exchange gives every rank.
 struct Call {
   int k = 0;

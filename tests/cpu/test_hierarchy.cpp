@@ -29,8 +29,6 @@ using namespace step_driver;
 const std::vector<NodeGrid> kGrids = {{1, 1}, {1, 2}, {1, 8}, {2, 1}, {2, 2}, {2, 4},
                                       {4, 2}, {8, 1}, {3, 2}, {2, 3}, {4, 4}};
 
-std::string name(NodeGrid g) { return std::to_string(g.nodes) + " x " + std::to_string(g.local); }
-
 bool same_node(NodeGrid g, int a, int b) { return g.node_of(a) == g.node_of(b); }
 /// A rail link: the same local rank, another node.
 bool rail_link(NodeGrid g, int a, int b) { return g.local_of(a) == g.local_of(b) && !same_node(g, a, b); }

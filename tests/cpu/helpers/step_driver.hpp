@@ -21,6 +21,9 @@ using weft::hierarchy::Act;
 using weft::hierarchy::NodeGrid;
 using weft::hierarchy::Step;
 
+/// "2 x 4": a grid as the tests' messages name it.
+inline std::string name(NodeGrid g) { return std::to_string(g.nodes) + " x " + std::to_string(g.local); }
+
 /// Grids of 1 to 8 nodes of 1 to 8 GPUs.
 inline std::vector<NodeGrid> every_grid() {
   std::vector<NodeGrid> grids;
