@@ -10,7 +10,9 @@
 #     collectives' two-level schedules) on the NVSHMEM heap with virtual nodes
 #     (WEFT_VIRTUAL_NODES): world 4 as 2 nodes of 2, world 8 as 2 x 4 and 4 x 2;
 #     and a rank that skips a two-level AllGather at world 4 as 2 x 2, named
-#     (or the rank blocked behind it) by the others' bounded waits;
+#     (or the rank blocked behind it) by the others' bounded waits; and
+#     weft-bench's all_gather, reduce_scatter and all_reduce, variants
+#     two_level and auto, checked at world 4 as 2 x 2 (two small sizes);
 #   - the overlapped operators at world 2 and 4 with one hardware queue per rank
 #     (CUDA_DEVICE_MAX_CONNECTIONS=1);
 #   - the provoked hangs: a rank that skips an AllReduce at world 4, named by
@@ -203,6 +205,40 @@ if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/n
   fi
 else
   say "internode (virtual nodes)" "not run: $BUILD has no weft::internode (NVSHMEM with libnvshmem_device.a)"
+fi
+
+# ---- weft-bench's two-level collectives between virtual nodes ---------------------------------
+# weft-bench links weft::internode where it is built, as on two real nodes
+# (docs/SCALE.md): each collective's two_level variant and auto (which must
+# take two_level across nodes) at 64K and 4M per rank, --check on (against
+# NCCL where every rank has a GPU of its own, else against every rank's input
+# rebuilt from its seed). Times with ranks sharing a GPU are not figures.
+if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null && [ -x "$BUILD/weft-bench" ]; then
+  if ! args=$(ranks 4); then
+    say "weft-bench two_level (virtual nodes)" "not run: 4 ranks do not divide over $GPUS GPUs"
+  else
+    for op in all_gather reduce_scatter all_reduce; do
+      log="$LOGS/internode_bench_${op}_w4_n2.log"
+      t0=$SECONDS
+      # shellcheck disable=SC2086
+      WEFT_HEAP_BACKEND=nvshmem WEFT_VIRTUAL_NODES=2 "$WEFTRUN" $args --tag-output --timeout 300 -- \
+        "$BUILD/weft-bench" "$op" --variant two_level,auto --bytes 64K,4M --samples 3 --warmup 1 --check --json \
+        >"$log" 2>&1
+      rc=$?
+      rows=$(grep -c '"check":"ok"' "$log")
+      auto=$(grep -c '"variant":"a:two_level"' "$log")
+      ready=$(grep -c 'two-level collectives ready' "$log")
+      left=$(no_mps_left)
+      ok=1
+      [ "$rc" -eq 0 ] && [ "$rows" -eq 4 ] && [ "$auto" -eq 2 ] && [ "$ready" -ge 1 ] && [ -z "$left" ] && ok=0
+      verdict "weft-bench $op two_level, world 4 as 2 nodes" $ok \
+        "rc=$rc, $rows of 4 rows checked ok, auto took two_level in $auto of 2, $((SECONDS - t0)) s${left:+; $left}"
+      grep -E '"check":"FAIL|weft-bench: ' "$log" | head -n 5
+    done
+  fi
+else
+  say "weft-bench two_level (virtual nodes)" \
+    "not run: $BUILD has no weft::internode or no weft-bench, so no two-level collectives to time (NVSHMEM: scripts/setup.sh)"
 fi
 
 # ---- the overlapped operators with one hardware queue per rank ---------------------------

@@ -3,6 +3,7 @@
 // scripts' checks before they run anything. Every subprocess is bounded in time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <chrono>
@@ -124,6 +125,72 @@ TEST(BenchArgs, EachOperationHasItsVariants) {
             (std::vector<std::string>{"ll", "one_shot", "two_shot", "ce"}));
   EXPECT_EQ(parse_bench_args({"weft-bench", "reduce_scatter", "--variant", "ring,auto"}).variants,
             (std::vector<std::string>{"ring", "auto"}));
+}
+
+TEST(BenchArgs, TwoLevelIsNamedOrMeantByAllAcrossNodes) {
+  // "all" on one node: every one-node variant, as before; two_level (the
+  // schedule across nodes) only when named. Across nodes "all" means two_level.
+  for (const std::string op : {"all_gather", "all_reduce", "reduce_scatter"}) {
+    const BenchArgs d = parse_bench_args({"weft-bench", op});
+    EXPECT_EQ(std::find(d.variants.begin(), d.variants.end(), "two_level"), d.variants.end()) << op;
+    EXPECT_EQ(d.variants_across_nodes, (std::vector<std::string>{"two_level"})) << op;
+    const BenchArgs t = parse_bench_args({"weft-bench", op, "--variant", "two_level", "--bytes", "64K,1M", "--check"});
+    EXPECT_EQ(t.variants, (std::vector<std::string>{"two_level"})) << op;
+    EXPECT_EQ(t.variants_across_nodes, t.variants) << op;
+    EXPECT_TRUE(t.check) << op;
+    // Named one-node variants stay across nodes (their plans refuse there, naming the ranks).
+    const BenchArgs m = parse_bench_args({"weft-bench", op, "--variant", "ll,two_level,auto"});
+    EXPECT_EQ(m.variants, (std::vector<std::string>{"ll", "two_level", "auto"})) << op;
+    EXPECT_EQ(m.variants_across_nodes, m.variants) << op;
+    const BenchArgs a = parse_bench_args({"weft-bench", op, "--variant", "all,two_level,auto"});
+    EXPECT_EQ(a.variants.back(), "auto") << op;
+    EXPECT_EQ(a.variants[a.variants.size() - 2], "two_level") << op;
+    EXPECT_EQ(a.variants_across_nodes, (std::vector<std::string>{"two_level", "auto"})) << op;
+  }
+  EXPECT_EQ(parse_bench_args({"weft-bench", "all_reduce"}).variants,
+            (std::vector<std::string>{"ll", "one_shot", "two_shot", "ce"}));
+  // The other operations have no two_level; their lists are the same across nodes.
+  const BenchArgs o = parse_bench_args({"weft-bench", "ag_gemm", "--variant", "all"});
+  EXPECT_EQ(o.variants, (std::vector<std::string>{"fused", "sequential"}));
+  EXPECT_EQ(o.variants_across_nodes, o.variants);
+  EXPECT_EQ(parse_bench_args({"weft-bench", "gemm_rs"}).variants_across_nodes, (std::vector<std::string>{"auto"}));
+  EXPECT_NE(error_of({"ag_gemm", "--variant", "two_level"}).find("unknown --variant 'two_level' for ag_gemm"),
+            std::string::npos);
+  // The help says what all and auto mean across nodes, and what two_level needs.
+  for (const std::string op : {"all_gather", "all_reduce", "reduce_scatter"}) {
+    const std::string h = bench_usage(op);
+    EXPECT_NE(h.find("all means two_level there, and auto takes it"), std::string::npos) << h;
+    EXPECT_NE(h.find("weft-bench built with NVSHMEM"), std::string::npos) << h;
+  }
+}
+
+TEST(BenchArgs, TwoLevelHeapRoomCoversThePlansStaging) {
+  constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
+  // AllGather's two-level plan holds flags only (the output is the caller's).
+  EXPECT_EQ(two_level_heap_bytes("all_gather", 256 * MiB, 2, 16, 8), 2 * MiB);
+  // ReduceScatter, 4 ranks as 2 nodes of 2, 1 MiB of bf16 per rank (128Ki elements a block), each
+  // buffer a whole 2 MiB: flags, staging [2][N x L] blocks (2 MiB), node sums [2][N] in fp32
+  // (2 MiB), send [N] in fp32 (1 MiB).
+  EXPECT_EQ(two_level_heap_bytes("reduce_scatter", MiB, 2, 4, 2), 2 * MiB + 2 * MiB + 2 * MiB + 2 * MiB);
+  // At 256 MiB, the sizes src/ops/internode/reduce_scatter.cu allocates, and the flags.
+  const std::uint64_t b = 256 * MiB, count = b / (4 * 2);
+  EXPECT_EQ(two_level_heap_bytes("reduce_scatter", b, 2, 4, 2),
+            2 * MiB + 2 * 4 * count * 2 + 2 * 2 * count * 4 + 2 * count * 4);
+  // AllReduce, 16 ranks as 2 nodes of 8, 256 MiB of bf16: slices of about count / 8.
+  const std::uint64_t ar = two_level_heap_bytes("all_reduce", b, 2, 16, 8), slice = b / 2 / 8;
+  EXPECT_GE(ar, 2 * 8 * slice * 2 + 2 * 2 * slice * 4 + 2 * slice * 2);
+  EXPECT_LE(ar, 2 * 8 * slice * 2 + 2 * 2 * slice * 4 + 2 * slice * 2 + 8 * MiB);
+  // Fewer ranks per node hold more: 2 nodes of one rank each hold node sums of the whole buffer.
+  EXPECT_GT(two_level_heap_bytes("all_reduce", b, 2, 2, 1), two_level_heap_bytes("all_reduce", b, 2, 16, 8));
+  EXPECT_GE(two_level_heap_bytes("all_reduce", b, 4, 2, 1), 2 * b + 2 * 2 * b + 2 * b);
+  // An odd element count still rounds up to whole 16-byte slices.
+  EXPECT_GE(two_level_heap_bytes("all_reduce", 6, 2, 4, 2), 3 * MiB);
+  try {
+    two_level_heap_bytes("all_reduce", b, 2, 6, 4);
+    ADD_FAILURE() << "6 ranks in nodes of 4 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("6 ranks do not form nodes of 4"), std::string::npos) << e.what();
+  }
 }
 
 TEST(BenchArgs, GemmShapes) {
@@ -249,9 +316,11 @@ TEST(BenchArgs, RejectsBadInputNamingWhatWasExpected) {
   EXPECT_NE(error_of({"all_gather", "--bytes", "3K:5K"}).find("powers of two"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "12Q"}).find("cannot read --bytes size '12Q'"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--bytes", "1001"}).find("not a whole number of bf16 elements"), std::string::npos);
-  EXPECT_NE(error_of({"all_gather", "--variant", "fast"}).find("expected push, pull, ce, ll, ring, auto or all"),
+  EXPECT_NE(error_of({"all_gather", "--variant", "fast"})
+                .find("expected push, pull, ce, ll, ring, two_level, auto or all"),
             std::string::npos);
-  EXPECT_NE(error_of({"all_reduce", "--variant", "push"}).find("expected ll, one_shot, two_shot, ce, auto or all"),
+  EXPECT_NE(error_of({"all_reduce", "--variant", "push"})
+                .find("expected ll, one_shot, two_shot, ce, two_level, auto or all"),
             std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--samples", "0"}).find("--samples expects a whole number from 1"),
             std::string::npos);
@@ -421,9 +490,9 @@ TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
     EXPECT_GE(rows, 6) << h;
   }
   const std::string ag = bench_usage("all_gather");
-  EXPECT_NE(ag.find("push, pull, ce, ll, ring, auto (the plan's choice)"), std::string::npos) << ag;
+  EXPECT_NE(ag.find("push, pull, ce, ll, ring, two_level, auto (the plan's choice)"), std::string::npos) << ag;
   EXPECT_NE(ag.find("(default 1K:256M)"), std::string::npos) << ag;
-  EXPECT_NE(bench_usage("all_reduce").find("ll, one_shot, two_shot, ce, auto"), std::string::npos);
+  EXPECT_NE(bench_usage("all_reduce").find("ll, one_shot, two_shot, ce, two_level, auto"), std::string::npos);
   const std::string gemm = bench_usage("gemm");
   EXPECT_NE(gemm.find("(default 15)"), std::string::npos) << gemm;
   EXPECT_NE(gemm.find("--hook H"), std::string::npos) << gemm;

@@ -98,8 +98,11 @@ const OptionInfo kOptions[] = {
      "sizes of each rank's input (each rank keeps 1/world of the sum): 1K,64K,1M, a power-of-two\n"
      "range 1K:256M, or a mix; suffixes K, M, G, T (powers of 1024), at most 1024T (default 1K:256M)"},
     {"--variant", true, kCollectives, "--variant LIST",
-     "{variants}, auto (the plan's choice) or all (every one but auto),\n"
-     "or a comma list (default all; a variant is skipped above its size limit)"},
+     "{variants}, auto (the plan's choice),\n"
+     "all (every one but auto and two_level) or a comma list (default all; a variant is\n"
+     "skipped above its size limit). Where ranks span nodes (or WEFT_VIRTUAL_NODES splits\n"
+     "them), only two_level reaches every peer: all means two_level there, and auto takes it;\n"
+     "it needs a weft-bench built with NVSHMEM (weft::internode; scripts/setup.sh fetches it)"},
     {"--variant", true, kOverlap, "--variant LIST",
      "fused, sequential, auto (the plan times fused and sequential and keeps the faster),\n"
      "all (fused and sequential), or a comma list (default auto)"},
@@ -251,9 +254,9 @@ unsigned ops_of(const std::string& flag) {
 
 // Every variant of an operation, "auto" last ("all" means every one but auto).
 const std::vector<std::string>& variants_of(const std::string& op) {
-  static const std::vector<std::string> ag = {"push", "pull", "ce", "ll", "ring", "auto"};
-  static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "ce", "auto"};
-  static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "auto"};
+  static const std::vector<std::string> ag = {"push", "pull", "ce", "ll", "ring", "two_level", "auto"};
+  static const std::vector<std::string> ar = {"ll", "one_shot", "two_shot", "ce", "two_level", "auto"};
+  static const std::vector<std::string> rs = {"ll", "mesh", "ring", "ce", "two_level", "auto"};
   static const std::vector<std::string> gemm = {"auto"};
   if (op == "ep" || op == "moe_tp") return gemm;
   static const std::vector<std::string> overlap = {"fused", "sequential", "auto"};
@@ -732,18 +735,52 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   for (auto b : args.bytes)
     WEFT_REQUIRE(b % elem == 0, "--bytes ", b, " is not a whole number of ", args.dtype, " elements (", elem,
                  " bytes each)");
+  // "all": every variant but auto and, for the collectives, two_level (the
+  // schedule across nodes, timed on one node only when named); where some
+  // peer is not mapped, two_level alone, as the one-node variants refuse there.
   const auto& known = variants_of(args.op);
+  const bool collective = args.op == "all_gather" || args.op == "all_reduce" || args.op == "reduce_scatter";
+  auto add_across = [&](const std::string& v) {
+    if (std::find(args.variants_across_nodes.begin(), args.variants_across_nodes.end(), v) ==
+        args.variants_across_nodes.end())
+      args.variants_across_nodes.push_back(v);
+  };
   for (const std::string& v : split(variants, ',')) {
     if (v == "all") {
       for (auto& x : known)
-        if (x != "auto") args.variants.push_back(x);
+        if (x != "auto" && x != "two_level") args.variants.push_back(x);
+      if (collective) add_across("two_level");
+      else
+        for (auto& x : known)
+          if (x != "auto") args.variants_across_nodes.push_back(x);
       continue;
     }
     WEFT_REQUIRE(std::find(known.begin(), known.end(), v) != known.end(), "unknown --variant '", v, "' for ",
                  args.op, ": expected ", join(known), " or all");
     args.variants.push_back(v);
+    if (collective) add_across(v);
+    else args.variants_across_nodes.push_back(v);
   }
   return args;
+}
+
+std::uint64_t two_level_heap_bytes(const std::string& op, std::uint64_t bytes, int elem, int world, int per_node) {
+  WEFT_REQUIRE(elem > 0 && world > 0 && per_node > 0 && world % per_node == 0, "two_level_heap_bytes: ", world,
+               " ranks do not form nodes of ", per_node, " (", elem, "-byte elements)");
+  constexpr std::uint64_t kRound = std::uint64_t{2} << 20;  // far above the heap's 256-byte block alignment
+  auto block = [](std::uint64_t b) { return (b + kRound - 1) / kRound * kRound; };
+  const std::uint64_t W = world, L = per_node, N = W / L, e = elem, f = sizeof(float);
+  std::uint64_t total = kRound;  // the flags: [2 parities][slots][blocks] of 8 bytes, slots and blocks few
+  if (op == "reduce_scatter") {  // count per rank's block; staging [2][N x L] blocks, node sums [2][N], send [N]
+    const std::uint64_t count = bytes / (W * e);
+    total += block(2 * N * L * count * e) + block(2 * N * count * f) + block(N * count * f);
+  } else if (op == "all_reduce") {
+    // Slices of ceil(count / L), 16-byte aligned: staging [2][L], node sums [2][N] in fp32, results [2].
+    const std::uint64_t count = bytes / e, grain = std::max<std::uint64_t>(1, 16 / e);
+    const std::uint64_t slice = ((count + L - 1) / L + grain - 1) / grain * grain + grain;
+    total += block(2 * L * slice * e) + block(2 * N * slice * f) + block(2 * slice * e);
+  }
+  return total;  // all_gather: its flags only (the output is the caller's)
 }
 
 }  // namespace weft::bench

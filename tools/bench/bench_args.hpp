@@ -36,7 +36,12 @@ struct MoeTpCase {
 struct BenchArgs {
   std::string op;                     ///< "all_gather", "all_reduce", "reduce_scatter", "gemm", "ag_gemm", "gemm_rs", "gemm_ar", "ep", "decode", "grouped_gemm", "moe_tp"
   std::vector<std::uint64_t> bytes;   ///< per-rank message sizes, ascending
-  std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all" expands to every variant; overlap ops: modes
+  std::vector<std::string> variants;  ///< e.g. {"push", "pull", "ce"}; "all": every one-node variant; overlap ops: modes
+  /// Collectives: the variants to time where some peer is not mapped (ranks on
+  /// several nodes, or WEFT_VIRTUAL_NODES): `variants`, except that "all" (the
+  /// default) means two_level there, the one schedule that reaches such peers.
+  /// A one-node variant named on the command line stays (its plan refuses, naming the ranks).
+  std::vector<std::string> variants_across_nodes;
   std::string dtype = "bf16";         ///< element type: bf16, fp16, fp32
   bool check = false;                 ///< verify bitwise against NCCL before timing
   bool json = false;                  ///< one JSON object per line instead of a table
@@ -109,6 +114,13 @@ int dtype_bytes(const std::string& dtype);
 /// HelpRequested carrying the overview, or the operation's own options when
 /// one is named.
 BenchArgs parse_bench_args(const std::vector<std::string>& argv);
+
+/// Bytes of symmetric heap the two-level plan of collective `op` (all_gather,
+/// all_reduce, reduce_scatter) allocates at `bytes` per rank, elements of
+/// `elem` bytes, `world` ranks in nodes of `per_node` (its staging: the sizes
+/// of src/ops/internode/*.cu, each buffer rounded up to 2 MiB, plus 2 MiB of
+/// flags): the room weft-bench adds to its heap where it may time two_level.
+std::uint64_t two_level_heap_bytes(const std::string& op, std::uint64_t bytes, int elem, int world, int per_node);
 
 /// "fixed" or "shuffled": the name --order takes.
 const char* sample_order_name(SampleOrder order);

@@ -26,6 +26,12 @@
 namespace weft::bench {
 namespace {
 
+std::string join_variants(const std::vector<std::string>& variants) {
+  std::string s;
+  for (const auto& v : variants) s += (s.empty() ? "" : ", ") + v;
+  return s;
+}
+
 struct Row {
   std::uint64_t bytes = 0;
   std::string variant;
@@ -100,11 +106,25 @@ Case make_case(const std::shared_ptr<Context>& ctx, const std::string& op, const
   return c;
 }
 
+// Every variant but the low-latency and one-shot ones at any size (two_level included).
 bool variant_fits(const std::string& op, const std::string& v, std::uint64_t bytes, int world) {
   if (op == "all_gather") return v != "ll" || bytes <= kAllGatherLowLatencyMaxBytes;
   if (op == "all_reduce")
     return (v != "ll" || bytes <= kAllReduceLowLatencyMaxBytes) && (v != "one_shot" || bytes <= kAllReduceOneShotMaxBytes);
   return v != "ll" || bytes / world <= kReduceScatterLowLatencyMaxBytes;
+}
+
+// The variants to time in this job: where some peer is not mapped (ranks on
+// several nodes, or virtual nodes), "all" means two_level (BenchArgs); rank 0
+// says so where that differs from the one-node list.
+const std::vector<std::string>& variants_here(Context& ctx, const BenchArgs& args) {
+  if (ctx.all_peers_direct()) return args.variants;
+  if (ctx.rank() == 0 && args.variants_across_nodes != args.variants)
+    std::fprintf(stderr,
+                 "[weft-bench] ranks span nodes (or virtual nodes), which the one-node variants cannot reach, so "
+                 "--variant all means two_level here: timing %s\n",
+                 join_variants(args.variants_across_nodes).c_str());
+  return args.variants_across_nodes;
 }
 
 // Without NCCL: weft's output against every rank's input rebuilt from its
@@ -143,7 +163,7 @@ std::string check_once(Context& ctx, const std::string& op, const Case& c, std::
   else fill_uniform(b.input.get(), bytes / elem, args.dtype, seed, stream);
   poison(b.output.get(), c.out_bytes, 0xA5, stream);
   poison(b.nccl_out, c.out_bytes, 0x5A, stream);
-  ctx.barrier(stream);
+  device_barrier(ctx, stream);
   c.weft(stream);
   if (!c.nccl) {
     ctx.synchronize(stream);
@@ -226,8 +246,9 @@ int bench_enqueue(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
     fill_random(b.input.get(), args.bytes.back(), fresh_seed(ctx.rank(), 1), stream);
     if (op != "all_gather") fill_uniform(b.input.get(), args.bytes.back() / dtype_bytes(args.dtype), args.dtype, 7, stream);
     EnqueueHold held;
+    const std::vector<std::string>& variants = variants_here(ctx, args);
     for (std::uint64_t bytes : args.bytes) {
-      for (const std::string& v : args.variants) {
+      for (const std::string& v : variants) {
         if (!variant_fits(op, v, bytes, ctx.world_size())) continue;
         if (ctx.rank() == 0)
           std::fprintf(stderr, "[weft-bench] %s %s per rank, %s, enqueue ...\n", op.c_str(), format_bytes(bytes).c_str(),
@@ -235,7 +256,7 @@ int bench_enqueue(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         std::shared_ptr<void> plan;
         Case c = make_case(ctx_ptr, op, v, bytes, args, b, plan);
         // One eager call first: a first run may finish setting up, and must not be captured.
-        ctx.barrier(stream);
+        device_barrier(ctx, stream);
         c.weft(stream);
         ctx.synchronize(stream);
         cudaGraph_t graph = nullptr;
@@ -313,10 +334,11 @@ int bench_collective(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& a
     Buffers b(ctx, op, args.bytes.back(), args.dtype);
     fill_random(b.input.get(), args.bytes.back(), fresh_seed(me, 1), stream);
     if (op != "all_gather") fill_uniform(b.input.get(), args.bytes.back() / dtype_bytes(args.dtype), args.dtype, 7, stream);
+    const std::vector<std::string>& variants = variants_here(ctx, args);
     for (std::uint64_t bytes : args.bytes) {
       const int calls = calls_for(bytes);
       double nccl_loop = -1, nccl_single = -1;
-      for (const std::string& v : args.variants) {
+      for (const std::string& v : variants) {
         if (!variant_fits(op, v, bytes, world)) continue;
         if (me == 0) std::fprintf(stderr, "[weft-bench] %s %s per rank, %s ...\n", op.c_str(), format_bytes(bytes).c_str(), v.c_str());
         std::shared_ptr<void> plan;

@@ -8,12 +8,73 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "bench.hpp"
+#include "timing.hpp"
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/gpu_diagnosis.hpp"
 #include "weft/runtime/launch_env.hpp"
 #include "weft/runtime/team.hpp"
+#ifdef WEFT_BENCH_INTERNODE  // CMake: weft-bench links weft::internode (NVSHMEM's device path)
+#include "weft/internode/remote_peers.hpp"
+#include "weft/ops/all_gather.hpp"
+#endif
+
+namespace {
+using namespace weft;
+
+bool is_collective(const std::string& op) {
+  return op == "all_gather" || op == "all_reduce" || op == "reduce_scatter";
+}
+
+bool names(const std::vector<std::string>& variants, const char* v) {
+  return std::find(variants.begin(), variants.end(), v) != variants.end();
+}
+
+// Heap room for a collective's two-level plan where weft-bench may time it
+// (two_level named, or auto across nodes). Every rank's heap must be the same
+// size, and a launcher's ranks per node may differ by node, so across nodes
+// the room is that of nodes of one rank each, the most any node grid of the
+// world needs (the staging of node sums grows with the nodes); on one node,
+// that of one node of every rank.
+std::uint64_t two_level_room(const bench::BenchArgs& args, const LaunchEnv& launch, const EnvMap& env) {
+  const int world = launch.world_size;
+  const bool spans = env_int(env, "WEFT_VIRTUAL_NODES", 1) > 1 || launch.local_world_size < world;
+  const auto& variants = spans ? args.variants_across_nodes : args.variants;
+  if (!names(variants, "two_level") && !(spans && names(variants, "auto"))) return 0;
+  return bench::two_level_heap_bytes(args.op, args.bytes.back(), bench::dtype_bytes(args.dtype), world,
+                                     spans ? 1 : world);
+}
+
+#ifdef WEFT_BENCH_INTERNODE
+// weft-bench's device barrier where some peer is not mapped (Context::barrier
+// refuses there): a two-level AllGather of 16 bytes per rank, which ends on a
+// rank only once every rank's shard has reached it, so once every rank has
+// started it. Set for bench::device_barrier while it lives. Collective.
+class UnmappedPeersBarrier {
+ public:
+  explicit UnmappedPeersBarrier(const std::shared_ptr<Context>& ctx)
+      : plan_(ctx, AllGatherOptions{kBytes, AllGatherVariant::two_level}),
+        in_(ctx->heap(), kBytes, "bytes", "bench.barrier.input"),
+        out_(ctx->heap(), kBytes * ctx->world_size(), "bytes", "bench.barrier.output") {
+    WEFT_CUDA(cudaMemset(in_.get(), 0, kBytes));
+    WEFT_CUDA(cudaDeviceSynchronize());  // before any run on weft-bench's non-blocking streams
+    bench::set_unmapped_peers_barrier([this](cudaStream_t s) { plan_.run(in_.get(), out_.get(), s); });
+  }
+  ~UnmappedPeersBarrier() { bench::set_unmapped_peers_barrier({}); }
+  UnmappedPeersBarrier(const UnmappedPeersBarrier&) = delete;
+  UnmappedPeersBarrier& operator=(const UnmappedPeersBarrier&) = delete;
+
+ private:
+  static constexpr std::uint64_t kBytes = 16;
+  AllGather plan_;
+  SymmetricBuffer in_, out_;
+};
+#endif
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace weft;
@@ -28,7 +89,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const LaunchEnv launch = detect_launch_env(process_env());
+    const EnvMap env = process_env();
+    const LaunchEnv launch = detect_launch_env(env);
     const GpuDiagnosis gpus = diagnose_gpus();
     if (gpus.verdict != GpuVerdict::ready) {
       std::fprintf(stderr, "weft-bench: nothing to benchmark here: %s. Run it on a machine with NVIDIA Hopper GPUs, "
@@ -66,9 +128,35 @@ int main(int argc, char** argv) {
       opts.heap_bytes = 5 * largest + (std::uint64_t{256} << 20);
     } else {
       opts.heap_bytes = args.bytes.back() * (world + 3) + std::min<std::uint64_t>(args.bytes.back(), 16u << 20) * 4 * world +
-                        (std::uint64_t{64} << 20);
+                        (std::uint64_t{64} << 20) + two_level_room(args, launch, env);
     }
     auto ctx = Context::from_env(opts);
+    // Peers without an address (ranks on several nodes, or WEFT_VIRTUAL_NODES):
+    // only the collectives' two-level schedules reach them, and their kernels
+    // are weft::internode's, found while a weft::RemotePeers lives
+    // (docs/decisions/0066). Also made on one node where two_level is named.
+    const bool unmapped = !ctx->all_peers_direct();
+    const bool two_level_named = is_collective(args.op) && names(args.variants, "two_level");
+#ifdef WEFT_BENCH_INTERNODE
+    std::unique_ptr<RemotePeers> remote;  // before the barrier and every plan; destroyed after them
+    std::unique_ptr<UnmappedPeersBarrier> barrier;
+    if (unmapped || two_level_named) {
+      remote = std::make_unique<RemotePeers>(ctx);
+      if (ctx->rank() == 0)
+        std::fprintf(stderr, "[weft-bench] two-level collectives ready (weft::RemotePeers): %s\n",
+                     remote->describe().c_str());
+      if (unmapped) barrier = std::make_unique<UnmappedPeersBarrier>(ctx);
+    }
+#else
+    if ((unmapped || two_level_named) && ctx->rank() == 0)
+      std::fprintf(stderr,
+                   "[weft-bench] %s, and this weft-bench was built without them: they need weft built with "
+                   "NVSHMEM (bash scripts/setup.sh fetches it into .deps-nvshmem/; then bash scripts/build.sh builds "
+                   "weft::internode and links it into weft-bench). The two-level plans refuse, naming what they lack\n",
+                   unmapped ? "some peers are on other nodes (or virtual nodes), which only the two-level collectives "
+                              "(variant two_level, or auto) reach"
+                            : "two_level is the collectives' two-level schedule, in weft::internode");
+#endif
     if (ctx->team().shares_gpus()) {
       // Ranks on one GPU: a correctness run. Every result is checked; no time is a figure.
       args.check = true;
