@@ -1,5 +1,6 @@
-// two_level.hpp (private) - how AllGather, ReduceScatter and AllReduce reach their
-// two-level (multi-node) schedules, which live in weft::internode.
+// two_level.hpp (private) - how AllGather, ReduceScatter, AllReduce and
+// ExpertParallel reach their two-level (multi-node) schedules, which live in
+// weft::internode.
 //
 // The two-level kernels reach peers of other nodes through NVSHMEM's device
 // API (weft/device/remote.cuh), so they are relocatable device code, built
@@ -21,6 +22,7 @@
 
 #include "hierarchy.hpp"
 #include "weft/core/dtype.hpp"
+#include "weft/ops/ep.hpp"
 #include "weft/runtime/context.hpp"
 
 namespace weft::ops_detail {
@@ -35,10 +37,53 @@ class TwoLevelRun {
   virtual int blocks() const = 0;
 };
 
+/// What ExpertParallel (moe/ep.cu) hands its kernels across nodes for one
+/// dispatch or combine, checked there: the caller's tensors, the plan's receive
+/// staging and meta records (the one-node plan's rows: docs/decisions/0072),
+/// and which of the staged rows hold this rank's own tokens.
+struct EpRun {
+  bool fp8 = false;
+  const void* x = nullptr;           ///< dispatch: [T][H] bf16, or fp8 e4m3
+  const float* x_scales = nullptr;   ///< fp8 dispatch: [T][H / 128]
+  const float* weights = nullptr;    ///< dispatch: [T][k]
+  void* recv_x = nullptr;            ///< dispatch: [recv_rows][H]
+  float* recv_scales = nullptr;      ///< fp8 dispatch: [recv_rows][H / 128]
+  float* recv_weights = nullptr;     ///< dispatch: [recv_rows] or null
+  const void* y = nullptr;           ///< combine: [recv_rows][H] bf16
+  void* out = nullptr;               ///< combine: [T][H] bf16
+  void* staging = nullptr;           ///< symmetric [capacity][H] bf16: tokens received, then partial sums
+  std::int32_t* meta = nullptr;      ///< symmetric [capacity][2 + 2k]
+  std::int64_t recv_tokens = 0;      ///< staged tokens this call
+  std::int64_t self_lo = 0, self_hi = 0;  ///< staged rows of this rank's own tokens
+};
+
+/// ExpertParallel's kernels across nodes, built collectively by weft::internode.
+/// The plan keeps its checks, its handle and its host read of the counts; this
+/// counts, exchanges and moves.
+class TwoLevelEp {
+ public:
+  virtual ~TwoLevelEp() = default;
+  /// Words of a counts row: the one-node plan's [E pairs][W tokens][8 tail], then [nodes] tokens per node.
+  virtual int row_words() const = 0;
+  /// Enqueues the count and the exchange of `tokens` rows of `topk` ([tokens, k]
+  /// int64) on `stream`; returns the device matrix ([W][row_words()] int64) this
+  /// call's counts land in, every rank's row.
+  virtual const std::int64_t* layout(const std::int64_t* topk, std::int64_t tokens, cudaStream_t stream) = 0;
+  /// Collective, after the host read of that matrix (`host`, the same on every
+  /// rank): grows the rail staging and the return rows where this call needs more.
+  virtual void prepare(const std::int64_t* host) = 0;
+  /// Enqueues dispatch (the sends, the rail GPU's forward, the receive), then
+  /// combine (the reduce, the rail GPU's return of node sums, the gather).
+  virtual void dispatch(const EpRun& run, cudaStream_t stream) = 0;
+  virtual void combine(const EpRun& run, cudaStream_t stream) = 0;
+};
+
 /// The factories weft::internode registers. Each is collective, validates
 /// nothing the calling plan already did, and throws weft::Error on every rank
 /// alike (the grid is the team's, the same everywhere).
 struct TwoLevelCollectives {
+  /// ExpertParallel across nodes: `options` checked and agreed by the plan, `blocks` its SM budget.
+  std::unique_ptr<TwoLevelEp> (*expert_parallel)(Context& ctx, const EpOptions& options, int blocks);
   std::unique_ptr<TwoLevelRun> (*all_gather)(Context& ctx, std::uint64_t bytes_per_rank, int max_sms);
   std::unique_ptr<TwoLevelRun> (*reduce_scatter)(Context& ctx, std::uint64_t count, DType dtype, int max_sms);
   std::unique_ptr<TwoLevelRun> (*all_reduce)(Context& ctx, std::uint64_t count, DType dtype, int max_sms,

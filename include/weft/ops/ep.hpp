@@ -1,4 +1,4 @@
-// weft/ops/ep.hpp - expert-parallel dispatch and combine (MoE), throughput mode, one node.
+// weft/ops/ep.hpp - expert-parallel dispatch and combine (MoE): throughput mode, and low-latency mode.
 //
 // E experts live on W ranks, E / W consecutive ones each. Every rank routes
 // its own T tokens (T may differ by rank and by call, up to max_tokens):
@@ -28,6 +28,16 @@
 //     ranks in ascending order (fp32, one rounding): a fixed order, so the
 //     result is bitwise repeatable. A token routed nowhere combines to 0.
 //
+// Across nodes (ranks on several nodes, or virtual ones: WEFT_VIRTUAL_NODES)
+// the plan takes weft::internode's kernels, which need that library linked
+// and a weft::RemotePeers alive, as the collectives' two-level schedules do:
+// a token crosses the NIC once per remote node it goes to, to the GPU of its
+// own local rank there, which forwards it over NVLink. recv_x and the handle
+// are the one-node plan's. Combine sums a remote node's partials on that GPU
+// (rank order, fp32, rounded once) and the source sums its nodes in order, its
+// own node's partials one by one: a fixed order, bitwise repeatable, the
+// one-node sum on one node (docs/decisions/0072).
+//
 // Calls come in the order layout, dispatch, combine (combine may be left
 // out); every rank makes the same calls. The handle is valid until the next
 // layout; topk_idx must stay unchanged until dispatch has run. Signals carry
@@ -49,6 +59,10 @@
 #include "weft/runtime/context.hpp"
 
 namespace weft {
+
+namespace ops_detail {
+class TwoLevelEp;
+}
 
 /// What an ExpertParallel plan is built for. Equal on every rank (checked).
 struct EpOptions {
@@ -120,6 +134,7 @@ class ExpertParallel {
 
  private:
   void grow_staging(std::int64_t rows);
+  const std::int64_t* count_and_exchange(const std::int64_t* topk_idx, std::int64_t num_tokens, cudaStream_t stream);
   void check_handle(const EpHandle& h, const char* call, int stage) const;
   void dispatch_rows(const EpHandle& h, bool fp8, const void* x, const float* x_scales, const float* topk_weights,
                      void* recv_x, float* recv_scales, float* recv_weights, cudaStream_t stream);
@@ -141,7 +156,9 @@ class ExpertParallel {
   SignalArray dispatch_signals_;  // [W]: tokens from rank p have arrived
   SignalArray combine_signals_;   // [W]: rank p's partial sums are ready
   DeviceBuffer scratch_;          // local device memory, see ep.cu
-  std::int64_t* host_counts_ = nullptr;  // pinned [W][row]
+  std::int64_t* host_counts_ = nullptr;  // pinned [W][row_]
+  int row_ = 0;                          // int64 words of a counts row
+  std::unique_ptr<ops_detail::TwoLevelEp> across_;  // the kernels across nodes (weft::internode), or null
 };
 
 /// What a low-latency plan is built for. Equal on every rank (checked).

@@ -20,7 +20,10 @@ std::unique_ptr<TwoLevelRun> make_two_level_reduce_scatter(Context& ctx, std::ui
 std::unique_ptr<TwoLevelRun> make_two_level_all_reduce(Context& ctx, std::uint64_t count, DType dtype, int max_sms,
                                                        hierarchy::RailWay way);
 
-/// The three, as weft::RemotePeers registers them.
+/// Collective: ExpertParallel's kernels across nodes (ep.cu; docs/decisions/0072).
+std::unique_ptr<TwoLevelEp> make_two_level_expert_parallel(Context& ctx, const EpOptions& options, int blocks);
+
+/// The four, as weft::RemotePeers registers them.
 const TwoLevelCollectives& internode_collectives();
 
 /// Throws, naming `who`, unless a weft::RemotePeers is alive (NVSHMEM's device

@@ -49,11 +49,13 @@
 
 #include "../kernel_util.cuh"
 #include "chunk_scan.cuh"
+#include "ep_phases.cuh"
 #include "ep_layout.hpp"
 #include "row_sums.cuh"
 #include "weft/core/error.hpp"
 #include "weft/device.cuh"
 #include "weft/ops/ep.hpp"
+#include "../two_level.hpp"
 
 namespace weft {
 namespace {
@@ -61,8 +63,8 @@ namespace {
 using namespace ops_detail;
 using moe_detail::ExpertPlacement;
 
-constexpr int kChunk = 128;           // tokens per warp in the count kernel
-constexpr int kCountWarps = 4;        // warps per count block
+constexpr int kChunk = moe_detail::kCountChunk;  // tokens per warp in the count kernel
+using moe_detail::kCountWarps;                     // warps per count block
 // Threads per dispatch / combine block, one block per SM of the budget (so a
 // grid of max_sms blocks stays on max_sms SMs). A warp keeps about 2 KiB of
 // loads in flight (row_sums.cuh); covering HBM's latency at 4.8 TB/s over 132
@@ -76,11 +78,10 @@ static_assert(kMaxExperts <= kExchangeThreads, "the exchange scans one expert a 
 constexpr int kMaxTopK = 32;
 constexpr int kMaxWorld = 32;
 using moe_detail::kFp8ScaleChannels;
-constexpr int kRowTail = 8;  // after [E pairs][W tokens]: T, E, H, k, bad token, slot, code, value
-constexpr std::uint64_t kNoError = ~std::uint64_t{0};
+constexpr int kRowTail = moe_detail::kCountRowTail;  // after [E pairs][W tokens]: T, E, H, k, bad token, slot, code, value
+constexpr std::uint64_t kNoError = moe_detail::kNoRowError;
 
 // Error codes in the counts row (RowError's values).
-constexpr int kOutOfRange = static_cast<int>(moe_detail::RowError::expert_out_of_range);
 constexpr int kTwice = static_cast<int>(moe_detail::RowError::expert_twice);
 
 // The plan's local scratch, carved from one cudaMalloc.
@@ -120,53 +121,9 @@ Scratch carve(void* base, std::int64_t max_tokens, int E, int W, int k, std::uin
 
 // ---- count ------------------------------------------------------------------
 
-struct CountArgs {
-  const std::int64_t* topk;  // [T][k]
-  std::int64_t tokens;
-  int experts, world, k;
-  Scratch s;
-};
-
-__global__ void __launch_bounds__(kCountWarps * 32) count_kernel(CountArgs a) {
+__global__ void __launch_bounds__(kCountWarps * 32) count_kernel(moe_detail::CountArgs a) {
   extern __shared__ int counters[];  // [warps][E + W]
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
-  const int E = a.experts, W = a.world, k = a.k, cols = E + W, per = E / W;
-  int* cnt = counters + warp * cols;
-  const std::int64_t chunk = static_cast<std::int64_t>(blockIdx.x) * kCountWarps + warp;
-  const std::int64_t t0 = chunk * kChunk;
-  if (t0 >= a.tokens) return;  // the whole warp
-  const std::int64_t t1 = t0 + kChunk < a.tokens ? t0 + kChunk : a.tokens;
-  for (int i = lane; i < cols; i += 32) cnt[i] = 0;
-  __syncwarp();
-  const bool in = lane < k;
-  std::int64_t ex_next = in ? a.topk[t0 * k + lane] : -1;
-  for (std::int64_t t = t0; t < t1; ++t) {
-    // The next token's row is loaded before this one is counted, so its latency overlaps the counting.
-    const std::int64_t ex = ex_next;
-    if (in && t + 1 < t1) ex_next = a.topk[(t + 1) * k + lane];
-    const bool bad = in && (ex < -1 || ex >= E);
-    const bool valid = in && ex >= 0 && !bad;
-    // Lanes with the same valid expert; invalid lanes get a value of their own.
-    const unsigned same = __match_any_sync(0xffffffffu, valid ? static_cast<unsigned long long>(ex)
-                                                               : ~static_cast<unsigned long long>(lane) - 1);
-    const bool repeat = valid && static_cast<int>(__ffs(same)) - 1 != lane;  // an earlier slot lists it
-    const unsigned errors = __ballot_sync(0xffffffffu, bad || repeat);
-    if (errors != 0) {
-      const int first = __ffs(errors) - 1;  // the slot token_destinations stops at
-      if (lane == first)
-        atomicMin(reinterpret_cast<unsigned long long*>(a.s.error),
-                  static_cast<unsigned long long>((static_cast<std::uint64_t>(t) << 8) |
-                                                  (static_cast<std::uint64_t>(lane) << 2) |
-                                                  static_cast<std::uint64_t>(bad ? kOutOfRange : kTwice)));
-      continue;  // uniform: `errors` is the warp's
-    }
-    if (valid) a.s.pair_local[t * k + lane] = cnt[ex]++;  // experts are distinct within a row
-    const unsigned ranks = __reduce_or_sync(0xffffffffu, valid ? 1u << (static_cast<int>(ex) / per) : 0u);
-    if (lane < W) a.s.rank_local[t * W + lane] = ((ranks >> lane) & 1u) ? cnt[E + lane]++ : -1;
-    __syncwarp();
-  }
-  __syncwarp();
-  for (int i = lane; i < cols; i += 32) a.s.chunk_counts[chunk * cols + i] = cnt[i];
+  moe_detail::count_chunk(a, counters);
 }
 
 // ---- exchange ---------------------------------------------------------------
@@ -222,37 +179,9 @@ __global__ void __launch_bounds__(kExchangeThreads) exchange_kernel(ExchangeArgs
     dev::wait_until(a.w, a.flags + tid, dev::Cmp::ge, e, dev::Scope::sys, tid);
   }
   __syncthreads();
-  // Send tables. P[s][x] = matrix[s][x]: source s's pairs of expert x; T[s][r] = matrix[s][E + r].
-  // pair_base[x] = the pairs of x's owner's earlier experts, from every source, plus the pairs of
-  // x from sources before this rank: an exclusive scan of the experts' totals within each
-  // owner's experts (a block scan, one expert a thread: E <= kMaxExperts <= blockDim).
+  // Send tables: where this rank's pairs and tokens start on their receivers.
   __shared__ std::int64_t scan[2][kMaxExperts];
-  const ExpertPlacement pl{E, W};
-  std::int64_t total = 0, before_me = 0;
-  if (tid < E)
-    for (int s = 0; s < W; ++s) {
-      const std::int64_t v = __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + tid);
-      total += v;
-      if (s < me) before_me += v;
-    }
-  int in = 0;  // Hillis-Steele inclusive scan over the experts, double-buffered
-  if (tid < E) scan[0][tid] = total;
-  __syncthreads();
-  for (int step = 1; step < E; step *= 2) {
-    if (tid < E) scan[in ^ 1][tid] = scan[in][tid] + (tid >= step ? scan[in][tid - step] : 0);
-    in ^= 1;
-    __syncthreads();
-  }
-  if (tid < E) {
-    const int first = pl.global(pl.owner(tid), 0);  // the owner's first expert
-    const std::int64_t earlier = scan[in][tid] - total - (first > 0 ? scan[in][first - 1] : 0);
-    a.s.pair_base[tid] = static_cast<std::int32_t>(earlier + before_me);
-  }
-  for (int r = tid; r < W; r += blockDim.x) {
-    std::int64_t base = 0;
-    for (int s = 0; s < me; ++s) base += __ldcg(matrix + static_cast<std::int64_t>(s) * a.row + E + r);
-    a.s.token_base[r] = static_cast<std::int32_t>(base);
-  }
+  moe_detail::send_tables(matrix, a.row, E, W, me, scan, a.s.pair_base, a.s.token_base);
   dev::epoch_end(a.epoch, e);
 }
 
@@ -379,35 +308,8 @@ __global__ void __launch_bounds__(kEpThreads) dispatch_kernel(MoveArgs a) {
   wait_all(a, e);
 
   // Receive: each staged token to its rows of recv_x.
-  for (std::int64_t i = warp0; i < a.recv_tokens; i += warps) {
-    const std::int32_t* m = a.meta + i * mstride;
-    const int n = __ldcg(m + 1);
-    const std::int32_t prow = lane < n ? __ldcg(m + 2 + lane) : -1;
-    if (a.recv_weights && lane < n) a.recv_weights[prow] = __int_as_float(__ldcg(m + 2 + k + lane));
-    if (i >= a.self_lo && i < a.self_hi) continue;  // this rank's own tokens: placed by the send
-    const uint4* src = a.staging + i * stride;
-    if (a.scales) {
-      const float* scales = reinterpret_cast<const float*>(src + vecs);
-      for (int p = 0; p < n; ++p) {
-        float* dst = a.recv_scales + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, prow, p)) * a.scales;
-        for (int c = lane; c < a.scales; c += 32) dst[c] = __ldcg(scales + c);
-      }
-    }
-    // Every lane runs every iteration (the shuffles need the whole warp); four loads in flight.
-    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * 4) {
-      const std::int64_t v = v0 + lane;
-      uint4 val[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (v + 32 * u < vecs) val[u] = __ldcg(src + v + 32 * u);
-      for (int p = 0; p < n; ++p) {
-        uint4* dst = a.recv_x + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, prow, p)) * vecs;
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (v + 32 * u < vecs) dst[v + 32 * u] = val[u];
-      }
-    }
-  }
+  const moe_detail::StagedRows staged{a.staging, a.meta, k, stride, a.recv_tokens, a.self_lo, a.self_hi};
+  moe_detail::receive_rows(staged, warp0, warps, vecs, a.scales, a.recv_x, a.recv_scales, a.recv_weights);
   dev::epoch_end(a.epoch, e);
 }
 
@@ -416,33 +318,16 @@ __global__ void __launch_bounds__(kEpThreads) combine_kernel(MoveArgs a) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kEpWarps + threadIdx.x / 32;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kEpWarps;
-  const int W = a.world, k = a.k, mstride = 2 + 2 * k, me = a.w.rank;
+  const int W = a.world, k = a.k, me = a.w.rank;
   const std::int64_t vecs = a.hidden / 8;
 
-  // Reduce: partial = sum over the staged token's pairs, in slot order, of w x y.
-  for (std::int64_t i = warp0; i < a.recv_tokens; i += warps) {
-    const std::int32_t* m = a.meta + i * mstride;
-    const int n = __ldcg(m + 1);
-    const std::int32_t prow = lane < n ? __ldcg(m + 2 + lane) : -1;
-    const float pw = lane < n ? __int_as_float(__ldcg(m + 2 + k + lane)) : 0.f;
-    const unsigned pairs = n >= 32 ? ~0u : (1u << n) - 1u;
-    auto row_at = [&](int p) { return a.y + static_cast<std::int64_t>(__shfl_sync(0xffffffffu, prow, p)) * vecs; };
-    auto weight = [&](int p) { return __shfl_sync(0xffffffffu, pw, p); };
-    uint4* dst = a.staging + i * vecs;
-    if (i >= a.self_lo && i < a.self_hi) {
-      // One of this rank's own tokens. If it went to no other rank, its partial
-      // is its output, bit for bit (the gather would add one bf16 row to zero in
-      // fp32 and round it again): store it there, and the gather skips it.
-      const std::int64_t t = __ldcg(m);
-      const std::int32_t row_r = lane < W ? a.s.token_rows[t * W + lane] : -1;
-      if (__ballot_sync(0xffffffffu, row_r >= 0) == 1u << me) dst = a.out + t * vecs;
-    }
-    for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * moe_detail::kRowSumVecs) {  // every lane runs every step
-      moe_detail::RowSumAcc acc{};  // fp32 sums, rounded once
-      moe_detail::add_rows<true>(acc, pairs, row_at, weight, v0 + lane, vecs);
-      moe_detail::store_rows(dst, acc, v0 + lane, vecs);
-    }
-  }
+  // Reduce: partial = sum over the staged token's pairs, in slot order, of w x y. An own token that
+  // went to this rank alone is its output: stored there, and the gather skips it.
+  const moe_detail::StagedRows staged{a.staging, a.meta, k, vecs, a.recv_tokens, a.self_lo, a.self_hi};
+  moe_detail::reduce_partials(staged, a.staging, warp0, warps, a.y, a.out, [&](std::int64_t t) {
+    const std::int32_t row_r = lane < W ? a.s.token_rows[t * W + lane] : -1;
+    return __ballot_sync(0xffffffffu, row_r >= 0) == 1u << me;
+  });
   last_block_signals(a, a.s.done + 1, e);
   wait_all(a, e);
 
@@ -471,11 +356,17 @@ const char* row_error_name(std::int64_t code) {
 }  // namespace
 
 // ---- the plan -------------------------------------------------------------------
+//
+// Across nodes (some peer without an address) the plan keeps its checks, its
+// handle and its host read, and weft::internode's kernels (internode/ep.cu,
+// found through two_level.hpp's registry) count, exchange and move: the same
+// receive rows and meta records, two hops (docs/decisions/0072).
 
 ExpertParallel::ExpertParallel(std::shared_ptr<Context> ctx, const EpOptions& options)
     : ctx_(std::move(ctx)), opt_(options) {
   WEFT_REQUIRE(ctx_, "ExpertParallel needs a Context");
-  ctx_->require_direct_peers("ExpertParallel");  // its kernels load and store every peer's heap
+  // Where some peer has no address (another node), weft::internode's kernels run: the same rows, two hops.
+  const bool across = !ctx_->all_peers_direct();
   const int W = ctx_->world_size();
   const char* placement = moe_detail::placement_error(opt_.experts, W);
   WEFT_REQUIRE(*placement == 0, "ExpertParallel: experts = ", opt_.experts, " on ", W, " ranks: ", placement);
@@ -490,25 +381,30 @@ ExpertParallel::ExpertParallel(std::shared_ptr<Context> ctx, const EpOptions& op
   WEFT_REQUIRE(opt_.recv_capacity >= 0, "ExpertParallel: recv_capacity = ", opt_.recv_capacity, " must be >= 0");
   // Every rank must describe the same plan; the error names each differing rank's values and rank 0's.
   ctx_->verify_same_call(str("ExpertParallel plan: experts ", opt_.experts, ", hidden ", opt_.hidden, ", top_k ",
-                             opt_.top_k, ", max_tokens ", opt_.max_tokens, ", recv_capacity ", opt_.recv_capacity));
+                             opt_.top_k, ", max_tokens ", opt_.max_tokens, ", recv_capacity ", opt_.recv_capacity,
+                             across ? str(", across nodes", ops_detail::two_level_readiness()) : std::string()));
   const int sms = std::max(1, ctx_->team().sm_count);
   blocks_ = opt_.max_sms > 0 ? std::min(opt_.max_sms, sms) : sms;
 
-  const int row = opt_.experts + W + kRowTail;
-  counts_ = SymmetricBuffer(ctx_->heap(), 2ull * W * row * 8, "i64", "ep.counts");
-  exchange_signals_ = SignalArray(ctx_->heap(), W, "ep.exchange.flags");
-  dispatch_signals_ = SignalArray(ctx_->heap(), W, "ep.dispatch.flags");
-  combine_signals_ = SignalArray(ctx_->heap(), W, "ep.combine.flags");
+  if (across) {
+    across_ = ops_detail::two_level_or_refuse(*ctx_, "ExpertParallel").expert_parallel(*ctx_, opt_, blocks_);
+    row_ = across_->row_words();
+  } else {
+    row_ = opt_.experts + W + kRowTail;
+    counts_ = SymmetricBuffer(ctx_->heap(), 2ull * W * row_ * 8, "i64", "ep.counts");
+    exchange_signals_ = SignalArray(ctx_->heap(), W, "ep.exchange.flags");
+    dispatch_signals_ = SignalArray(ctx_->heap(), W, "ep.dispatch.flags");
+    combine_signals_ = SignalArray(ctx_->heap(), W, "ep.combine.flags");
+    std::uint64_t bytes = 0;
+    carve(nullptr, opt_.max_tokens, opt_.experts, W, opt_.top_k, &bytes);
+    scratch_ = DeviceBuffer(bytes);
+    WEFT_CUDA(cudaMemset(scratch_.get(), 0, bytes));
+    const int count_smem = kCountWarps * (opt_.experts + W) * 4;
+    if (count_smem > 48 * 1024)
+      WEFT_CUDA(cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, count_smem));
+  }
   grow_staging(opt_.recv_capacity > 0 ? opt_.recv_capacity : 2 * opt_.max_tokens);
-
-  std::uint64_t bytes = 0;
-  carve(nullptr, opt_.max_tokens, opt_.experts, W, opt_.top_k, &bytes);
-  scratch_ = DeviceBuffer(bytes);
-  WEFT_CUDA(cudaMemset(scratch_.get(), 0, bytes));
-  WEFT_CUDA(cudaMallocHost(&host_counts_, static_cast<std::size_t>(W) * row * 8));
-  const int count_smem = kCountWarps * (opt_.experts + W) * 4;
-  if (count_smem > 48 * 1024)
-    WEFT_CUDA(cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, count_smem));
+  WEFT_CUDA(cudaMallocHost(&host_counts_, static_cast<std::size_t>(W) * row_ * 8));
 }
 
 ExpertParallel::~ExpertParallel() {
@@ -527,6 +423,39 @@ void ExpertParallel::grow_staging(std::int64_t rows) {
   capacity_ = rows;
 }
 
+// One node: the count and exchange kernels; returns the device counts matrix of this layout.
+const std::int64_t* ExpertParallel::count_and_exchange(const std::int64_t* topk_idx, std::int64_t num_tokens,
+                                                       cudaStream_t stream) {
+  const int W = ctx_->world_size(), E = opt_.experts, k = opt_.top_k;
+  const Scratch s = carve(scratch_.get(), opt_.max_tokens, E, W, k, nullptr);
+  WEFT_CUDA(cudaMemsetAsync(s.error, 0xff, 8, stream));
+  if (num_tokens > 0) {
+    const auto chunks = (num_tokens + kChunk - 1) / kChunk;
+    const auto grid = static_cast<unsigned>((chunks + kCountWarps - 1) / kCountWarps);
+    const int smem = kCountWarps * (E + W) * 4;
+    const moe_detail::CountArgs ca{.topk = topk_idx,
+                                   .tokens = num_tokens,
+                                   .experts = E,
+                                   .world = W,
+                                   .k = k,
+                                   .nodes = 1,
+                                   .local = W,
+                                   .error = s.error,
+                                   .chunk_counts = s.chunk_counts,
+                                   .pair_local = s.pair_local,
+                                   .rank_local = s.rank_local,
+                                   .node_local = nullptr};
+    count_kernel<<<grid, kCountWarps * 32, smem, stream>>>(ca);
+    WEFT_CUDA(cudaGetLastError());
+  }
+  ExchangeArgs xa{ctx_->world(), topk_idx, num_tokens, E, W, k, opt_.hidden, counts_.as<std::int64_t>(), row_,
+                  exchange_signals_.flags(), exchange_signals_.launch_epoch(), s};
+  launch_pdl(exchange_kernel, 1, kExchangeThreads, stream, xa);
+  WEFT_CUDA(cudaGetLastError());
+  // The exchange's device epoch counts layouts: this one is layouts_ + 1, whose parity picks the matrix.
+  return counts_.as<std::int64_t>() + static_cast<std::int64_t>((layouts_ + 1) & 1) * W * row_;
+}
+
 EpHandle ExpertParallel::layout(const std::int64_t* topk_idx, std::int64_t num_tokens, cudaStream_t stream) {
   const int W = ctx_->world_size(), me = ctx_->rank(), E = opt_.experts, k = opt_.top_k, per = E / W;
   stage_ = 0;
@@ -534,22 +463,10 @@ EpHandle ExpertParallel::layout(const std::int64_t* topk_idx, std::int64_t num_t
                " must be in [0, max_tokens = ", opt_.max_tokens, "]");
   WEFT_REQUIRE(num_tokens == 0 || topk_idx, "ExpertParallel::layout: topk_idx is null for ", num_tokens, " tokens");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel layout #", layouts_ + 1));
-  const Scratch s = carve(scratch_.get(), opt_.max_tokens, E, W, k, nullptr);
-  WEFT_CUDA(cudaMemsetAsync(s.error, 0xff, 8, stream));
-  if (num_tokens > 0) {
-    const auto chunks = (num_tokens + kChunk - 1) / kChunk;
-    const auto grid = static_cast<unsigned>((chunks + kCountWarps - 1) / kCountWarps);
-    const int smem = kCountWarps * (E + W) * 4;
-    count_kernel<<<grid, kCountWarps * 32, smem, stream>>>(CountArgs{topk_idx, num_tokens, E, W, k, s});
-    WEFT_CUDA(cudaGetLastError());
-  }
-  const int row = E + W + kRowTail;
-  ExchangeArgs xa{ctx_->world(), topk_idx, num_tokens, E, W, k, opt_.hidden, counts_.as<std::int64_t>(), row,
-                  exchange_signals_.flags(), exchange_signals_.launch_epoch(), s};
-  launch_pdl(exchange_kernel, 1, kExchangeThreads, stream, xa);
-  WEFT_CUDA(cudaGetLastError());
-  ++layouts_;  // the exchange's device epoch: one launch per layout
-  const std::int64_t* matrix = counts_.as<std::int64_t>() + static_cast<std::int64_t>(layouts_ & 1) * W * row;
+  const int row = row_;
+  const std::int64_t* matrix = across_ ? across_->layout(topk_idx, num_tokens, stream)
+                                       : count_and_exchange(topk_idx, num_tokens, stream);
+  ++layouts_;
   WEFT_CUDA(cudaMemcpyAsync(host_counts_, matrix, static_cast<std::size_t>(W) * row * 8, cudaMemcpyDeviceToHost,
                             stream));
   ctx_->synchronize(stream);
@@ -592,6 +509,7 @@ EpHandle ExpertParallel::layout(const std::int64_t* topk_idx, std::int64_t num_t
   WEFT_REQUIRE(h.recv_rows < (std::int64_t{1} << 31), "ExpertParallel::layout: ", h.recv_rows,
                " receive rows exceed the 2^31 limit");
   if (most > capacity_) grow_staging(std::max(most, capacity_ + capacity_ / 2));  // every rank alike
+  if (across_) across_->prepare(host_counts_);
   topk_ = topk_idx;
   tokens_ = num_tokens;
   current_ = h;
@@ -638,9 +556,26 @@ void ExpertParallel::dispatch_rows(const EpHandle& h, bool fp8, const void* x, c
   WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(x) | reinterpret_cast<std::uintptr_t>(recv_x)) % 16 == 0,
                "ExpertParallel::", call, ": x and recv_x must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel ", call, " #", h.id));
-  const Scratch s = carve(scratch_.get(), opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
   std::int64_t self_lo = 0;  // this rank's own tokens come after those of lower ranks
   for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
+  if (across_) {
+    across_->dispatch(ops_detail::EpRun{.fp8 = fp8,
+                                        .x = x,
+                                        .x_scales = x_scales,
+                                        .weights = topk_weights,
+                                        .recv_x = recv_x,
+                                        .recv_scales = recv_scales,
+                                        .recv_weights = recv_weights,
+                                        .staging = staging_.get(),
+                                        .meta = meta_.as<std::int32_t>(),
+                                        .recv_tokens = h.recv_tokens,
+                                        .self_lo = self_lo,
+                                        .self_hi = self_lo + h.tokens_from[ctx_->rank()]},
+                      stream);
+    stage_ = 2;
+    return;
+  }
+  const Scratch s = carve(scratch_.get(), opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
   MoveArgs a{.w = ctx_->world(),
              .experts = opt_.experts,
              .world = ctx_->world_size(),
@@ -682,6 +617,18 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel combine #", h.id));
   std::int64_t self_lo = 0;  // this rank's own tokens are staged after those of lower ranks
   for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
+  if (across_) {
+    across_->combine(ops_detail::EpRun{.y = y,
+                                       .out = out,
+                                       .staging = staging_.get(),
+                                       .meta = meta_.as<std::int32_t>(),
+                                       .recv_tokens = h.recv_tokens,
+                                       .self_lo = self_lo,
+                                       .self_hi = self_lo + h.tokens_from[ctx_->rank()]},
+                     stream);
+    stage_ = 3;
+    return;
+  }
   const Scratch s = carve(scratch_.get(), opt_.max_tokens, opt_.experts, ctx_->world_size(), opt_.top_k, nullptr);
   MoveArgs a{.w = ctx_->world(),
              .experts = opt_.experts,
