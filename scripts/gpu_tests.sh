@@ -168,6 +168,8 @@ fi
 # apart: its ranks' CUDA contexts end trapped.
 vn_runs=""
 INTERNODE_TESTS="$BUILD/tests/weft_internode_tests"
+# It holds AcrossNodes.* too: AgGemm, GemmRs and GemmAr on their sequential path
+# across nodes (test_operators.cu, docs/decisions/0073).
 if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null && [ -x "$INTERNODE_TESTS" ]; then
   for run in 4/2 8/2 8/4; do
     n=${run%/*} nodes=${run#*/}

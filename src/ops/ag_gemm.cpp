@@ -32,18 +32,22 @@ const char* path_name(AgWay way) {
 
 AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
-  ctx_->require_direct_peers("AgGemm");  // its kernels load and store every peer's heap
   const int world = ctx_->world_size();
   const AgGemmOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
   const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   operand_alignment_ = ops_detail::operand_alignment(whole);
-  options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(whole));
+  // Across nodes only the sequential path runs (its AllGather takes the two-level schedule).
+  std::string why_not_fused = ops_detail::across_nodes_reason(*ctx_);
+  if (why_not_fused.empty()) why_not_fused = ops_detail::untileable_reason(whole);
+  options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode, why_not_fused);
   const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", shape, o.chunks_per_shard, *ctx_, o.k * 2);
   shard_rows_ = rows.rows_per_rank;
   chunks_ = rows.chunks;
   chunk_rows_ = rows.chunk_rows;
-  ctx_->verify_same_call(ops_detail::plan_description("AgGemm", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
+  ctx_->verify_same_call(ops_detail::plan_description("AgGemm", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode) +
+                         ops_detail::across_nodes_description(*ctx_));
+  ops_detail::require_sequential_across_nodes(*ctx_, "AgGemm", "AllGather");
   const std::string what = str("AgGemm ", o.m, " x ", o.n, " x ", o.k);
   const ops_detail::AgLayout flags{world, chunks_};
   tile_waits_ = std::make_unique<ops_detail::TileWaits>(what, flags.flag_words(), ctx_->settings().tile_waits);

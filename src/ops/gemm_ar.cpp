@@ -16,18 +16,21 @@ namespace weft {
 
 GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
-  ctx_->require_direct_peers("GemmAr");  // its kernels load and store every peer's heap
   const int world = ctx_->world_size();
   const GemmArOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("GemmAr", o.m, o.n, o.k, o.dtype);
   // The fused path is GemmRs's ring: M / W rows per rank, and rows the engine tiles.
   const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   operand_alignment_ = ops_detail::operand_alignment(whole);
-  std::string why_not_fused = ops_detail::untileable_reason(whole);
+  // Across nodes only the sequential path runs (its AllReduce takes the two-level schedule).
+  std::string why_not_fused = ops_detail::across_nodes_reason(*ctx_);
+  if (why_not_fused.empty()) why_not_fused = ops_detail::untileable_reason(whole);
   if (why_not_fused.empty() && o.m % world != 0)
     why_not_fused = str("M = ", o.m, " is not a multiple of the world size ", world, " (the ring's blocks)");
   options_.mode = ops_detail::runnable_mode("GemmAr", o.m, o.n, o.k, o.mode, why_not_fused);
-  ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
+  ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode) +
+                         ops_detail::across_nodes_description(*ctx_));
+  ops_detail::require_sequential_across_nodes(*ctx_, "GemmAr", "AllReduce");
   if (o.mode != OverlapMode::sequential) {
     const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", shape, o.chunks_per_block, *ctx_, o.n * 2,
                                                              schedule::kMinStoredChunkBytes);

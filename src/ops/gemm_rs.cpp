@@ -26,16 +26,20 @@ const char* path_name(FusedWay way) {
 
 GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
     : ctx_(std::move(ctx)), options_(requested) {
-  ctx_->require_direct_peers("GemmRs");  // its kernels load and store every peer's heap
   const GemmRsOptions& o = options_;
   const ops_detail::PlanShape shape = ops_detail::require_shape("GemmRs", o.m, o.n, o.k, o.dtype);
   const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   operand_alignment_ = ops_detail::operand_alignment(whole);
-  options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode, ops_detail::untileable_reason(whole));
+  // Across nodes only the sequential path runs (its ReduceScatter takes the two-level schedule).
+  std::string why_not_fused = ops_detail::across_nodes_reason(*ctx_);
+  if (why_not_fused.empty()) why_not_fused = ops_detail::untileable_reason(whole);
+  options_.mode = ops_detail::runnable_mode("GemmRs", o.m, o.n, o.k, o.mode, why_not_fused);
   const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmRs", shape, o.chunks_per_block, *ctx_, o.n * 2,
                                                            schedule::kMinStoredChunkBytes);
   block_rows_ = rows.rows_per_rank;
-  ctx_->verify_same_call(ops_detail::plan_description("GemmRs", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode));
+  ctx_->verify_same_call(ops_detail::plan_description("GemmRs", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode) +
+                         ops_detail::across_nodes_description(*ctx_));
+  ops_detail::require_sequential_across_nodes(*ctx_, "GemmRs", "ReduceScatter");
   if (o.mode != OverlapMode::sequential)
     ring_ = std::make_unique<ops_detail::RingExecutor>(
         ctx_, ops_detail::RingOptions{.who = "GemmRs", .shape = shape, .b_layout = o.b_layout, .way = o.way,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "schedule.hpp"
+#include "two_level.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
 
@@ -64,6 +65,22 @@ std::string untileable_reason(const GemmOptions& g) {
   std::string why;
   Gemm::can_tile(g, &why);
   return why;
+}
+
+std::string across_nodes_reason(const Context& ctx) {
+  if (ctx.all_peers_direct()) return "";
+  return "some peers have no address here (other nodes, or virtual nodes): the fused path loads and stores every "
+         "peer's heap, and its two-level schedule is not built";
+}
+
+std::string across_nodes_description(const Context& ctx) {
+  return ctx.all_peers_direct() ? std::string() : str(", across nodes", two_level_readiness());
+}
+
+void require_sequential_across_nodes(const Context& ctx, const char* who, const char* collective) {
+  if (ctx.all_peers_direct() || two_level_collectives()) return;
+  WEFT_FAIL(who, ": some peers are on other nodes (or virtual nodes), so it runs its sequential path, whose ",
+            collective, " reaches them only through NVSHMEM's put/get, ", two_level_remedy(collective));
 }
 
 OverlapMode runnable_mode(const char* who, std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode requested,

@@ -52,6 +52,22 @@ RowChunks plan_rows(const char* who, const PlanShape& shape, int chunks_wanted, 
 /// the collective can compute.
 std::string untileable_reason(const GemmOptions& g);
 
+/// Why the fused path cannot run on the context's ranks ("" where every peer's
+/// heap is mapped here): across nodes (or virtual nodes) the fused paths'
+/// copies and kernels, which load and store every peer's heap, cannot, and
+/// their two-level schedules are not built. Such plans run their sequential
+/// path: the GEMM and the collective, on its two-level schedule
+/// (weft::internode, while a weft::RemotePeers is alive; docs/decisions/0073).
+std::string across_nodes_reason(const Context& ctx);
+/// ", across nodes" and whether the two-level schedules are at hand, for the
+/// plan description the ranks compare (verify_same_call); "" on one node.
+std::string across_nodes_description(const Context& ctx);
+/// Across nodes with no two-level schedule at hand (weft::internode not linked,
+/// or no weft::RemotePeers alive): throws, naming `who` and its sequential
+/// path's `collective`, and the remedy. Call it after the ranks agreed on a
+/// description carrying across_nodes_description, so that all throw alike.
+void require_sequential_across_nodes(const Context& ctx, const char* who, const char* collective);
+
 /// The alignment the operands of a plan whose GEMM is `g` need: 16 bytes where
 /// weft's kernels may run (TMA), one element where the shape leaves cuBLAS
 /// alone (Gemm::can_tile).

@@ -22,7 +22,9 @@
 // Sequential path: weft's AllGather, then a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster). `automatic` times both
 // on the first run (outside graph capture) and keeps the faster, the same on
-// every rank; path() says which runs.
+// every rank; path() says which runs. Across nodes (or virtual nodes) every
+// mode runs the sequential path, its AllGather on the two-level schedule,
+// which needs weft::internode and a weft::RemotePeers alive (docs/decisions/0073).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -10,6 +10,9 @@
 // Sequential path (what small M wants: one-shot): a plain GEMM (weft's, or
 // cuBLAS where faster) into `out`, then weft's AllReduce in place. `automatic`
 // times both on the first run and keeps the faster, the same on every rank.
+// Across nodes (or virtual nodes) every mode runs the sequential path, its
+// AllReduce on the two-level schedule, which needs weft::internode and a
+// weft::RemotePeers alive (docs/decisions/0073).
 #pragma once
 
 #include <cuda_runtime_api.h>

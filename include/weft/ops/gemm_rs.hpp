@@ -34,7 +34,9 @@
 // buffer on every rank. Sequential path: a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster), then weft's ReduceScatter. `automatic` times
 // both on the first run (outside graph capture) and keeps the faster, the same
-// on every rank.
+// on every rank. Across nodes (or virtual nodes) every mode runs the sequential
+// path, its ReduceScatter on the two-level schedule, which needs
+// weft::internode and a weft::RemotePeers alive (docs/decisions/0073).
 #pragma once
 
 #include <cuda_runtime_api.h>
