@@ -88,10 +88,18 @@ __device__ __forceinline__ void sum_f32_to(T* out, T* copy, Src src, int n, std:
 }
 
 /// The blocks of a two-level kernel: about 32 KB of the message each, at most
-/// the rank's SM share (every block waits on other ranks' blocks, so all of
-/// them, on every rank, must be resident at once: docs/decisions/0012) and 32.
+/// 32 and the room in the rank's SM share. Every block waits on other ranks'
+/// blocks, so all of them, on every rank, must be resident at once
+/// (docs/decisions/0012). A launch triggers its successor at once
+/// (dev::epoch_begin), whose blocks then sit resident in griddepcontrol.wait
+/// beside it; at 82 registers a block of 512 threads fills an SM. On a GPU of
+/// its own a rank has room for both (2 x 32 of 132 SMs); where ranks share a
+/// GPU, two launches of every rank fill it, so each takes half the share (at
+/// 4 ranks the whole share, 32 blocks, deadlocked back-to-back launches).
 inline int blocks_for(const Context& ctx, std::uint64_t bytes, int max_sms) {
-  return bulk_blocks(bytes, 32u << 10, ctx.team().sm_count, max_sms);
+  const Team& team = ctx.team();
+  const int room = team.shares_gpus() ? std::max(1, team.sm_count / 2) : team.sm_count;
+  return bulk_blocks(bytes, 32u << 10, room, max_sms);
 }
 
 /// Every rank builds the same plan: the grid, the blocks, the sizes.

@@ -490,6 +490,44 @@ TEST(TwoLevelReductions, BackToBackRunsOnAlternatingInputsRepeatBitwise) {
   WEFT_CUDA(cudaFree(bad));
 }
 
+// Back-to-back launches of the widest grid with nothing between them: each
+// launch's successor starts early (PDL) and waits resident beside it, so two
+// launches of every rank on a GPU must fit at once. Every run on the same
+// input must give the first run's bits.
+TEST(TwoLevel, BackToBackLaunchesOfTheWidestGridRepeatBitwise) {
+  NEED_NODES();
+  RemotePeers remote(test::ctx_ptr());
+  cudaStream_t s = test::stream();
+  const int world = ctx().world_size(), runs = 24;
+  const std::uint64_t count = (1u << 20) + 5;  // bf16 elements per rank: 2 MB, more than 32 blocks' worth
+  const std::uint64_t bytes = count * 2;
+  SymmetricBuffer in(ctx().heap(), bytes * world, "bf16", "test.two_level.wide.in");
+  SymmetricBuffer out(ctx().heap(), bytes * world, "bf16", "test.two_level.wide.out");
+  SymmetricBuffer first(ctx().heap(), bytes * world, "bf16", "test.two_level.wide.first");
+  bench::fill_uniform(in.get(), count * world, "bf16", bench::fresh_seed(ctx().rank(), 31), s);
+  const Team& team = ctx().team();
+  auto check = [&](const std::string& name, auto& plan, std::uint64_t out_bytes) {
+    EXPECT_LE(plan.sms_used() * 2 * team.ranks_per_gpu, team.gpu_sm_count)
+        << name << ": two launches of every rank on this GPU must be resident at once";
+    bench::poison(first.get(), out_bytes, 0xA5, s);
+    bench::poison(out.get(), out_bytes, 0x5A, s);
+    plan.run(in.get(), first.get(), s);
+    ctx().synchronize(s);
+    ctx().host_barrier("first run done");
+    for (int i = 0; i < runs; ++i) plan.run(in.get(), out.get(), s);
+    ctx().synchronize(s);
+    EXPECT_EQ(bench::count_mismatches(out.get(), first.get(), out_bytes, s), 0u)
+        << name << ", " << plan.sms_used() << " blocks: wrong bytes after " << runs << " back-to-back runs";
+    ctx().host_barrier("back-to-back runs checked");
+  };
+  AllGather ag(test::ctx_ptr(), {bytes, AllGatherVariant::two_level, 0});
+  check("all_gather", ag, bytes * world);
+  ReduceScatter rs(test::ctx_ptr(), {count, DType::bf16, ReduceScatterVariant::two_level, 0});
+  check("reduce_scatter", rs, bytes);
+  AllReduce ar(test::ctx_ptr(), {count, DType::bf16, AllReduceVariant::two_level, 0});
+  check("all_reduce", ar, bytes);
+}
+
 // ---- all three in CUDA graphs --------------------------------------------------------------
 
 TEST(TwoLevel, GraphReplaysMatchEager) {
