@@ -94,6 +94,11 @@ void push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_byte
   push_chunk(dst, src, chunk_bytes, c, flags, side);
 }
 
+void raise_flag_when_done(std::uint64_t* flags, std::int64_t c, cudaStream_t stream) {
+  WEFT_REQUIRE(flags, "raise_flag_when_done: needs a flag array, got a null pointer");
+  raise_flag(flags, c, stream);
+}
+
 void reset_flags(std::uint64_t* flags, int count, cudaStream_t stream) {
   WEFT_CUDA(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(count) * sizeof(std::uint64_t), stream));
 }

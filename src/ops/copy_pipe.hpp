@@ -72,6 +72,10 @@ void push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_byte
 /// cudaMemcpy2DAsync), then sets flags[c] to 1 as push_chunk does.
 void push_column_band(void* dst, const void* src, std::int64_t rows, std::uint64_t row_bytes,
                       std::uint64_t band_bytes, std::int64_t c, std::uint64_t* flags, cudaStream_t side);
+/// Sets flags[c] to 1 from `stream`'s front end once the work enqueued before
+/// it on `stream` is done (cuStreamWriteValue64 behind a memory barrier: what
+/// that work wrote is visible to a reader that sees the flag). No SM.
+void raise_flag_when_done(std::uint64_t* flags, std::int64_t c, cudaStream_t stream);
 /// Zeroes flags[0, count) on `stream` (a memset: a small kernel, about 1.5 us
 /// ahead of what follows it; front-end writes cost about 0.8 us each).
 void reset_flags(std::uint64_t* flags, int count, cudaStream_t stream);

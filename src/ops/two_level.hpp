@@ -54,6 +54,23 @@ class TwoLevelAgArrivals {
   virtual int blocks() const = 0;
 };
 
+/// GEMM+ReduceScatter's two-level ReduceScatter, built collectively by
+/// weft::internode: the ReduceScatter kernel, each of its blocks waiting,
+/// before its one read of this GPU's partial of block b, for the local word
+/// stored[b] to reach 1 (docs/decisions/0075).
+class TwoLevelRsAfterStores {
+ public:
+  virtual ~TwoLevelRsAfterStores() = default;
+  /// Enqueues one launch on `stream`: reduce-scatters `input` ([W][count], this
+  /// GPU's partials of every block) into `output` ([count]) as two_level's
+  /// ReduceScatter does, reading block b's partial only once stored[b] >= 1.
+  /// The caller raises stored[b] (from another stream, after the GEMM that
+  /// writes block b) and zeroes the words before the next launch.
+  virtual void run(const void* input, void* output, const std::uint64_t* stored, cudaStream_t stream) = 0;
+  /// Thread blocks of its kernel (the SMs it holds while it runs).
+  virtual int blocks() const = 0;
+};
+
 /// What ExpertParallel (moe/ep.cu) hands its kernels across nodes for one
 /// dispatch or combine, checked there: the caller's tensors, the plan's receive
 /// staging and meta records (the one-node plan's rows: docs/decisions/0072),
@@ -107,6 +124,9 @@ struct TwoLevelCollectives {
                                              hierarchy::RailWay way);
   /// AllGather+GEMM's counting AllGather of `bytes_per_rank` (AgGemm across nodes).
   std::unique_ptr<TwoLevelAgArrivals> (*ag_arrivals)(Context& ctx, std::uint64_t bytes_per_rank, int max_sms);
+  /// GEMM+ReduceScatter's ReduceScatter after stores, of `count` elements per rank (GemmRs across nodes).
+  std::unique_ptr<TwoLevelRsAfterStores> (*rs_after_stores)(Context& ctx, std::uint64_t count, DType dtype,
+                                                            int max_sms);
 };
 
 /// Registers `table` (weft::RemotePeers' constructor) or, with nullptr, drops

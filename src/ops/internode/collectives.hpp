@@ -18,6 +18,9 @@ std::unique_ptr<TwoLevelAgArrivals> make_two_level_ag_arrivals(Context& ctx, std
 /// Collective: a two-level ReduceScatter of `count` elements per rank (reduce_scatter.cu).
 std::unique_ptr<TwoLevelRun> make_two_level_reduce_scatter(Context& ctx, std::uint64_t count, DType dtype,
                                                            int max_sms);
+/// Collective: GEMM+ReduceScatter's two-level ReduceScatter after stores, `count` per rank (reduce_scatter.cu).
+std::unique_ptr<TwoLevelRsAfterStores> make_two_level_rs_after_stores(Context& ctx, std::uint64_t count, DType dtype,
+                                                                      int max_sms);
 /// Collective: a two-level AllReduce of `count` elements, its rail run `way` where
 /// that applies, else direct (hierarchy::ar_rail_way; all_reduce.cu).
 std::unique_ptr<TwoLevelRun> make_two_level_all_reduce(Context& ctx, std::uint64_t count, DType dtype, int max_sms,

@@ -2,17 +2,17 @@
 // (virtual ones on one machine, WEFT_VIRTUAL_NODES, or real ones), while a
 // weft::RemotePeers is alive. AgGemm's fused path is plain steps over the
 // counting two-level AllGather: a GEMM per shard, in the order the shards land
-// (docs/decisions/0074); one_gemm is refused there. GemmRs and GemmAr run the
-// sequential path in every mode, their collective on its two-level schedule
-// (docs/decisions/0073). Checked as on one node (overlap_check.hpp): fresh
-// inputs, poisoned outputs, runs through one plan, against cuBLAS with fp32
-// accumulation; the gathered A bitwise; shapes the engine cannot tile and M
-// not a multiple of the tile; hundreds of runs and graph replays bitwise equal
-// to the first. Where NCCL is up (a GPU per rank) the first run times weft's
-// collective against NCCL's, meeting on the host between samples. Without a
-// RemotePeers the plans refuse, naming themselves and the remedy.
-#include <functional>
-#include <memory>
+// (docs/decisions/0074); one_gemm is refused there. GemmRs's is a GEMM per
+// block beside the two-level ReduceScatter after stores (docs/decisions/0075);
+// the ring's ways are refused there. GemmAr runs the sequential path in every
+// mode, its AllReduce on the two-level schedule (docs/decisions/0073).
+// Checked as on one node (overlap_check.hpp): fresh inputs, poisoned outputs,
+// runs through one plan, against cuBLAS with fp32 accumulation; the gathered
+// A bitwise; shapes the engine cannot tile and M not a multiple of the tile;
+// hundreds of runs and graph replays bitwise equal to the first. Where NCCL
+// is up (a GPU per rank) the first run times weft's collective against
+// NCCL's, meeting on the host between samples. Without a RemotePeers the
+// plans refuse, naming themselves and the remedy.
 #include <functional>
 #include <string>
 
@@ -140,23 +140,77 @@ TEST(AcrossNodes, AgGemmsFusedRunsAndGraphReplaysRepeatBitwise) {
   for (void* p : {b, c}) cudaFree(p);
 }
 
-TEST(AcrossNodes, GemmRsAndGemmArRunTheirSequentialPathInEveryMode) {
+TEST(AcrossNodes, GemmRsFusesBlockStepsOverTheTwoLevelReduceScatterInEveryMode) {
+  NEED_NODES();
+  RemotePeers remote(ctx_ptr());
+  Cublas cb;
+  const int w = ctx().world_size();
+  const std::string two_level_steps = "fused, two-level steps";
+  for (DType t : {DType::bf16, DType::fp16})
+    for (OverlapMode mode : {OverlapMode::automatic, OverlapMode::fused, OverlapMode::sequential}) {
+      const std::string what = std::string("GemmRs ") + to_string(t) + ", " + to_string(mode);
+      const ReduceResult r = check_gemm_reduce(false, 256 * w, 512, 384, mode, cb, FusedWay::automatic, t);
+      EXPECT_LT(r.err, 1e-2) << what;
+      EXPECT_EQ(r.mode, mode) << what;
+      if (mode == OverlapMode::fused) EXPECT_EQ(r.path, two_level_steps) << what;
+      else if (mode == OverlapMode::sequential) expect_sequential(r.path, what);
+      else if (r.path != two_level_steps) expect_sequential(r.path, what + " (automatic took the sequential path)");
+    }
+  // Blocks of many ReduceScatter thread blocks (2 MB each); M not a multiple of the tile.
+  EXPECT_LT(check_gemm_reduce(false, 1024 * w, 1024, 512, OverlapMode::fused, cb).err, 1e-2);
+  EXPECT_LT(check_gemm_reduce(false, 125 * w, 256, 256, OverlapMode::fused, cb).err, 1e-2);
+  // K the engine cannot tile: the sequential path, on cuBLAS.
+  const ReduceResult untileable = check_gemm_reduce(false, 125 * w, 256, 1001, OverlapMode::fused, cb);
+  EXPECT_LT(untileable.err, 1e-2);
+  EXPECT_EQ(untileable.mode, OverlapMode::sequential);
+  // The ring's ways go through every peer's heap: refused across nodes, naming the ways that run.
+  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_plain_first}) {
+    std::string error;
+    try {
+      GemmRs plan(ctx_ptr(), GemmRsOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused, .way = way});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("GemmRs: " + std::string(path_name(way)) + " (FusedWay) walks a ring"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("FusedWay::automatic"), std::string::npos) << error;
+  }
+}
+
+// The stored words go back to 0 at each run's start and the ReduceScatter's
+// flags are epochs: runs back to back, eager and replayed from a graph, give
+// the first run's bits.
+TEST(AcrossNodes, GemmRsFusedRunsAndGraphReplaysRepeatBitwise) {
+  NEED_NODES();
+  RemotePeers remote(ctx_ptr());
+  cudaStream_t s = test::stream();
+  const int w = ctx().world_size(), me = ctx().rank();
+  const std::int64_t m = 512 * w, n = 512, k = 1024, out_elems = m / w * n;
+  GemmRs plan(ctx_ptr(), GemmRsOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+  void* a = dalloc(m * k * 2);
+  void* b = dalloc(n * k * 2);
+  void* out = dalloc(out_elems * 2);
+  bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(me, ++salt), s);
+  bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
+  expect_runs_and_replays_repeat_bitwise([&] { plan.run(a, b, out, s); }, out, out_elems * 2, "GemmRs across nodes");
+  EXPECT_EQ(plan.path(), "fused, two-level steps");
+  for (void* p : {a, b, out}) cudaFree(p);
+}
+
+TEST(AcrossNodes, GemmArRunsItsSequentialPathInEveryMode) {
   NEED_NODES();
   RemotePeers remote(ctx_ptr());
   Cublas cb;
   const int w = ctx().world_size();
   for (DType t : {DType::bf16, DType::fp16})
     for (OverlapMode mode : {OverlapMode::automatic, OverlapMode::fused, OverlapMode::sequential}) {
-      const std::string what = std::string(to_string(t)) + ", " + to_string(mode);
-      for (bool all_reduce : {false, true}) {
-        const ReduceResult r = check_gemm_reduce(all_reduce, 256 * w, 512, 384, mode, cb, FusedWay::automatic, t);
-        EXPECT_LT(r.err, 1e-2) << (all_reduce ? "GemmAr " : "GemmRs ") << what;
-        EXPECT_EQ(r.mode, OverlapMode::sequential) << (all_reduce ? "GemmAr " : "GemmRs ") << what;
-        expect_sequential(r.path, (all_reduce ? "GemmAr " : "GemmRs ") + what);
-      }
+      const std::string what = std::string("GemmAr ") + to_string(t) + ", " + to_string(mode);
+      const ReduceResult r = check_gemm_reduce(true, 256 * w, 512, 384, mode, cb, FusedWay::automatic, t);
+      EXPECT_LT(r.err, 1e-2) << what;
+      EXPECT_EQ(r.mode, OverlapMode::sequential) << what;
+      expect_sequential(r.path, what);
     }
-  // M not a multiple of the tile, nor (GemmAr) of the world size; K the engine cannot tile.
-  EXPECT_LT(check_gemm_reduce(false, 125 * w, 256, 1001, OverlapMode::automatic, cb).err, 1e-2);
+  // M not a multiple of the tile nor of the world size.
   EXPECT_LT(check_gemm_reduce(true, 1001, 256, 256, OverlapMode::automatic, cb).err, 1e-2);
 }
 
