@@ -137,13 +137,13 @@ class Monotonicity(unittest.TestCase):
         self.check("ar", sm.ar_weft)
 
     def test_weft_reducescatter_up_to_its_last_local_sum(self):
-        # The one exception in the model: ReduceScatter's last step sums the Nn node partials of
-        # the own block (S / W bytes each) after the last lands. That tail, (Nn + 1) / W of the
-        # input read or written in HBM, shrinks as W grows while the NVLink stage ((L-1)/L of the
-        # input) does not, so a larger world may save at most that much per byte.
+        # The one exception in the model: ReduceScatter's last step sums the Nn node sums of the
+        # own block (fp32, 2 S / W bytes each) after the last lands. That tail, (2 Nn + 1) / W of
+        # the input read or written in HBM, shrinks as W grows while the NVLink stage ((L-1)/L of
+        # the input) does not, so a larger world may save at most that much per byte.
         def tail(W, p):
             L, Nn = sm.topo(W, p)
-            return (Nn + 1) / W / (p["hbm_bw"] * GB) if Nn > 1 else 0.0
+            return (sm.FP32_SUM * Nn + 1) / W / (p["hbm_bw"] * GB) if Nn > 1 else 0.0
         self.check("rs", sm.rs_weft, slack=tail)
 
     def test_slower_nic_is_never_faster(self):
@@ -179,6 +179,27 @@ class OverlapBound(unittest.TestCase):
             g, nc, wc, f, _ = sm.fused(op, m, n, k, W, p)
             ov = p["ov_ag"] if op == "ag_gemm" else p["ov_rs"]
             self.assertLessEqual(f, g * ov + wc + 1e-12, (op, W, m, n, k))
+
+
+class ArGemmWays(unittest.TestCase):
+    """GEMM+AllReduce across nodes: the sequential way is the GEMM then the AllReduce; "blocks"
+    is GEMM+ReduceScatter's schedule then the AllGather of the summed blocks; no way beats the
+    GEMM alone, and "slices" never beats its GEMM plus the rail's bytes."""
+
+    def test_the_ways_are_their_parts(self):
+        for p in (defaults(), sm.h800(defaults()), defaults(nic_bw=12.5, nic_lat=10.0)):
+            for W in (16, 32, 64):
+                for m, n, k in sm.AR_GEMM_SHAPES:
+                    r = sm.ar_gemm_ways(m, n, k, W, p)
+                    S, g = m * n * 2.0, sm.gemm_time(m, n, k / W, p)
+                    self.assertAlmostEqual(r["gemm_s"], g)
+                    self.assertAlmostEqual(r["sequential_s"], g + sm.ar_weft(S, W, p))
+                    self.assertAlmostEqual(r["blocks_s"], sm.rs_weft(S, W, p, g * p["ov_rs"]) + sm.ag_weft(S / W, W, p))
+                    for way in ("sequential_s", "blocks_s", "slices_s"):
+                        self.assertGreaterEqual(r[way], g, (way, W, m, n, k))
+                    L, Nn = sm.topo(W, p)
+                    rail = sm.FP32_SUM * 2 * (Nn - 1) / Nn * S / L / sm.nic(p)   # the cheaper rail's bytes
+                    self.assertGreaterEqual(r["slices_s"], g * p["ov_rs"] + rail * (1 - 1e-9), (W, m, n, k))
 
 
 class DocAndCommandLine(unittest.TestCase):

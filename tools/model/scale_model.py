@@ -61,6 +61,10 @@ MEASURED_2 = {("ag_gemm", 8192, 28672, 8192): (1.105, 1.120), ("ag_gemm", 8192, 
 MEASURED_2_BUS = {"ag": "343 / 257", "rs": "282 / 230", "ar": "322 / 300"}   # GB/s weft / NCCL, 256 MB
 
 US, GB = 1e-6, 1e9
+# The two-level ReduceScatter and AllReduce keep a node's sum in fp32 across the rail and round
+# once at the end (docs/decisions/0066): their NIC bytes, and the final sum's reads, are fp32,
+# twice the bf16 bytes of the partials they sum.
+FP32_SUM = 2.0
 
 
 def topo(W, p):
@@ -126,10 +130,11 @@ def rs_weft(S, W, p, g_total=0.0):
     The output is W blocks of S/W, ordered by destination node, remote nodes
     first (their partial sums have the longer way). Per node: the GEMM computes
     its L blocks; the L-1 owned by local peers are pushed over NVLink and summed
-    there (weft's ReduceScatter bandwidth includes the sum); the node's partial
-    of the block this GPU's rail owns is then put over the NIC to that node.
-    Every GPU runs the same schedule, so its peers' partials arrive as its own
-    leave. Last, the Nn node partials of its own block are summed from HBM.
+    there (weft's ReduceScatter bandwidth includes the sum); the node's sum of
+    the block this GPU's rail owns is then put over the NIC to that node, in
+    fp32 (FP32_SUM x the block's bytes). Every GPU runs the same schedule, so
+    its peers' partials arrive as its own leave. Last, the Nn node sums (fp32)
+    of its own block are summed from HBM and rounded once.
     """
     L, Nn = topo(W, p)
     blk, g = S / W, g_total / W
@@ -142,11 +147,11 @@ def rs_weft(S, W, p, g_total=0.0):
         t_gemm += g
         ready = max(t_nvl + a_nvl, t_gemm)   # the peers' partials are in, and the own one computed
         if j < Nn - 1:                       # one NIC sends one block at a time
-            t_nic = max(t_nic, ready) + blk / nic(p)
+            t_nic = max(t_nic, ready) + FP32_SUM * blk / nic(p)
             last_remote = t_nic + a_nic
         else:
             own_ready = ready
-    final = (Nn + 1) * blk / (p["hbm_bw"] * GB) if Nn > 1 else 0.0   # read Nn partials, write one
+    final = (FP32_SUM * Nn + 1) * blk / (p["hbm_bw"] * GB) if Nn > 1 else 0.0   # read Nn fp32 sums, write one
     return p["weft_t0"] * US + max(own_ready, last_remote) + final
 
 
@@ -154,8 +159,8 @@ def ar_weft(S, W, p):
     """Hierarchical AllReduce: ReduceScatter in the node, AllReduce of S/L across
     nodes on each rail, AllGather in the node, pipelined over `chunks`. Across
     nodes the plan takes the faster of direct puts to every rail peer (one
-    latency, (Nn-1) S/L bytes) and recursive halving then doubling
-    (2 log2(Nn) latencies, 2(Nn-1)/Nn S/L bytes)."""
+    latency, (Nn-1) S/L bytes of bf16 partials, sent as fp32 node sums: x FP32_SUM)
+    and recursive halving then doubling (2 log2(Nn) latencies, 2(Nn-1)/Nn S/L, x FP32_SUM)."""
     L, Nn = topo(W, p)
     a_nvl, a_nic = p["nvl_lat"] * US, p["nic_lat"] * US
     # both in-node halves send (L-1)/L of the buffer through the same NVLink send side
@@ -164,8 +169,8 @@ def ar_weft(S, W, p):
     if Nn == 1:
         return head + nvl
     shard = S / L
-    ways = [(a_nic, (Nn - 1) * shard / nic(p)),
-            (2 * math.ceil(math.log2(Nn)) * a_nic, 2 * (Nn - 1) / Nn * shard / nic(p))]
+    ways = [(a_nic, FP32_SUM * (Nn - 1) * shard / nic(p)),
+            (2 * math.ceil(math.log2(Nn)) * a_nic, FP32_SUM * 2 * (Nn - 1) / Nn * shard / nic(p))]
     return head + min(lat + pipe(nvl, b, p["chunks"]) for lat, b in ways)
 
 
@@ -211,6 +216,45 @@ def fused(op, m, n, k, W, p):
         g, S, c, ov = gemm_time(m, n, k / W, p), m * n * 2, "rs", p["ov_rs"]
     sim = ag_weft if c == "ag" else rs_weft
     return g, nccl(c, S, W, p), sim(S, W, p), sim(S, W, p, g * ov), S
+
+
+def ar_gemm_ways(m, n, k, W, p):
+    """GEMM+AllReduce across nodes, the ways its fused schedule could take (seconds): each rank
+    computes the M x N partial over its K / W and every rank ends with the sum; S = M N 2 bytes.
+
+    sequential: the GEMM, then weft's hierarchical AllReduce (ar_weft), what GemmAr runs now.
+    blocks:     GemmRs's block steps (rs_weft with the GEMM, W blocks of S / W), then the
+                hierarchical AllGather of the W summed blocks (ag_weft of S / W shards): 3 (Nn-1)
+                S / W bytes per NIC (node sums in fp32, then bf16 blocks) against the AllReduce's
+                2 (Nn-1) S / L (direct).
+    slices:     the GEMM in L row slices, ordered as the AllReduce's in-node ReduceScatter pushes
+                them (the own slice last), so that those NVLink pushes hide under the GEMM; the
+                rail AllReduce of the own slice (direct or halving-doubling, the faster) and the
+                in-node AllGather, pipelined over `chunks`, follow the GEMM.
+    """
+    L, Nn = topo(W, p)
+    S = m * n * 2.0
+    g = gemm_time(m, n, k / W, p)
+    a_nvl, a_nic = p["nvl_lat"] * US, p["nic_lat"] * US
+    sequential = g + ar_weft(S, W, p)
+    blocks = rs_weft(S, W, p, g * p["ov_rs"]) + ag_weft(S / W, W, p)
+    # slices: slice i (1..L-1) leaves once computed, one push at a time on the send side
+    slice_b, g_s = S / L, g * p["ov_rs"] / L
+    t_nvl = 0.0
+    for i in range(1, L):
+        t_nvl = max(t_nvl, i * g_s) + slice_b / (p["nvl_red_bw"] * GB)
+    ready = max(L * g_s, t_nvl + a_nvl)   # the own slice computed, and the peers' partials of it in
+    if Nn > 1:
+        rails = [(a_nic, FP32_SUM * (Nn - 1) * slice_b / nic(p)),
+                 (2 * math.ceil(math.log2(Nn)) * a_nic, FP32_SUM * 2 * (Nn - 1) / Nn * slice_b / nic(p))]
+    else:
+        rails = [(0.0, 0.0)]
+    gather = (L - 1) / L * S / (p["nvl_bw"] * GB)
+    slices = p["weft_t0"] * US + ready + a_nvl + min(lat + pipe(b, gather, p["chunks"]) for lat, b in rails)
+    return {"gemm_s": g, "sequential_s": sequential, "blocks_s": blocks, "slices_s": slices}
+
+
+AR_GEMM_SHAPES = ((8192, 8192, 28672), (8192, 8192, 8192), (1024, 8192, 28672))
 
 
 def h800(p):
@@ -288,7 +332,7 @@ def bound(g, coll, S, op, W, p):
     if g >= coll:
         return "GEMM"
     nvl_t = (L - 1) * Nn * S / (p["nvl_bw"] * GB) if op == "ag_gemm" else (L - 1) / L * S / (p["nvl_red_bw"] * GB)
-    nic_t = (Nn - 1) * S / nic(p) if op == "ag_gemm" else (Nn - 1) * S / W / nic(p)
+    nic_t = (Nn - 1) * S / nic(p) if op == "ag_gemm" else FP32_SUM * (Nn - 1) * S / W / nic(p)
     return "NIC" if nic_t > nvl_t else "NVLink"
 
 
@@ -337,6 +381,9 @@ def predict(p):
                      "model": [bus_bytes(op, S, 2) / WEFT[op](S, 2, p) / GB, bus_bytes(op, S, 2) / nccl(op, S, 2, p) / GB],
                      "measured": MEASURED_2_BUS[op]})
     res["two_gpus"] = rows
+
+    res["ar_gemm"] = [dict(ar_gemm_ways(m, n, k, W, p), gpus=W, shape="%d x %d x %d" % (m, n, k))
+                      for W in WORLDS[1:] for m, n, k in AR_GEMM_SHAPES]
 
     res["overlapped"] = [overlapped_row(op, m, n, k, label, W, p)
                          for op in ("ag_gemm", "gemm_rs") for W in WORLDS for m, n, k, label in shapes_for(op, W)]
@@ -439,6 +486,13 @@ def render(p):
     out += ["### Overlapped operators (8 GPUs per node; strong scaling, except M = 1024 W)",
             table(["operator", "M x N x K", "GPUs", "GEMM ms", "NCCL coll. ms", "weft coll. ms", "NCCL + cuBLAS ms",
                    "weft fused ms", "x seq", "x ideal", "bound", "x seq, H800 NVLink", "paper x seq, H800"], rows), ""]
+
+    rows = [(r["shape"], r["gpus"], ms(r["gemm_s"]), ms(r["sequential_s"]), ms(r["blocks_s"]), ms(r["slices_s"]),
+             x(r["sequential_s"] / r["blocks_s"]), x(r["sequential_s"] / r["slices_s"]))
+            for r in res["ar_gemm"]]
+    out += ["### GEMM+AllReduce across nodes: two candidate fused schedules against the sequential path",
+            table(["M x N x K", "GPUs", "GEMM ms", "sequential ms", "blocks, then AllGather ms",
+                   "slices under the in-node ReduceScatter ms", "x seq, blocks", "x seq, slices"], rows), ""]
 
     rows, cells = [], {}
     for r in res["collectives"]:
