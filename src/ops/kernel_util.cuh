@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "weft/core/error.hpp"
+#include "weft/device/memory.cuh"
 #include "schedule.hpp"
 #include "weft/ops/collective.hpp"
 
@@ -32,6 +33,22 @@ void dispatch(DType t, Fn&& fn) {
 __device__ inline void block_range(std::uint64_t begin, std::uint64_t end, std::uint64_t grain, std::uint64_t& lo,
                                    std::uint64_t& hi) {
   schedule::split(begin, end, grain, gridDim.x, blockIdx.x, lo, hi);
+}
+
+/// True on every thread of the last block of the grid to get here (every block
+/// calls it; the result is block-uniform). Every block's stores precede what
+/// that block does next (bar.sync, then a release chain through the acq_rel
+/// counter). `done` goes back to 0 for the next launch.
+__device__ inline bool last_block(std::uint64_t* done) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const std::uint64_t before = dev::atomic_add(done, 1, dev::Scope::sys, dev::Order::acq_rel);
+    last = before == gridDim.x - 1;
+    if (last) *done = 0;  // every block has counted; the next launch starts after this one
+  }
+  __syncthreads();
+  return last;
 }
 
 /// Reads the 4 bytes of word i of a `bytes`-long buffer (fewer at the tail; the rest zero).

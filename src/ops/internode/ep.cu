@@ -221,21 +221,6 @@ struct MoveArgs {
   Scratch s;
 };
 
-// True, on every thread of the block, in the last block of the grid to get
-// here: every block's stores precede what that block does next (bar.sync,
-// then a release chain through the acq_rel counter).
-__device__ bool last_block(std::uint64_t* done) {
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const std::uint64_t before = dev::atomic_add(done, 1, dev::Scope::sys, dev::Order::acq_rel);
-    last = before == gridDim.x - 1;
-    if (last) *done = 0;  // every block has counted; the next launch starts after this one
-  }
-  __syncthreads();
-  return last != 0;
-}
-
 // Raises flag slot `slot` to `e` on every GPU of this node (itself included). Thread 0.
 __device__ void signal_node(const MoveArgs& a, int slot, std::uint64_t e) {
   if (threadIdx.x != 0) return;

@@ -46,6 +46,7 @@
 // n + 1, written after that rank's host read of call n.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "../kernel_util.cuh"
 #include "chunk_scan.cuh"
@@ -411,6 +412,15 @@ ExpertParallel::~ExpertParallel() {
   if (host_counts_) cudaFreeHost(host_counts_);
 }
 
+namespace {
+// The staged rows of rank `rank`'s own tokens, [lo, hi): after those of the lower ranks.
+std::pair<std::int64_t, std::int64_t> own_staged_rows(const EpHandle& h, int rank) {
+  std::int64_t lo = 0;
+  for (int src = 0; src < rank; ++src) lo += h.tokens_from[src];
+  return {lo, lo + h.tokens_from[rank]};
+}
+}  // namespace
+
 void ExpertParallel::grow_staging(std::int64_t rows) {
   WEFT_REQUIRE(rows < (std::int64_t{1} << 31), "ExpertParallel: ", rows, " receive rows exceed the 2^31 limit");
   rows = std::max<std::int64_t>(rows, 1);
@@ -556,8 +566,7 @@ void ExpertParallel::dispatch_rows(const EpHandle& h, bool fp8, const void* x, c
   WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(x) | reinterpret_cast<std::uintptr_t>(recv_x)) % 16 == 0,
                "ExpertParallel::", call, ": x and recv_x must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel ", call, " #", h.id));
-  std::int64_t self_lo = 0;  // this rank's own tokens come after those of lower ranks
-  for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
+  const auto [self_lo, self_hi] = own_staged_rows(h, ctx_->rank());
   if (across_) {
     across_->dispatch(ops_detail::EpRun{.fp8 = fp8,
                                         .x = x,
@@ -570,7 +579,7 @@ void ExpertParallel::dispatch_rows(const EpHandle& h, bool fp8, const void* x, c
                                         .meta = meta_.as<std::int32_t>(),
                                         .recv_tokens = h.recv_tokens,
                                         .self_lo = self_lo,
-                                        .self_hi = self_lo + h.tokens_from[ctx_->rank()]},
+                                        .self_hi = self_hi},
                       stream);
     stage_ = 2;
     return;
@@ -586,7 +595,7 @@ void ExpertParallel::dispatch_rows(const EpHandle& h, bool fp8, const void* x, c
              .tokens = tokens_,
              .recv_tokens = h.recv_tokens,
              .self_lo = self_lo,
-             .self_hi = self_lo + h.tokens_from[ctx_->rank()],
+             .self_hi = self_hi,
              .topk = topk_,
              .weights = topk_weights,
              .x = static_cast<const uint4*>(x),
@@ -615,8 +624,7 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
   WEFT_REQUIRE((reinterpret_cast<std::uintptr_t>(y) | reinterpret_cast<std::uintptr_t>(out)) % 16 == 0,
                "ExpertParallel::combine: y and out must be 16-byte aligned");
   if (ctx_->check_calls()) ctx_->verify_same_call(str("ExpertParallel combine #", h.id));
-  std::int64_t self_lo = 0;  // this rank's own tokens are staged after those of lower ranks
-  for (int src = 0; src < ctx_->rank(); ++src) self_lo += h.tokens_from[src];
+  const auto [self_lo, self_hi] = own_staged_rows(h, ctx_->rank());
   if (across_) {
     across_->combine(ops_detail::EpRun{.y = y,
                                        .out = out,
@@ -624,7 +632,7 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
                                        .meta = meta_.as<std::int32_t>(),
                                        .recv_tokens = h.recv_tokens,
                                        .self_lo = self_lo,
-                                       .self_hi = self_lo + h.tokens_from[ctx_->rank()]},
+                                       .self_hi = self_hi},
                      stream);
     stage_ = 3;
     return;
@@ -640,7 +648,7 @@ void ExpertParallel::combine(const EpHandle& h, const void* y, void* out, cudaSt
              .tokens = tokens_,
              .recv_tokens = h.recv_tokens,
              .self_lo = self_lo,
-             .self_hi = self_lo + h.tokens_from[ctx_->rank()],
+             .self_hi = self_hi,
              .topk = topk_,
              .weights = nullptr,
              .x = nullptr,

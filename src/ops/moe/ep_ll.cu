@@ -76,19 +76,6 @@ struct LlArgs {
   dev::LaunchEpoch epoch;
 };
 
-// The block that finishes last (every block calls it; the result is block-uniform).
-__device__ bool last_block(std::uint64_t* done) {
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const std::uint64_t before = dev::atomic_add(done, 1, dev::Scope::sys, dev::Order::acq_rel);
-    last = before == gridDim.x - 1;
-    if (last) *done = 0;  // every block has counted; the next launch starts after this one
-  }
-  __syncthreads();
-  return last;
-}
-
 // fp8 dispatch: a warp casts one token's row (src, `vecs` 16-byte vectors of 8 bf16) to e4m3
 // once and stores it to each of its destinations: lane j of `sends` holds slot j's row
 // (dst_x: H bytes) and scales (dst_scales: one float per 128 channels). scale = amax / 448
