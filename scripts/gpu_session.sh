@@ -2,7 +2,9 @@
 # One call on a GPU machine: build, every GPU test, the examples and the
 # benchmarks, logs under $OUT, a short table last. Nothing is fetched: the
 # machine reaches no registry, so .deps/ (nvml.h, GoogleTest sources) travels
-# with the working tree (device tool: carry [".deps"]).
+# with the working tree (device tool: carry [".deps"]; with ".carry" too where
+# scripts/prebuild.sh packed the programs on a machine without a GPU, the build
+# stage takes them instead of compiling).
 #
 #   bash scripts/gpu_session.sh [stage ...]     stages: build cpu gpu launchers python e2e shared gemm hooks cublas overlap chunks trace waits probe soak bench pdl tune ab decode ep moe grouped two_gpu
 #   (OVERLAP_ARGS, OVERLAP_OPS, CHUNK_OPS, CHUNK_COUNTS, CHUNK_ARGS narrow the overlap and chunks stages;
@@ -52,7 +54,43 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperatu
   --format=csv,noheader,nounits -lms 200 >"$OUT/clocks.log" 2>&1 &
 CLOCKS_PID=$!
 
-if has build; then
+# Programs built on a machine without a GPU (scripts/prebuild.sh), carried in
+# .carry/: used where they were built from this very tree and start here;
+# otherwise the build below, as if they were absent. The NCCL, cuBLAS and
+# NVSHMEM this image has are found where python3's wheels put them.
+PREBUILT=.carry/prebuilt.tar.xz
+PREBUILT_USED=0
+use_prebuilt() {
+  [ -f "$PREBUILT" ] && [ ! -e "$BUILD" ] || return 1
+  local stamp packed
+  stamp=$(bash scripts/prebuild.sh --stamp)
+  packed=$(tar -xOJf "$PREBUILT" ./SOURCE_STAMP)
+  if [ "$stamp" != "$packed" ]; then note "prebuilt programs" "not used: built from sources $packed, this tree is $stamp"; return 1; fi
+  mkdir -p "$BUILD" && tar -xJf "$PREBUILT" -C "$BUILD"
+  local libs
+  libs=$(python3 -c 'import glob, os, nvidia
+print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*")})))' 2>/dev/null)
+  export LD_LIBRARY_PATH="${libs:+$libs:}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ -z "${WEFT_NVSHMEM_LIBRARY:-}" ]; then
+    WEFT_NVSHMEM_LIBRARY=$(python3 -c 'import glob, nvidia
+print(next(iter(sorted(p for d in nvidia.__path__ for p in glob.glob(d + "/nvshmem/lib/libnvshmem_host.so.3"))), ""))' 2>/dev/null)
+    export WEFT_NVSHMEM_LIBRARY
+  fi
+  ldd "$BUILD"/weft-* "$BUILD"/tests/weft_* >"$OUT/prebuilt.log" 2>&1
+  timeout 120 "$BUILD/weftrun" -n 1 -- "$BUILD/weft-info" >>"$OUT/prebuilt.log" 2>&1
+  local rc=$?
+  if [ "$rc" != 0 ] || grep -q 'not found' "$OUT/prebuilt.log"; then
+    note "prebuilt programs" "not used: they do not start on this image (weft-info rc=$rc, prebuilt.log); building"
+    rm -rf "$BUILD"
+    return 1
+  fi
+  PREBUILT_USED=1
+  note "prebuilt programs" "used: sources $stamp, $(grep -E '^WEFT_GEMM_KERNELS:' "$BUILD/CMakeCache.txt"), NVSHMEM ${WEFT_NVSHMEM_LIBRARY:-none}"
+}
+
+if has build && use_prebuilt; then
+  STAGES=${STAGES/build/}  # nothing left to compile: the stages below take the carried programs
+elif has build; then
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     # WEFT_CMAKE_ARGS adds settings, e.g. -DWEFT_GEMM_KERNELS=subset (CI's kernel table) for a shorter build
     # (154 s against 259; three GPU tests then fail for want of configurations outside the subset:
@@ -65,7 +103,9 @@ if has build; then
   run_logged build build.log cmake --build "$BUILD" -j "$(nproc)" || tail -n 40 "$OUT/build.log"
 fi
 
-if has cpu; then
+if has cpu && [ "$PREBUILT_USED" = 1 ]; then
+  note "cpu tests" "not run: the carried programs come without CTest's files (CI runs the CPU tests)"
+elif has cpu; then
   run_logged "cpu tests" cpu_tests.log ctest --test-dir "$BUILD" -L cpu --output-on-failure
 fi
 
@@ -114,7 +154,9 @@ if has launchers; then  # weft programs under torchrun with no WEFT_* variable; 
   else
     note "torchrun" "not run: python3 has no torch here"
   fi
-  if [ -f scripts/check_install.sh ]; then
+  if [ "$PREBUILT_USED" = 1 ]; then
+    note "installed package" "not run: cmake --install needs the build tree, which the carried programs lack"
+  elif [ -f scripts/check_install.sh ]; then
     WEFT_BUILD_DIR="$BUILD" run_logged "installed package, example project" check_install.log bash scripts/check_install.sh
     tail -n 5 "$OUT/check_install.log"
   fi
