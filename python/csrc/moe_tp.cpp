@@ -13,14 +13,18 @@
 // them: the ops are functions of their arguments, and a routing stays valid
 // however many runs follow. The plans live in the Runtime's plan cache, keyed
 // on the options every rank shares (building a plan is collective; the slice
-// of F, which may differ by rank, picks a grouped GEMM locally). The fake kernels are in
-// weft/_moe_tp.py.
+// of F, which may differ by rank, picks a grouped GEMM locally). `mode` picks
+// each plan's path as AgMoeOptions / MoeRsOptions::mode do: sequential (the
+// default), fused (overlapped), or automatic (timed on the first call);
+// moe_rs's overlapped path needs the routing's expert_offset and row_token,
+// which ag_moe returns. The fake kernels are in weft/_moe_tp.py.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -82,6 +86,15 @@ void check_dense(const char* op, const char* arg, const at::Tensor& t, Runtime& 
   check_contiguous(op, arg, t);
 }
 
+/// The path a plan takes: "sequential", "fused" or "automatic" (weft::OverlapMode).
+weft::OverlapMode overlap_mode(const char* op, c10::string_view mode) {
+  TORCH_CHECK_VALUE(mode == "sequential" || mode == "fused" || mode == "automatic", "weft.", op,
+                    ": argument 'mode' must be 'sequential', 'fused' or 'automatic', got '", std::string(mode), "'");
+  return mode == "fused" ? weft::OverlapMode::fused
+         : mode == "automatic" ? weft::OverlapMode::automatic
+                               : weft::OverlapMode::sequential;
+}
+
 /// A fresh tensor of `shape` holding a copy of a plan's device map, copied on the stream.
 at::Tensor copy_of(const void* src, at::IntArrayRef shape, at::TensorOptions options, cudaStream_t stream) {
   auto t = at::empty(shape, options);
@@ -92,13 +105,14 @@ at::Tensor copy_of(const void* src, at::IntArrayRef shape, at::TensorOptions opt
 
 // ---- ag_moe --------------------------------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
     const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_weights, const at::Tensor& w_up,
-    int64_t max_tokens_per_rank, c10::string_view group_name, int64_t max_sms) {
+    int64_t max_tokens_per_rank, c10::string_view group_name, int64_t max_sms, c10::string_view mode) {
   const char* op = "ag_moe";
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
     check_group(op, group_name, rt);
+    const weft::OverlapMode path = overlap_mode(op, mode);
     // Every check comes before the plan is built or run: a bad call raises on its rank before any collective.
     check_dense(op, "x", x, rt);
     const weft::DType dtype = half_type(op, "x", x);
@@ -135,7 +149,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
                                .top_k = static_cast<int>(k),
                                .max_tokens_per_rank = max_tokens_per_rank,
                                .dtype = dtype,
-                               .max_sms = static_cast<int>(max_sms)};
+                               .max_sms = static_cast<int>(max_sms),
+                               .mode = path};
     // The plan's limits, said in its terms (experts, hidden, n_local, top_k, ...), before any collective.
     const std::string why = weft::AgMoe::can_implement(o, W);
     TORCH_CHECK_VALUE(why.empty(), "weft.", op, ": ", why, " (x ", shape_of(x), ", topk_idx ", shape_of(topk_idx),
@@ -145,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
     cudaStream_t stream = current_stream(rt);
     // n_local may differ by rank: not in the key (see AgMoePlan).
     const PlanKey key = PlanKey::make<PlanKind::ag_moe>(o.experts, o.hidden, o.top_k, o.max_tokens_per_rank, dtype,
-                                                         o.max_sms);
+                                                         o.max_sms, o.mode);
     auto& plan = static_cast<AgMoePlan&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<AgMoePlan>();
       p->op = std::make_unique<weft::AgMoe>(rt.ctx_ptr(), o);
@@ -165,7 +180,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
     auto expert_offset = copy_of(r.expert_offset, {o.experts + 1}, i32, stream);
     auto token_row = copy_of(r.token_row, {G, k}, i32, stream);
     auto token_weight = copy_of(r.token_weight, {G, k}, x.options().dtype(at::kFloat), stream);
-    return std::make_tuple(h, expert_rows, expert_offset, token_row, token_weight);
+    auto row_token = copy_of(r.row_token, {up.max_rows()}, i32, stream);
+    return std::make_tuple(h, expert_rows, expert_offset, token_row, token_weight, row_token);
   });
 }
 
@@ -173,11 +189,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe(
 
 at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::Tensor& token_row,
                   const at::Tensor& token_weight, const at::Tensor& w_down, int64_t num_tokens,
-                  c10::string_view group_name, int64_t max_sms) {
+                  c10::string_view group_name, int64_t max_sms, c10::string_view mode,
+                  const std::optional<at::Tensor>& expert_offset, const std::optional<at::Tensor>& row_token) {
   const char* op = "moe_rs";
   return guarded(op, [&] {
     Runtime& rt = runtime(op);
     check_group(op, group_name, rt);
+    const weft::OverlapMode path = overlap_mode(op, mode);
     const int W = rt.ctx().world_size();
     check_dense(op, "h", h, rt);
     const weft::DType dtype = half_type(op, "h", h);
@@ -213,13 +231,30 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
     TORCH_CHECK_VALUE(num_tokens >= 0 && num_tokens <= cap, "weft.", op, ": argument 'num_tokens' must be in [0, ",
                       cap, "] (max_tokens_per_rank, from token_row's ", G, " gathered tokens over ", W,
                       " ranks), got ", num_tokens);
+    // The overlapped path finds each destination's rows by bisection over the sorted rows' tokens.
+    if (path != weft::OverlapMode::sequential) {
+      TORCH_CHECK_VALUE(expert_offset.has_value() && row_token.has_value(), "weft.", op, ": mode '",
+                        std::string(mode), "' needs the routing's expert_offset and row_token (pass the MoeTpRouting "
+                        "that weft.ag_moe returned)");
+      check_dense(op, "expert_offset", *expert_offset, rt);
+      check_dtype(op, "expert_offset", *expert_offset, at::kInt);
+      TORCH_CHECK_VALUE(expert_offset->dim() == 1 && expert_offset->size(0) == E + 1, "weft.", op,
+                        ": argument 'expert_offset' must have shape [experts + 1] = [", E + 1, "], got ",
+                        shape_of(*expert_offset));
+      check_dense(op, "row_token", *row_token, rt);
+      check_dtype(op, "row_token", *row_token, at::kInt);
+      TORCH_CHECK_VALUE(row_token->dim() == 1 && row_token->size(0) == G * k, "weft.", op,
+                        ": argument 'row_token' must have shape [world x max_tokens_per_rank x top_k] = [", G * k,
+                        "], got ", shape_of(*row_token));
+    }
     const weft::MoeRsOptions o{.experts = static_cast<int>(E),
                                .hidden = H,
                                .k_local = h.size(1),
                                .top_k = static_cast<int>(k),
                                .max_tokens_per_rank = cap,
                                .dtype = dtype,
-                               .max_sms = static_cast<int>(max_sms)};
+                               .max_sms = static_cast<int>(max_sms),
+                               .mode = path};
     const std::string why = weft::MoeRs::can_implement(o, W);
     TORCH_CHECK_VALUE(why.empty(), "weft.", op, ": ", why, " (h ", shape_of(h), ", token_row ", shape_of(token_row),
                       ", w_down ", shape_of(w_down), ")");
@@ -228,7 +263,7 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
     cudaStream_t stream = current_stream(rt);
     // k_local may differ by rank: not in the key (see MoeRsPlan).
     const PlanKey key = PlanKey::make<PlanKind::moe_rs>(o.experts, o.hidden, o.top_k, o.max_tokens_per_rank, dtype,
-                                                         o.max_sms);
+                                                         o.max_sms, o.mode);
     auto& plan = static_cast<MoeRsPlan&>(rt.plan(op, key, stream, [&] {
       auto p = std::make_unique<MoeRsPlan>();
       p->op = std::make_unique<weft::MoeRs>(rt.ctx_ptr(), o);
@@ -247,6 +282,10 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
     r.dtype = dtype;
     r.run = 1;
     r.expert_rows = expert_rows.data_ptr<std::int32_t>();
+    if (path != weft::OverlapMode::sequential) {
+      r.expert_offset = expert_offset->data_ptr<std::int32_t>();
+      r.row_token = row_token->data_ptr<std::int32_t>();
+    }
     r.token_row = token_row.data_ptr<std::int32_t>();
     r.token_weight = token_weight.data_ptr<float>();
     auto out = at::empty({num_tokens, H}, h.options());
@@ -268,14 +307,15 @@ at::Tensor moe_rs(const at::Tensor& h, const at::Tensor& expert_rows, const at::
   refuse_cpu(op, arg);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ag_moe_cpu(
     const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_weights, const at::Tensor& w_up, int64_t,
-    c10::string_view, int64_t) {
+    c10::string_view, int64_t, c10::string_view) {
   refuse_cpu_tensors("ag_moe", {{"x", &x}, {"topk_idx", &topk_idx}, {"topk_weights", &topk_weights}, {"w_up", &w_up}});
 }
 
 at::Tensor moe_rs_cpu(const at::Tensor& h, const at::Tensor& expert_rows, const at::Tensor& token_row,
-                      const at::Tensor& token_weight, const at::Tensor& w_down, int64_t, c10::string_view, int64_t) {
+                      const at::Tensor& token_weight, const at::Tensor& w_down, int64_t, c10::string_view, int64_t,
+                      c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {
   refuse_cpu_tensors("moe_rs", {{"h", &h}, {"expert_rows", &expert_rows}, {"token_row", &token_row},
                         {"token_weight", &token_weight}, {"w_down", &w_down}});
 }
@@ -306,10 +346,11 @@ void bind_moe_tp(py::module_& m) {
 // torch.compile need no kernels of their own beyond the fakes.
 TORCH_LIBRARY_FRAGMENT(weft, m) {
   m.def("ag_moe(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor w_up, int max_tokens_per_rank, "
-        "str group_name, *, int max_sms=0) -> (Tensor h, Tensor expert_rows, Tensor expert_offset, "
-        "Tensor token_row, Tensor token_weight)");
+        "str group_name, *, int max_sms=0, str mode=\"sequential\") -> (Tensor h, Tensor expert_rows, "
+        "Tensor expert_offset, Tensor token_row, Tensor token_weight, Tensor row_token)");
   m.def("moe_rs(Tensor h, Tensor expert_rows, Tensor token_row, Tensor token_weight, Tensor w_down, "
-        "SymInt num_tokens, str group_name, *, int max_sms=0) -> Tensor");
+        "SymInt num_tokens, str group_name, *, int max_sms=0, str mode=\"sequential\", Tensor? expert_offset=None, "
+        "Tensor? row_token=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(weft, CUDA, m) {

@@ -5,6 +5,7 @@
 
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
+#include "weft/ops/collective.hpp"
 #include "weft/ops/flash_decode.hpp"
 
 namespace weft_torch {
@@ -42,7 +43,7 @@ std::string PlanKey::str() const {
     case PlanKind::ag_moe:
     case PlanKind::moe_rs:
       return weft::str(name, " experts=", f[0], " hidden=", f[1], " top_k=", f[2], " cap=", f[3], " ", dtype(f[4]),
-                       " max_sms=", f[5]);
+                       " max_sms=", f[5], " mode=", weft::to_string(static_cast<weft::OverlapMode>(f[6])));
     case PlanKind::flash_decode:
     case PlanKind::dist_flash_decode:
       return weft::str(name, " ", layout(f[0]), " b=", f[1], " heads=", f[2], "/", f[3], " d=", f[4], " ", dtype(f[5]),

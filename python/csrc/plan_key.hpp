@@ -31,7 +31,7 @@ enum class PlanKind : std::uint32_t {
   expert_parallel_low_latency,  // experts, hidden, top_k, max_tokens, max_sms
   flash_decode,                 // layout, batch, q_heads, kv_heads, head_dim, dtype, max_kv_len,
   dist_flash_decode,            //   max_pages_per_seq, page_size, softmax_scale's bits
-  ag_moe,                       // experts, hidden, top_k, max_tokens_per_rank, dtype, max_sms
+  ag_moe,                       // experts, hidden, top_k, max_tokens_per_rank, dtype, max_sms, mode
   moe_rs,                       //   (the rank's slice of F differs by rank: not in the key)
 };
 
@@ -46,7 +46,7 @@ inline constexpr PlanKindInfo kPlanKinds[] = {
     {"ag_gemm", 3},         {"gemm_rs", 3},          {"gemm_ar", 3},
     {"expert_parallel", 5}, {"expert_parallel_low_latency", 5},
     {"flash_decode", 10},   {"dist_flash_decode", 10},
-    {"ag_moe", 6},          {"moe_rs", 6},
+    {"ag_moe", 7},          {"moe_rs", 7},
 };
 inline constexpr int kPlanKindCount = static_cast<int>(sizeof(kPlanKinds) / sizeof(kPlanKinds[0]));
 

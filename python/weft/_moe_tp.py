@@ -20,11 +20,18 @@ weft::MoeRs (weft/ops/moe_tp.hpp) behind ``torch.ops.weft.ag_moe`` and
 their inputs' shapes, with fake kernels here, so ``torch.compile`` traces
 them; nothing is read on the host, so a warmed-up call captures into a CUDA
 graph (docs/decisions/0060).
+
+Both take ``mode``: "sequential" (the default: the collective, then the
+grouped GEMM, or the GEMM then the collective), "fused" (overlapped: ag_moe
+starts each source rank's GEMM as its tokens land, moe_rs sends each
+destination rank's sums while the next destination's GEMM runs; decision
+0071) or "automatic" (both timed on the first call, the faster kept, the same
+on every rank). Every rank passes the same mode.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -32,6 +39,7 @@ from . import _C
 from ._meta import _MAX_EXPERTS, _MAX_TOP_K, _check_half, _check_tensor, _group_size
 
 _INT32_MAX = 2**31 - 1
+_MODES = ("sequential", "fused", "automatic")
 
 
 class MoeTpRouting(NamedTuple):
@@ -47,7 +55,11 @@ class MoeTpRouting(NamedTuple):
       slot)'s row of h, -1 for none;
     - token_weight: float32 [W x max_tokens_per_rank, top_k], its top-k weight
       (0 for none);
-    - num_tokens: this rank's token count T (moe_rs returns [T, hidden]).
+    - num_tokens: this rank's token count T (moe_rs returns [T, hidden]);
+    - row_token: int32 [W x max_tokens_per_rank x top_k], each row of h's
+      gathered token (rows below expert_offset[-1]): what moe_rs's overlapped
+      path finds each destination rank's rows by. None in a routing built
+      without it, which moe_rs takes in mode "sequential" only.
 
     Fresh tensors (copies of the plan's maps, made on the stream): valid
     whatever runs after. Pass it to moe_rs as ag_moe returned it: its maps
@@ -59,6 +71,7 @@ class MoeTpRouting(NamedTuple):
     token_row: torch.Tensor
     token_weight: torch.Tensor
     num_tokens: Union[int, torch.SymInt]
+    row_token: Optional[torch.Tensor] = None
 
 
 def _check_int(op: str, name: str, v, low: int) -> int:
@@ -68,6 +81,12 @@ def _check_int(op: str, name: str, v, low: int) -> int:
         what = "positive" if low == 1 else f">= {low}"
         raise ValueError(f"weft.{op}: argument '{name}' must be {what}, got {v}")
     return v
+
+
+def _check_mode(op: str, mode) -> str:
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise ValueError(f"weft.{op}: argument 'mode' must be 'sequential', 'fused' or 'automatic', got {mode!r}")
+    return mode
 
 
 def _plan_error(experts, hidden, slice_, slice_name, top_k, cap, max_sms, world) -> str:
@@ -131,7 +150,8 @@ def _check_ag_moe(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, max_sms,
                          f"{list(w_up.shape)})")
 
 
-def _check_moe_rs(h, expert_rows, token_row, token_weight, w_down, num_tokens, max_sms, world) -> int:
+def _check_moe_rs(h, expert_rows, token_row, token_weight, w_down, num_tokens, max_sms, world, mode="sequential",
+                  expert_offset=None, row_token=None) -> int:
     """moe_rs's checks, in moe_tp.cpp's order and words; returns hidden."""
     op = "moe_rs"
     _check_tensor(op, "h", h, dtypes=None)
@@ -168,6 +188,8 @@ def _check_moe_rs(h, expert_rows, token_row, token_weight, w_down, num_tokens, m
     if not 0 <= num_tokens <= cap:
         raise ValueError(f"weft.{op}: argument 'num_tokens' must be in [0, {cap}] (max_tokens_per_rank, from "
                          f"token_row's {G} gathered tokens over {world} ranks), got {num_tokens}")
+    if mode != "sequential":
+        _check_overlapped_routing(expert_offset, row_token, token_row, E, mode)
     why = _plan_error(E, H, h.shape[1], "k_local", k, cap, max_sms, world)
     if why:
         raise ValueError(f"weft.{op}: {why} (h {list(h.shape)}, token_row {list(token_row.shape)}, w_down "
@@ -175,9 +197,29 @@ def _check_moe_rs(h, expert_rows, token_row, token_weight, w_down, num_tokens, m
     return H
 
 
+def _check_overlapped_routing(expert_offset, row_token, token_row, experts, mode) -> None:
+    """moe_rs's checks of the maps its overlapped path reads, in moe_tp.cpp's order and words."""
+    op = "moe_rs"
+    if expert_offset is None or row_token is None:
+        raise ValueError(f"weft.{op}: mode '{mode}' needs the routing's expert_offset and row_token (pass the "
+                         "MoeTpRouting that weft.ag_moe returned)")
+    _check_tensor(op, "expert_offset", expert_offset, dtypes=None)
+    _check_dtype(op, "expert_offset", expert_offset, torch.int32)
+    if expert_offset.dim() != 1 or expert_offset.shape[0] != experts + 1:
+        raise ValueError(f"weft.{op}: argument 'expert_offset' must have shape [experts + 1] = [{experts + 1}], got "
+                         f"{list(expert_offset.shape)}")
+    _check_tensor(op, "row_token", row_token, dtypes=None)
+    _check_dtype(op, "row_token", row_token, torch.int32)
+    rows = token_row.shape[0] * token_row.shape[1]
+    if row_token.dim() != 1 or row_token.shape[0] != rows:
+        raise ValueError(f"weft.{op}: argument 'row_token' must have shape [world x max_tokens_per_rank x top_k] = "
+                         f"[{rows}], got {list(row_token.shape)}")
+
+
 @torch.library.register_fake("weft::ag_moe")
-def _ag_moe_fake(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, group_name, *, max_sms=0):
+def _ag_moe_fake(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, group_name, *, max_sms=0, mode="sequential"):
     w = _group_size("ag_moe", group_name)
+    _check_mode("ag_moe", mode)
     _check_ag_moe(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, max_sms, w)
     experts, n_local = w_up.shape[0], w_up.shape[1]
     k = topk_idx.shape[1]
@@ -186,18 +228,23 @@ def _ag_moe_fake(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, group_nam
             x.new_empty(experts, dtype=torch.int32),
             x.new_empty(experts + 1, dtype=torch.int32),
             x.new_empty(gathered, k, dtype=torch.int32),
-            x.new_empty(gathered, k, dtype=torch.float32))
+            x.new_empty(gathered, k, dtype=torch.float32),
+            x.new_empty(gathered * k, dtype=torch.int32))
 
 
 @torch.library.register_fake("weft::moe_rs")
-def _moe_rs_fake(h, expert_rows, token_row, token_weight, w_down, num_tokens, group_name, *, max_sms=0):
+def _moe_rs_fake(h, expert_rows, token_row, token_weight, w_down, num_tokens, group_name, *, max_sms=0,
+                 mode="sequential", expert_offset=None, row_token=None):
     w = _group_size("moe_rs", group_name)
-    hidden = _check_moe_rs(h, expert_rows, token_row, token_weight, w_down, num_tokens, max_sms, w)
+    _check_mode("moe_rs", mode)
+    hidden = _check_moe_rs(h, expert_rows, token_row, token_weight, w_down, num_tokens, max_sms, w, mode,
+                           expert_offset, row_token)
     return h.new_empty(num_tokens, hidden)
 
 
 def ag_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, w_up: torch.Tensor,
-           max_tokens_per_rank: int, *, group_name: str = "", max_sms: int = 0) -> Tuple[torch.Tensor, MoeTpRouting]:
+           max_tokens_per_rank: int, *, group_name: str = "", max_sms: int = 0,
+           mode: str = "sequential") -> Tuple[torch.Tensor, MoeTpRouting]:
     """Collective: AllGather of every rank's tokens, then the up-projection of each (token, expert) pair.
 
     x: [T, hidden] bf16 or fp16, this rank's tokens (T <= max_tokens_per_rank;
@@ -208,7 +255,8 @@ def ag_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, 
     n_local a multiple of 8, may differ by rank). All contiguous on this
     rank's GPU, x and w_up 16-byte aligned. top_k is 1 to 32, experts 1 to
     1024; every rank passes the same experts, hidden, top_k,
-    max_tokens_per_rank, dtype and max_sms (checked when the plan is built).
+    max_tokens_per_rank, dtype, max_sms and mode (checked when the plan is
+    built). mode: "sequential", "fused" or "automatic" (the module's text).
 
     Returns (h, routing). h: [W x max_tokens_per_rank x top_k, n_local] of x's
     dtype; its first routing.expert_offset[-1] rows are the pairs'
@@ -222,13 +270,14 @@ def ag_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, 
     """
     _check_int("ag_moe", "max_tokens_per_rank", max_tokens_per_rank, 1)
     _check_int("ag_moe", "max_sms", max_sms, 0)
-    h, expert_rows, expert_offset, token_row, token_weight = torch.ops.weft.ag_moe(
-        x, topk_idx, topk_weights, w_up, max_tokens_per_rank, group_name, max_sms=max_sms)
-    return h, MoeTpRouting(expert_rows, expert_offset, token_row, token_weight, x.shape[0])
+    _check_mode("ag_moe", mode)
+    h, expert_rows, expert_offset, token_row, token_weight, row_token = torch.ops.weft.ag_moe(
+        x, topk_idx, topk_weights, w_up, max_tokens_per_rank, group_name, max_sms=max_sms, mode=mode)
+    return h, MoeTpRouting(expert_rows, expert_offset, token_row, token_weight, x.shape[0], row_token)
 
 
 def moe_rs(h: torch.Tensor, routing: MoeTpRouting, w_down: torch.Tensor, *, group_name: str = "",
-           max_sms: int = 0) -> torch.Tensor:
+           max_sms: int = 0, mode: str = "sequential") -> torch.Tensor:
     """Collective: the down-projection of each pair, the top-k weighted sum, and ReduceScatter.
 
     h: [W x max_tokens_per_rank x top_k, k_local] bf16 or fp16, ag_moe's rows
@@ -240,15 +289,18 @@ def moe_rs(h: torch.Tensor, routing: MoeTpRouting, w_down: torch.Tensor, *, grou
     slots of weight x (its pair's row of h @ w_down[e].T), summed over the
     ranks' slices (fp32 in slot order with one rounding per rank, then the
     ReduceScatter's fixed order: bitwise repeatable). A token routed nowhere
-    comes out 0.
+    comes out 0. mode: "sequential", "fused" (the ranks' partial sums summed
+    in rank order) or "automatic"; each path repeats its bits, the two agree
+    within rounding.
     """
-    if not isinstance(routing, tuple) or len(routing) != 5:
+    if not isinstance(routing, tuple) or len(routing) != 6:
         raise TypeError(f"weft.moe_rs: argument 'routing' must be the MoeTpRouting that weft.ag_moe returned, got "
                         f"{type(routing).__name__}")
     _check_int("moe_rs", "max_sms", max_sms, 0)
-    expert_rows, _, token_row, token_weight, num_tokens = routing
+    _check_mode("moe_rs", mode)
+    expert_rows, expert_offset, token_row, token_weight, num_tokens, row_token = routing
     return torch.ops.weft.moe_rs(h, expert_rows, token_row, token_weight, w_down, num_tokens, group_name,
-                                 max_sms=max_sms)
+                                 max_sms=max_sms, mode=mode, expert_offset=expert_offset, row_token=row_token)
 
 
 def ag_moe_check_errors() -> None:

@@ -314,11 +314,12 @@ class TensorParallelMoE(torch.nn.Module):
     the tokens' ranks. forward is collective (every rank calls it) and makes
     no host synchronisation: it traces under torch.compile(fullgraph=True) and,
     after a first call, captures into a CUDA graph. bf16 or fp16; F / W a
-    multiple of 8.
+    multiple of 8. mode: both ops' path, "sequential" (default), "fused"
+    (overlapped) or "automatic" (timed on the first call; weft.ag_moe's text).
     """
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, max_tokens: int, *,
-                 dtype: torch.dtype = torch.bfloat16, max_sms: int = 0, device=None):
+                 dtype: torch.dtype = torch.bfloat16, max_sms: int = 0, mode: str = "sequential", device=None):
         super().__init__()
         what = "weft.nn.TensorParallelMoE"
         if dtype not in (torch.bfloat16, torch.float16):
@@ -329,6 +330,7 @@ class TensorParallelMoE(torch.nn.Module):
                              f"{_MAX_TOP_K}, and at most num_experts = {num_experts}), got {top_k}")
         if max_tokens < 1:
             raise ValueError(f"{what}: argument 'max_tokens' must be positive, got {max_tokens}")
+        self.mode = _moe_tp._check_mode("nn.TensorParallelMoE", mode)
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
         # Read once here: forward passes it as a constant, so torch.compile(fullgraph=True)
@@ -351,15 +353,15 @@ class TensorParallelMoE(torch.nn.Module):
 
     @classmethod
     def from_full(cls, gate_weight: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, top_k: int,
-                  max_tokens: int, *, max_sms: int = 0, dtype: Optional[torch.dtype] = None,
-                  device=None) -> "TensorParallelMoE":
+                  max_tokens: int, *, max_sms: int = 0, mode: str = "sequential",
+                  dtype: Optional[torch.dtype] = None, device=None) -> "TensorParallelMoE":
         """From the full checkpoint tensors (gate_weight [E, hidden]; w1, w3
         [E, ffn, hidden]; w2 [E, hidden, ffn]; any device): keeps the router
         and this rank's slice of every expert. dtype: w1's, else bf16."""
         num_experts, ffn, hidden = w1.shape
         if dtype is None:
             dtype = w1.dtype if w1.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        m = cls(hidden, ffn, num_experts, top_k, max_tokens, dtype=dtype, max_sms=max_sms, device=device)
+        m = cls(hidden, ffn, num_experts, top_k, max_tokens, dtype=dtype, max_sms=max_sms, mode=mode, device=device)
         m.load_full_weights(gate_weight, w1, w3, w2)
         return m
 
@@ -389,7 +391,8 @@ class TensorParallelMoE(torch.nn.Module):
         tokens = x.reshape(-1, self.hidden).contiguous()
         topk_idx, topk_weights = self.route(tokens)
         h, routing = _moe_tp.ag_moe(tokens, topk_idx, topk_weights, self.w13, self.max_tokens,
-                                    group_name=self.group_name, max_sms=self.max_sms)
+                                    group_name=self.group_name, max_sms=self.max_sms, mode=self.mode)
         # SwiGLU on every row of h: the rows past the routing's pairs are unspecified and never read.
-        out = _moe_tp.moe_rs(self.swiglu(h), routing, self.w2, group_name=self.group_name, max_sms=self.max_sms)
+        out = _moe_tp.moe_rs(self.swiglu(h), routing, self.w2, group_name=self.group_name, max_sms=self.max_sms,
+                             mode=self.mode)
         return out.view(shape)

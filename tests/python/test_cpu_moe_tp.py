@@ -22,10 +22,11 @@ ops = torch.ops.weft
 
 SCHEMAS = {
     "ag_moe": "weft::ag_moe(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor w_up, int max_tokens_per_rank, "
-    "str group_name, *, int max_sms=0) -> (Tensor h, Tensor expert_rows, Tensor expert_offset, Tensor token_row, "
-    "Tensor token_weight)",
+    "str group_name, *, int max_sms=0, str mode=\"sequential\") -> (Tensor h, Tensor expert_rows, "
+    "Tensor expert_offset, Tensor token_row, Tensor token_weight, Tensor row_token)",
     "moe_rs": "weft::moe_rs(Tensor h, Tensor expert_rows, Tensor token_row, Tensor token_weight, Tensor w_down, "
-    "SymInt num_tokens, str group_name, *, int max_sms=0) -> Tensor",
+    "SymInt num_tokens, str group_name, *, int max_sms=0, str mode=\"sequential\", Tensor? expert_offset=None, "
+    "Tensor? row_token=None) -> Tensor",
 }
 
 
@@ -43,14 +44,16 @@ def test_exports_and_signatures():
     assert weft.ag_moe.__module__ == "weft._moe_tp" and weft.nn.TensorParallelMoE.__module__ == "weft.nn"
     assert hasattr(weft._C, "ag_moe_check_errors")
     assert params(weft.ag_moe) == ["x", "topk_idx", "topk_weights", "w_up", "max_tokens_per_rank", "group_name",
-                                   "max_sms"]
-    assert params(weft.moe_rs) == ["h", "routing", "w_down", "group_name", "max_sms"]
-    assert weft.MoeTpRouting._fields == ("expert_rows", "expert_offset", "token_row", "token_weight", "num_tokens")
+                                   "max_sms", "mode"]
+    assert params(weft.moe_rs) == ["h", "routing", "w_down", "group_name", "max_sms", "mode"]
+    assert weft.MoeTpRouting._fields == ("expert_rows", "expert_offset", "token_row", "token_weight", "num_tokens",
+                                         "row_token")
+    assert weft.MoeTpRouting._field_defaults == {"row_token": None}
     moe = weft.nn.TensorParallelMoE
     assert params(moe.__init__) == ["self", "hidden", "ffn", "num_experts", "top_k", "max_tokens", "dtype", "max_sms",
-                                    "device"]
-    assert params(moe.from_full) == ["gate_weight", "w1", "w3", "w2", "top_k", "max_tokens", "max_sms", "dtype",
-                                     "device"]
+                                    "mode", "device"]
+    assert params(moe.from_full) == ["gate_weight", "w1", "w3", "w2", "top_k", "max_tokens", "max_sms", "mode",
+                                     "dtype", "device"]
     assert params(moe.load_full_weights) == ["self", "gate_weight", "w1", "w3", "w2"]
 
 
@@ -68,18 +71,25 @@ def test_fake_shapes(fake_group):
     with FakeTensorMode():
         for T, cap, k, dtype in ((37, 64, 2, torch.bfloat16), (0, 5, 1, torch.float16), (64, 64, 8, torch.bfloat16)):
             x, idx, wts, w_up, w_down = _layer_inputs("cuda", T=T, k=k, dtype=dtype)
-            h, rows, offset, token_row, token_weight = ops.ag_moe(x, idx, wts, w_up, cap, name)
+            h, rows, offset, token_row, token_weight, row_token = ops.ag_moe(x, idx, wts, w_up, cap, name)
             assert h.shape == (w * cap * k, 192) and h.dtype == dtype and h.is_contiguous()
             assert rows.shape == (8,) and rows.dtype == torch.int32
             assert offset.shape == (9,) and offset.dtype == torch.int32
             assert token_row.shape == token_weight.shape == (w * cap, k)
             assert token_row.dtype == torch.int32 and token_weight.dtype == torch.float32
+            assert row_token.shape == (w * cap * k,) and row_token.dtype == torch.int32
             out = ops.moe_rs(h[:, :96].contiguous(), rows, token_row, token_weight, w_down, T, name)
             assert out.shape == (T, 256) and out.dtype == dtype
-            # The wrappers, with max_sms
-            h2, routing = weft.ag_moe(x, idx, wts, w_up, cap, group_name=name, max_sms=4)
-            assert h2.shape == h.shape and isinstance(routing, weft.MoeTpRouting) and routing.num_tokens == T
-            assert weft.moe_rs(h2[:, 96:].contiguous(), routing, w_down, group_name=name).shape == (T, 256)
+            out = ops.moe_rs(h[:, :96].contiguous(), rows, token_row, token_weight, w_down, T, name, mode="fused",
+                             expert_offset=offset, row_token=row_token)
+            assert out.shape == (T, 256) and out.dtype == dtype
+            # The wrappers, with max_sms and each mode
+            for mode in ("sequential", "fused", "automatic"):
+                h2, routing = weft.ag_moe(x, idx, wts, w_up, cap, group_name=name, max_sms=4, mode=mode)
+                assert h2.shape == h.shape and isinstance(routing, weft.MoeTpRouting) and routing.num_tokens == T
+                assert routing.row_token.shape == (w * cap * k,)
+                out = weft.moe_rs(h2[:, 96:].contiguous(), routing, w_down, group_name=name, mode=mode)
+                assert out.shape == (T, 256)
 
 
 def _layer(x, idx, wts, w_up, w_down, cap, name):
@@ -119,7 +129,7 @@ def test_compile_fullgraph(fake_group, dynamic, graph_recorder):
 def _bad_calls(name, w):
     """(call over fake CUDA tensors, exception type, message pattern)."""
     x, idx, wts, w_up, w_down = _layer_inputs("cuda", T=40)
-    h, rows, _, trow, twt = ops.ag_moe(x, idx, wts, w_up, 64, name)
+    h, rows, offset, trow, twt, row_token = ops.ag_moe(x, idx, wts, w_up, 64, name)
     a = h[:, :96].contiguous()
     big = torch.empty(65, 256, device="cuda", dtype=torch.bfloat16)
     return [
@@ -190,6 +200,25 @@ def _bad_calls(name, w):
          r"w_down \[8, 252, 96\]\)"),
         (lambda: ops.moe_rs(a, rows, trow, twt, w_down, 40, name, max_sms=-2), ValueError,
          r"weft.moe_rs: max_sms = -2 must be >= 0"),
+        (lambda: ops.ag_moe(x, idx, wts, w_up, 64, name, mode="overlapped"), ValueError,
+         r"weft.ag_moe: argument 'mode' must be 'sequential', 'fused' or 'automatic', got 'overlapped'"),
+        (lambda: ops.moe_rs(a, rows, trow, twt, w_down, 40, name, mode="auto"), ValueError,
+         r"weft.moe_rs: argument 'mode' must be 'sequential', 'fused' or 'automatic', got 'auto'"),
+        (lambda: ops.moe_rs(a, rows, trow, twt, w_down, 40, name, mode="fused"), ValueError,
+         r"weft.moe_rs: mode 'fused' needs the routing's expert_offset and row_token \(pass the MoeTpRouting"),
+        # checked where the CUDA op checks them: before the plan's limits (here 1032 experts)
+        (lambda: ops.moe_rs(a, rows.repeat(129), trow, twt, w_down.repeat(129, 1, 1), 40, name, mode="fused"),
+         ValueError, r"weft.moe_rs: mode 'fused' needs the routing's expert_offset and row_token"),
+        (lambda: ops.moe_rs(a, rows, trow, twt, w_down, 40, name, mode="automatic", expert_offset=offset[:8],
+                            row_token=row_token), ValueError,
+         r"weft.moe_rs: argument 'expert_offset' must have shape \[experts \+ 1\] = \[9\], got \[8\]"),
+        (lambda: ops.moe_rs(a, rows, trow, twt, w_down, 40, name, mode="fused", expert_offset=offset,
+                            row_token=row_token.long()), TypeError,
+         r"weft.moe_rs: argument 'row_token' must be torch.int32, got torch.int64"),
+        (lambda: ops.moe_rs(a, rows, trow, twt, w_down, 40, name, mode="fused", expert_offset=offset,
+                            row_token=row_token[:-1]), ValueError,
+         rf"weft.moe_rs: argument 'row_token' must have shape \[world x max_tokens_per_rank x top_k\] = "
+         rf"\[{w * 128}\], got \[{w * 128 - 1}\]"),
         (lambda: weft.ag_moe(big, idx.repeat(2, 1)[:65], wts.repeat(2, 1)[:65], w_up, 64, group_name=name),
          ValueError, r"weft.ag_moe: argument 'x' has 65 tokens, over max_tokens_per_rank = 64"),
     ] + ([(lambda: ops.moe_rs(a[:w * 126], rows, trow[:w * 63 + 1], twt[:w * 63 + 1], w_down, 40, name), ValueError,
@@ -213,6 +242,12 @@ def test_wrappers_check_their_own_arguments():
         weft.ag_moe(x, idx, wts, w_up, 0)
     with pytest.raises(ValueError, match=r"weft.ag_moe: argument 'max_sms' must be >= 0, got -1"):
         weft.ag_moe(x, idx, wts, w_up, 64, max_sms=-1)
+    with pytest.raises(ValueError, match=r"weft.ag_moe: argument 'mode' must be 'sequential', 'fused' or "
+                       r"'automatic', got 'fast'"):
+        weft.ag_moe(x, idx, wts, w_up, 64, mode="fast")
+    with pytest.raises(ValueError, match=r"weft.moe_rs: argument 'mode' must be 'sequential', 'fused' or "
+                       r"'automatic', got None"):
+        weft.moe_rs(x, weft.MoeTpRouting(idx, idx, idx, wts, 3), w_up, mode=None)
     with pytest.raises(TypeError, match=r"weft.moe_rs: argument 'routing' must be the MoeTpRouting that weft.ag_moe "
                        r"returned, got Tensor"):
         weft.moe_rs(x, idx, w_up)
@@ -264,7 +299,8 @@ def as_rank(monkeypatch):
     return set_
 
 
-def ag_moe_standin(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, *, group_name="", max_sms=0):
+def ag_moe_standin(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, *, group_name="", max_sms=0,
+                   mode="sequential"):
     """weft.ag_moe's semantics at one rank, in plain torch: the pairs sorted by expert, then by (token, slot)."""
     T, k = topk_idx.shape
     E = w_up.shape[0]
@@ -285,7 +321,7 @@ def ag_moe_standin(x, topk_idx, topk_weights, w_up, max_tokens_per_rank, *, grou
     return h, weft.MoeTpRouting(expert_rows, offset, token_row, token_weight, T)
 
 
-def moe_rs_standin(h, routing, w_down, *, group_name="", max_sms=0):
+def moe_rs_standin(h, routing, w_down, *, group_name="", max_sms=0, mode="sequential"):
     """weft.moe_rs at one rank (no other rank's partial sums to add), in float64."""
     offset = routing.expert_offset.tolist()
     expert_of_row = torch.zeros(h.shape[0], dtype=torch.long)
@@ -353,6 +389,9 @@ def test_layer_checks_its_arguments(as_rank):
     with pytest.raises(TypeError, match=r"weft.nn.TensorParallelMoE: argument 'dtype' must be torch.bfloat16 or "
                        r"torch.float16"):
         make(64, 128, 8, 2, 16, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=r"weft.nn.TensorParallelMoE: argument 'mode' must be 'sequential', 'fused' "
+                       r"or 'automatic', got 'overlap'"):
+        make(64, 128, 8, 2, 16, mode="overlap", device="cpu")
     m = make(64, 128, 8, 2, 16, device="cpu")
     with pytest.raises(ValueError, match=r"weft.nn.TensorParallelMoE.load_full_weights: argument 'w2' must have shape "
                        r"\[8, 64, 128\], got \[8, 128, 64\]"):

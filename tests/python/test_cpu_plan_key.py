@@ -12,6 +12,7 @@ import weft
 PlanKey = weft._C._PlanKey
 
 BF16, FP16, FP32 = 0, 1, 2  # weft::DType
+AUTOMATIC, FUSED, SEQUENTIAL = 0, 1, 2  # weft::OverlapMode
 CONTIGUOUS, PAGED = 0, 1  # weft::KvLayout
 SCALE_BITS = struct.unpack("<I", struct.pack("<f", 0.125))[0]
 
@@ -31,8 +32,10 @@ KEYS = {
                      f"flash_decode paged b=4 heads=32/8 d=128 fp16 kv=0 pages=64x16 scale_bits={SCALE_BITS}"),
     "dist_flash_decode": ([CONTIGUOUS, 2, 32, 8, 64, BF16, 4096, 0, 0, 0],
                           "dist_flash_decode contiguous b=2 heads=32/8 d=64 bf16 kv=4096 pages=0x0 scale_bits=0"),
-    "ag_moe": ([128, 2048, 8, 512, BF16, 0], "ag_moe experts=128 hidden=2048 top_k=8 cap=512 bf16 max_sms=0"),
-    "moe_rs": ([128, 2048, 8, 512, FP16, 3], "moe_rs experts=128 hidden=2048 top_k=8 cap=512 fp16 max_sms=3"),
+    "ag_moe": ([128, 2048, 8, 512, BF16, 0, SEQUENTIAL],
+               "ag_moe experts=128 hidden=2048 top_k=8 cap=512 bf16 max_sms=0 mode=sequential"),
+    "moe_rs": ([128, 2048, 8, 512, FP16, 3, FUSED],
+               "moe_rs experts=128 hidden=2048 top_k=8 cap=512 fp16 max_sms=3 mode=fused"),
 }
 
 

@@ -10,7 +10,9 @@ offsets and pair maps bit for bit against a sort of the gathered routing in
 plain torch (within an expert by rank, token, slot); the up-projection's rows
 against float32; the whole layer (ag_moe, SwiGLU on the sorted rows, moe_rs)
 against the unsharded layer in float64; repeated calls and CUDA-graph
-replays with fresh routings bitwise equal to eager. Token counts are ragged
+replays with fresh routings bitwise equal to eager; the same layer on each
+mode (sequential, fused, automatic: both ops' overlapped paths, and the
+timed choice). Token counts are ragged
 (rank 1 routes none, rank 2 one); routings have -1 entries and tokens that
 list an expert twice. Outputs are poisoned (NaN) first: the caching
 allocator's blocks they will take.
@@ -114,6 +116,11 @@ class Layer:
                 return f"routing.{name} differs bitwise from the reference sort"
         if routing.num_tokens != self.x.shape[0]:
             return f"routing.num_tokens is {routing.num_tokens}, expected {self.x.shape[0]}"
+        rows = len(self.gx) * self.k
+        if routing.row_token.shape != (rows,) or routing.row_token.dtype != torch.int32:
+            return f"routing.row_token is {routing.row_token.dtype} {list(routing.row_token.shape)}, expected int32 {[rows]}"
+        if self.pairs and not torch.equal(routing.row_token[:self.pairs].long(), torch.cat(self.row_token)):
+            return "routing.row_token's first rows differ from the reference sort's tokens"
         return ""
 
     def up_error(self, h):
@@ -187,6 +194,25 @@ def test_layer_matches_float64_and_repeats_bitwise(inputs, experts, k, hidden, f
     sync()
 
 
+@pytest.mark.parametrize("mode", ["fused", "automatic"])
+@pytest.mark.parametrize("experts,k,hidden,ffn_per_rank,base,step,dtype", [(8, 2, 512, 128, 37, 61, torch.bfloat16),
+                                                                           (64, 8, 1024, 64, 11, 7, torch.float16)])
+def test_each_mode_matches_float64_and_repeats_bitwise(inputs, mode, experts, k, hidden, ffn_per_rank, base, step,
+                                                       dtype):
+    """Both ops on their overlapped paths (fused) or the timed choice (automatic): the same routing and rows,
+    the layer within tolerance of float64, repeated calls bitwise equal (uneven slices, ragged tokens)."""
+    w, _ = world()
+    layer = Layer(inputs, "layer", ragged(w, base, step), experts, k, hidden, ffn_per_rank, dtype, uneven=True)
+    h, rt, out = layer.run(mode=mode)
+    error = layer.routing_error(rt) or layer.up_error(h) or layer.out_error(out, TOL[dtype])
+    for i in range(2):
+        _, _, again = layer.run(mode=mode)
+        if not error and not torch.equal(again.view(torch.int16), out.view(torch.int16)):
+            error = f"mode {mode}, repeat {i}: out differs bitwise from the first call's"
+    assert_on_every_rank(error)
+    sync()
+
+
 @pytest.mark.parametrize("count", [0, 1])
 def test_every_rank_routing_zero_or_one_token(inputs, count):
     w, _ = world()
@@ -221,8 +247,12 @@ def test_opcheck_both_ops(inputs):
     g = weft.group_name()
     torch.library.opcheck(ops.ag_moe, (layer.x, layer.idx, layer.wts, layer.w_up, 24, g), {})
     sync()
-    h, rows, _, token_row, token_weight = ops.ag_moe(layer.x, layer.idx, layer.wts, layer.w_up, 24, g)
+    h, rows, offset, token_row, token_weight, row_token = ops.ag_moe(layer.x, layer.idx, layer.wts, layer.w_up, 24,
+                                                                     g)
     torch.library.opcheck(ops.moe_rs, (layer.swiglu(h), rows, token_row, token_weight, layer.w_down, 24, g), {})
+    sync()
+    torch.library.opcheck(ops.moe_rs, (layer.swiglu(h), rows, token_row, token_weight, layer.w_down, 24, g),
+                          {"mode": "fused", "expert_offset": offset, "row_token": row_token})
     sync()
 
 
