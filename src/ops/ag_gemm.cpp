@@ -3,7 +3,9 @@
 // once here per way and enqueued by one loop, run_plan. The kernel is
 // weft::Gemm, hooked with wait_a_rows for the one GEMM (src/gemm/tile_hooks.cuh)
 // or plain for a shard's step; the copies and waits are copy_pipe.hpp's, and
-// path_choice.hpp picks between the fused and sequential paths.
+// path_choice.hpp picks between the fused and sequential paths. Across nodes
+// the fused way's data movement is weft::internode's counting two-level
+// AllGather (two_level.hpp; docs/decisions/0074).
 #include "weft/ops/ag_gemm.hpp"
 
 #include <array>
@@ -14,12 +16,21 @@
 #include "overlap.hpp"
 #include "path_choice.hpp"
 #include "trace.hpp"
+#include "two_level.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/nccl_type.hpp"
 
 namespace weft {
 
 namespace trace = ops_detail::trace;
+
+namespace {
+// Across nodes, the thread blocks of the fused path's two-level AllGather; the
+// GEMMs take the rest of the rank's SMs. Its rail puts are NVSHMEM block puts
+// (the NIC's pace, not the SMs'); its NVLink pushes are SM copies, a few
+// blocks' worth per hop. A starting point, to be measured on two nodes.
+constexpr int kTwoLevelAgBlocks = 8;
+}  // namespace
 
 const char* path_name(AgWay way) {
   switch (way) {
@@ -37,8 +48,12 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   const ops_detail::PlanShape shape = ops_detail::require_shape("AgGemm", o.m, o.n, o.k, o.dtype);
   const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   operand_alignment_ = ops_detail::operand_alignment(whole);
-  // Across nodes only the sequential path runs (its AllGather takes the two-level schedule).
-  std::string why_not_fused = ops_detail::across_nodes_reason(*ctx_);
+  // Across nodes the fused way is plain steps over the counting two-level
+  // AllGather, where weft::internode registered it; else only the sequential
+  // path runs (its AllGather takes the two-level schedule, or refuses below).
+  const bool across_nodes = !ctx_->all_peers_direct();
+  const ops_detail::TwoLevelCollectives* two_level = across_nodes ? ops_detail::two_level_collectives() : nullptr;
+  std::string why_not_fused = two_level ? std::string() : ops_detail::across_nodes_reason(*ctx_);
   if (why_not_fused.empty()) why_not_fused = ops_detail::untileable_reason(whole);
   options_.mode = ops_detail::runnable_mode("AgGemm", o.m, o.n, o.k, o.mode, why_not_fused);
   const ops_detail::RowChunks rows = ops_detail::plan_rows("AgGemm", shape, o.chunks_per_shard, *ctx_, o.k * 2);
@@ -62,7 +77,21 @@ AgGemm::AgGemm(std::shared_ptr<Context> ctx, const AgGemmOptions& requested)
   g.max_sms = ops_detail::sms_beside_copies(*ctx_);  // ranks sharing a GPU: room for copies that run as kernels
   WEFT_REQUIRE(o.way != AgWay::plain_steps || world > 1, "AgGemm: AgWay::plain_steps needs 2 or more ranks, got ",
                world);
-  if (o.mode != OverlapMode::sequential) {
+  WEFT_REQUIRE(!across_nodes || o.mode == OverlapMode::sequential || o.way != AgWay::one_gemm,
+               "AgGemm: AgWay::one_gemm needs every peer's heap mapped here (its tiles wait on flags peers raise in "
+               "it), and some peers are on other nodes (or virtual nodes): across nodes use AgWay::plain_steps or "
+               "AgWay::automatic (plain steps over the two-level AllGather), or OverlapMode::sequential");
+  if (o.mode != OverlapMode::sequential && two_level) {
+    // One way: a GEMM per shard, in the order the shards land, beside the AllGather's blocks.
+    plans_.push_back(ops_detail::ag_plan_two_level(ops_detail::two_level_grid(*ctx_, "AgGemm"), ctx_->rank()));
+    ag_arrivals_ = two_level->ag_arrivals(*ctx_, static_cast<std::uint64_t>(shard_rows_ * o.k * 2),
+                                          kTwoLevelAgBlocks);
+    GemmOptions one_shard = g;
+    one_shard.m = shard_rows_;
+    const int share = g.max_sms > 0 ? g.max_sms : ctx_->team().sm_count;
+    one_shard.max_sms = std::max(2, (share - ag_arrivals_->blocks()) / 2 * 2);  // whole clusters of 2
+    step_gemm_ = std::make_unique<Gemm>(one_shard);
+  } else if (o.mode != OverlapMode::sequential) {
     // Each way asked for (automatic: both, plain steps from 2 ranks), as this rank runs it on every call.
     for (AgWay way : {AgWay::one_gemm, AgWay::plain_steps})
       if ((o.way == AgWay::automatic && (way != AgWay::plain_steps || world > 1)) || o.way == way)
@@ -190,12 +219,21 @@ void AgGemm::run_plan(const ops_detail::AgPlan& plan, const void* b, void* c, cu
     gemm(step).prepare(args(step), stream);
   }
 
-  // Every peer hears that our gathered A is free; the side stream pushes once
-  // every peer said the same, and the stream waits for nobody: its first GEMM
-  // starts on our own rows.
-  cudaStream_t side = pipe_->begin(stream);
-  trace::mark(stream, "start");
-  push_shard(plan.pushes, side);
+  if (ag_arrivals_) {
+    // Across nodes: the two-level AllGather on the side stream (its "ready"
+    // flags stand for the "free" exchange: no peer writes our gathered A
+    // before our launch has begun, after our last run's GEMMs), counting into
+    // arrived[q]; the stream's first GEMM starts on our own rows.
+    ag_arrivals_->run(local_shard(), gathered_.get(), arrived, pipe_->fork(stream));
+    trace::mark(stream, "start");
+  } else {
+    // Every peer hears that our gathered A is free; the side stream pushes once
+    // every peer said the same, and the stream waits for nobody: its first GEMM
+    // starts on our own rows.
+    cudaStream_t side = pipe_->begin(stream);
+    trace::mark(stream, "start");
+    push_shard(plan.pushes, side);
+  }
   // A later plain step waits for its shard's chunk flags in one block before
   // its GEMM, bounded by the timeout that names the peer (a stream-memory
   // wait would hang silently). The shard landed during the step before, so
@@ -205,11 +243,14 @@ void AgGemm::run_plan(const ops_detail::AgPlan& plan, const void* b, void* c, cu
     if (step.wait == ops_detail::AgWait::shard_flags_before_launch)
       ops_detail::wait_from_and_consume(ctx_->world(), arrived + flags.arrived_word(step.wait_from),
                                         static_cast<int>(chunks_), step.wait_from, stream);
+    else if (step.wait == ops_detail::AgWait::shard_arrivals_before_launch)  // across nodes: word q counts blocks
+      ops_detail::wait_count_and_consume(ctx_->world(), arrived + step.shard,
+                                         static_cast<std::uint64_t>(ag_arrivals_->blocks()), step.wait_from, stream);
     gemm(step).run(args(step), stream);
     if (step.gemm == AgGemmKind::whole_waiting) trace::mark(stream, "GEMM");
     else if (trace::recording()) trace::mark(stream, str("step ", s, " GEMM (shard ", step.shard, ")"));
   }
-  pipe_->join(stream);  // our pushes are done: the caller may overwrite its shard
+  pipe_->join(stream);  // our pushes (or the AllGather) are done: the caller may overwrite its shard
 }
 
 void AgGemm::push_shard(const std::vector<int>& peers, cudaStream_t side) {

@@ -8,11 +8,17 @@
 //
 // Shard q is rows [q x M / W, (q + 1) x M / W) of the gathered A, pushed by
 // rank q in chunks; AgLayout names where its chunks' arrival flags are.
+//
+// Across nodes (ag_plan_two_level) no rank pushes: the two-level AllGather
+// kernel gathers on the side stream and counts each shard's landed slices, and
+// the steps multiply the shards in the order they land there
+// (hierarchy::ag_arrival; docs/decisions/0074).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "hierarchy.hpp"
 #include "schedule.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/ag_gemm.hpp"
@@ -35,6 +41,10 @@ enum class AgWait {
   none,                       ///< its rows are ours: nothing
   in_kernel_tiles,            ///< inside the kernel, tile by tile (the hooked GEMM)
   shard_flags_before_launch,  ///< a one-block wait for all of shard `wait_from`'s chunk flags, enqueued before the GEMM
+  /// Across nodes: a one-block wait for shard `shard`'s arrival count to reach
+  /// the two-level AllGather's blocks, enqueued before the GEMM; `wait_from`
+  /// names the GPU that delivers the shard (the rank a timeout blames).
+  shard_arrivals_before_launch,
 };
 
 struct AgStep {
@@ -42,7 +52,8 @@ struct AgStep {
   int shard = -1;        ///< the shard it multiplies; -1 for whole_waiting (all of them)
   int first_shard = -1;  ///< whole_waiting: the shard whose rows its tiles start at; else `shard`
   AgWait wait = AgWait::none;
-  int wait_from = -1;  ///< shard_flags_before_launch: the rank whose shard's flags it waits for; else -1
+  int wait_from = -1;  ///< shard_flags_before_launch: the rank whose shard's flags it waits for;
+                       ///< shard_arrivals_before_launch: the GPU that delivers the shard; else -1
 };
 
 /// One rank's run of a fused way: its pushes (on the side stream) and its steps (on the stream), in order.
@@ -77,6 +88,26 @@ inline AgPlan ag_plan(AgWay way, int rank, int world) {
     const int q = schedule::wrap(rank + s, world);
     plan.steps.push_back(s == 0 ? AgStep{AgGemmKind::shard, q, q, AgWait::none, -1}
                                 : AgStep{AgGemmKind::shard, q, q, AgWait::shard_flags_before_launch, q});
+  }
+  return plan;
+}
+
+/// The run of AllGather+GEMM across nodes for GPU `rank` of node grid `g`: no
+/// pushes (the two-level AllGather kernel moves every shard), and one plain
+/// step per shard in the order the shards land at `rank`
+/// (hierarchy::ag_arrival: its own first, then by hop, the rail's shard before
+/// the node peers'), each later one waiting for its shard's arrival count.
+/// Way AgWay::plain_steps (path "fused, plain steps"); needs 2 or more GPUs.
+inline AgPlan ag_plan_two_level(hierarchy::NodeGrid g, int rank) {
+  const int world = g.world();
+  WEFT_REQUIRE(world >= 2 && rank >= 0 && rank < world, "ag_plan_two_level: needs 0 <= rank < world and world >= 2, ",
+               "got rank ", rank, " of ", world, " (", g.nodes, " nodes of ", g.local, ")");
+  AgPlan plan{AgWay::plain_steps, rank, world, {}, {}};
+  for (int i = 0; i < world; ++i) {
+    const int q = hierarchy::ag_arrival(g, rank, i);
+    plan.steps.push_back(i == 0 ? AgStep{AgGemmKind::shard, q, q, AgWait::none, -1}
+                                : AgStep{AgGemmKind::shard, q, q, AgWait::shard_arrivals_before_launch,
+                                         hierarchy::ag_delivery(g, rank, q).from});
   }
   return plan;
 }

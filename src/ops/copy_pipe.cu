@@ -6,13 +6,16 @@
 namespace weft::ops_detail {
 namespace {
 
-// Each flag goes back to 0 once seen: this kernel is its only reader (as
-// RowWait::count_out() for a waiting GEMM).
-__global__ void wait_and_consume_kernel(dev::World w, std::uint64_t* flags, int count, int per_rank, int first_rank) {
+// Each flag goes back to 0 once it reached `value`: this kernel is its only
+// reader (as RowWait::count_out() for a waiting GEMM). `first_rank` and
+// `per_rank` name who raises flag i (first_rank + i / per_rank); a flag of
+// this rank is skipped unless `own` (a local count, raised here for `from`).
+__global__ void wait_and_consume_kernel(dev::World w, std::uint64_t* flags, int count, int per_rank, int first_rank,
+                                        std::uint64_t value, bool own) {
   for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) {
     const int from = first_rank + i / per_rank;
-    if (from == w.rank) continue;
-    dev::wait_until(w, flags + i, dev::Cmp::ge, 1, dev::Scope::sys, from);
+    if (from == w.rank && !own) continue;
+    dev::wait_until(w, flags + i, dev::Cmp::ge, value, dev::Scope::sys, from);
     dev::st_relaxed(flags + i, 0, dev::Scope::sys);
   }
 }
@@ -55,6 +58,12 @@ cudaStream_t CopyPipe::begin(cudaStream_t stream, std::uint64_t* reset, int rese
   return side_;
 }
 
+cudaStream_t CopyPipe::fork(cudaStream_t stream) {
+  WEFT_CUDA(cudaEventRecord(fork_, stream));
+  WEFT_CUDA(cudaStreamWaitEvent(side_, fork_, 0));
+  return side_;
+}
+
 void CopyPipe::join(cudaStream_t stream) {
   WEFT_CUDA(cudaEventRecord(join_, side_));
   WEFT_CUDA(cudaStreamWaitEvent(stream, join_, 0));
@@ -85,19 +94,30 @@ void push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_byte
   push_chunk(dst, src, chunk_bytes, c, flags, side);
 }
 
+void raise_flag_when_done(std::uint64_t* flags, std::int64_t c, cudaStream_t stream) {
+  WEFT_REQUIRE(flags, "raise_flag_when_done: needs a flag array, got a null pointer");
+  raise_flag(flags, c, stream);
+}
+
 void reset_flags(std::uint64_t* flags, int count, cudaStream_t stream) {
   WEFT_CUDA(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(count) * sizeof(std::uint64_t), stream));
 }
 
 void wait_all_and_consume(const dev::World& world, std::uint64_t* flags, int count, int per_rank,
                           cudaStream_t stream) {
-  wait_and_consume_kernel<<<1, 256, 0, stream>>>(world, flags, count, per_rank, 0);
+  wait_and_consume_kernel<<<1, 256, 0, stream>>>(world, flags, count, per_rank, 0, 1, false);
   WEFT_CUDA(cudaGetLastError());
 }
 
 void wait_from_and_consume(const dev::World& world, std::uint64_t* flags, int count, int from_rank,
                            cudaStream_t stream) {
-  wait_and_consume_kernel<<<1, 256, 0, stream>>>(world, flags, count, count, from_rank);
+  wait_and_consume_kernel<<<1, 256, 0, stream>>>(world, flags, count, count, from_rank, 1, false);
+  WEFT_CUDA(cudaGetLastError());
+}
+
+void wait_count_and_consume(const dev::World& world, std::uint64_t* count, std::uint64_t value, int from_rank,
+                            cudaStream_t stream) {
+  wait_and_consume_kernel<<<1, 32, 0, stream>>>(world, count, 1, 1, from_rank, value, true);
   WEFT_CUDA(cudaGetLastError());
 }
 

@@ -37,6 +37,10 @@ class CopyPipe {
   /// only at the start of its next run, after its GEMM of this run, which
   /// needed the pushes we enqueue after taking it back.
   cudaStream_t begin(cudaStream_t stream, std::uint64_t* reset = nullptr, int reset_count = 0);
+  /// Returns the side stream, forked from `stream` with no "free" exchange:
+  /// for work on it that waits for its peers by itself (a two-level
+  /// AllGather's "ready" flags), or touches no peer.
+  cudaStream_t fork(cudaStream_t stream);
   /// `stream` continues after everything enqueued on the side stream so far.
   void join(cudaStream_t stream);
 
@@ -68,6 +72,10 @@ void push_chunk_when_stored(void* dst, const void* src, std::uint64_t chunk_byte
 /// cudaMemcpy2DAsync), then sets flags[c] to 1 as push_chunk does.
 void push_column_band(void* dst, const void* src, std::int64_t rows, std::uint64_t row_bytes,
                       std::uint64_t band_bytes, std::int64_t c, std::uint64_t* flags, cudaStream_t side);
+/// Sets flags[c] to 1 from `stream`'s front end once the work enqueued before
+/// it on `stream` is done (cuStreamWriteValue64 behind a memory barrier: what
+/// that work wrote is visible to a reader that sees the flag). No SM.
+void raise_flag_when_done(std::uint64_t* flags, std::int64_t c, cudaStream_t stream);
 /// Zeroes flags[0, count) on `stream` (a memset: a small kernel, about 1.5 us
 /// ahead of what follows it; front-end writes cost about 0.8 us each).
 void reset_flags(std::uint64_t* flags, int count, cudaStream_t stream);
@@ -80,5 +88,11 @@ void reset_flags(std::uint64_t* flags, int count, cudaStream_t stream);
 void wait_all_and_consume(const dev::World& world, std::uint64_t* flags, int count, int per_rank, cudaStream_t stream);
 /// The same for flags[0, count), all raised by rank `from_rank`.
 void wait_from_and_consume(const dev::World& world, std::uint64_t* flags, int count, int from_rank, cudaStream_t stream);
+/// Waits on `stream` until the local word *count >= value, then sets it back
+/// to 0 (its one reader). The word counts what this GPU's kernels saw arrive
+/// from other ranks; a wait past the timeout names `from_rank`, the rank
+/// whose data it is waiting for. One small kernel.
+void wait_count_and_consume(const dev::World& world, std::uint64_t* count, std::uint64_t value, int from_rank,
+                            cudaStream_t stream);
 
 }  // namespace weft::ops_detail

@@ -37,6 +37,40 @@ class TwoLevelRun {
   virtual int blocks() const = 0;
 };
 
+/// AllGather+GEMM's two-level AllGather, built collectively by weft::internode:
+/// the AllGather kernel walking its waits in hierarchy::ag_arrival order and
+/// counting, per shard, the blocks whose slice has landed (docs/decisions/0074).
+class TwoLevelAgArrivals {
+ public:
+  virtual ~TwoLevelAgArrivals() = default;
+  /// Enqueues one launch on `stream`: gathers every rank's `input` into the
+  /// symmetric `output` (shard q at q x bytes per rank), and adds 1 to the local
+  /// word arrived[q] (release, GPU scope) as each block's slice of a peer's
+  /// shard q lands; a shard is whole once its word reaches blocks(). The own
+  /// shard is not counted. The caller consumes the words (sets them back to 0)
+  /// before the next launch.
+  virtual void run(const void* input, void* output, std::uint64_t* arrived, cudaStream_t stream) = 0;
+  /// Thread blocks of its kernel: the value every arrived word reaches.
+  virtual int blocks() const = 0;
+};
+
+/// GEMM+ReduceScatter's two-level ReduceScatter, built collectively by
+/// weft::internode: the ReduceScatter kernel, each of its blocks waiting,
+/// before its one read of this GPU's partial of block b, for the local word
+/// stored[b] to reach 1 (docs/decisions/0075).
+class TwoLevelRsAfterStores {
+ public:
+  virtual ~TwoLevelRsAfterStores() = default;
+  /// Enqueues one launch on `stream`: reduce-scatters `input` ([W][count], this
+  /// GPU's partials of every block) into `output` ([count]) as two_level's
+  /// ReduceScatter does, reading block b's partial only once stored[b] >= 1.
+  /// The caller raises stored[b] (from another stream, after the GEMM that
+  /// writes block b) and zeroes the words before the next launch.
+  virtual void run(const void* input, void* output, const std::uint64_t* stored, cudaStream_t stream) = 0;
+  /// Thread blocks of its kernel (the SMs it holds while it runs).
+  virtual int blocks() const = 0;
+};
+
 /// What ExpertParallel (moe/ep.cu) hands its kernels across nodes for one
 /// dispatch or combine, checked there: the caller's tensors, the plan's receive
 /// staging and meta records (the one-node plan's rows: docs/decisions/0072),
@@ -88,6 +122,11 @@ struct TwoLevelCollectives {
   std::unique_ptr<TwoLevelRun> (*reduce_scatter)(Context& ctx, std::uint64_t count, DType dtype, int max_sms);
   std::unique_ptr<TwoLevelRun> (*all_reduce)(Context& ctx, std::uint64_t count, DType dtype, int max_sms,
                                              hierarchy::RailWay way);
+  /// AllGather+GEMM's counting AllGather of `bytes_per_rank` (AgGemm across nodes).
+  std::unique_ptr<TwoLevelAgArrivals> (*ag_arrivals)(Context& ctx, std::uint64_t bytes_per_rank, int max_sms);
+  /// GEMM+ReduceScatter's ReduceScatter after stores, of `count` elements per rank (GemmRs across nodes).
+  std::unique_ptr<TwoLevelRsAfterStores> (*rs_after_stores)(Context& ctx, std::uint64_t count, DType dtype,
+                                                            int max_sms);
 };
 
 /// Registers `table` (weft::RemotePeers' constructor) or, with nullptr, drops

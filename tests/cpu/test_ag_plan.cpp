@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gemm/tile_walk.hpp"
@@ -162,4 +163,62 @@ TEST(AgLayout, EveryShardsFlagsAreItsOwnWordsAndFillTheAllocation) {
         }
       for (int owned : owner) EXPECT_GE(owned, 0);
     }
+}
+
+// Across nodes (ag_plan_two_level), on every grid of 1-8 nodes x 1-8 GPUs of
+// 2 GPUs or more, every GPU: one plain step per shard, its own first; each
+// later step waits for its shard's arrival count, blaming the GPU that
+// delivers it; and the shards come in the order the counting AllGather
+// kernel's blocks wait for them (ag_walk with AgPushWaits::per_hop), so no
+// step waits on a shard the kernel reaches after one a later step needs.
+TEST(AgPlan, AcrossNodesEveryShardOnceInTheOrderTheTwoLevelAllGatherWaitsForIt) {
+  using weft::hierarchy::Act;
+  using weft::hierarchy::NodeGrid;
+  using weft::hierarchy::Step;
+  for (int nodes = 1; nodes <= 8; ++nodes)
+    for (int local = 1; local <= 8; ++local) {
+      const NodeGrid g{nodes, local};
+      if (g.world() < 2) continue;
+      for (int gpu = 0; gpu < g.world(); ++gpu) {
+        SCOPED_TRACE(testing::Message() << nodes << " nodes of " << local << ", GPU " << gpu);
+        const AgPlan p = ag_plan_two_level(g, gpu);
+        EXPECT_EQ(p.way, AgWay::plain_steps);
+        EXPECT_EQ(p.rank, gpu);
+        EXPECT_EQ(p.world, g.world());
+        EXPECT_TRUE(p.pushes.empty());  // the kernel moves every shard
+        ASSERT_EQ(static_cast<int>(p.steps.size()), g.world());
+        EXPECT_EQ(p.steps[0].shard, gpu);
+        EXPECT_EQ(p.steps[0].wait, AgWait::none);
+        EXPECT_EQ(p.steps[0].wait_from, -1);
+        // The kernel's data waits, in order: (shard, the GPU that raises its flag).
+        std::vector<std::pair<int, int>> kernel_waits;
+        weft::hierarchy::ag_walk(
+            g, gpu,
+            [&](const Step& s) {
+              if (s.act == Act::wait && s.index >= 0) kernel_waits.emplace_back(s.index, s.peer);
+            },
+            weft::hierarchy::AgPushWaits::per_hop);
+        ASSERT_EQ(static_cast<int>(kernel_waits.size()), g.world() - 1);
+        std::vector<int> seen(g.world(), 0);
+        ++seen[gpu];
+        for (int s = 1; s < g.world(); ++s) {
+          SCOPED_TRACE(testing::Message() << "step " << s);
+          const AgStep& step = p.steps[s];
+          EXPECT_EQ(step.gemm, AgGemmKind::shard);
+          EXPECT_EQ(step.first_shard, step.shard);
+          EXPECT_EQ(step.wait, AgWait::shard_arrivals_before_launch);
+          EXPECT_EQ(step.shard, kernel_waits[s - 1].first);
+          EXPECT_EQ(step.wait_from, kernel_waits[s - 1].second);
+          EXPECT_EQ(step.wait_from, weft::hierarchy::ag_delivery(g, gpu, step.shard).from);
+          EXPECT_NE(step.wait_from, gpu);
+          ASSERT_GE(step.shard, 0);
+          ASSERT_LT(step.shard, g.world());
+          ++seen[step.shard];
+        }
+        for (int q = 0; q < g.world(); ++q) EXPECT_EQ(seen[q], 1) << "shard " << q;
+      }
+    }
+  EXPECT_THROW(ag_plan_two_level(NodeGrid{1, 1}, 0), weft::Error);
+  EXPECT_THROW(ag_plan_two_level(NodeGrid{2, 2}, 4), weft::Error);
+  EXPECT_THROW(ag_plan_two_level(NodeGrid{2, 2}, -1), weft::Error);
 }

@@ -953,6 +953,27 @@ TEST(HierarchyKernels, ReduceScatterStepsSumEveryBlockEveryLaunchInAnyInterleavi
   }
 }
 
+// GEMM+ReduceScatter across nodes (docs/decisions/0075): the ReduceScatter
+// kernel waits for this GPU's partial of a block right before its one read of
+// it (an NVLink put, or the node sum), and the operator's GEMMs store the
+// blocks in rs_block order. The kernel must read them in that same order,
+// each once, or a thread block would wait on a GEMM still queued behind
+// others while the block it could use sits ready.
+TEST(HierarchyKernels, ReduceScatterReadsEachOwnPartialOnceInTheOrderTheGemmsStoreThem) {
+  for (NodeGrid g : every_grid()) {
+    for (int r = 0; r < g.world(); ++r) {
+      std::vector<int> reads;
+      rs_walk(g, r, [&](const Step& s) {
+        if (s.act == Act::put || s.act == Act::sum_node) reads.push_back(s.index);
+      });
+      ASSERT_EQ(static_cast<int>(reads.size()), g.world()) << name(g) << ", GPU " << r;
+      for (int t = 0; t < g.world(); ++t)
+        EXPECT_EQ(reads[t], rs_block(g, r, t)) << name(g) << ", GPU " << r << ", step " << t;
+      EXPECT_EQ(reads.back(), r) << name(g) << ": its own block last";
+    }
+  }
+}
+
 TEST(HierarchyKernels, AllReduceStepsSumEverySliceEveryLaunchInAnyInterleaving) {
   for (NodeGrid g : every_grid()) {
     const auto steps = step_lists(g, [](NodeGrid gg, int r, auto&& f) { ar_walk(gg, r, f); });

@@ -55,9 +55,10 @@ inline void* dalloc(std::uint64_t bytes) {
 
 inline std::uint64_t salt = 1000;  // each check draws fresh seeds
 
-// Runs `op` once per check on fresh inputs; returns the relative error of the
-// output against the fp32 reference, (ag) the gathered A's mismatched bytes,
-// and the mode the plan was built with (options().mode).
+// Runs `op` once per check (`checks` of them, 2 by default) on fresh inputs;
+// returns the relative error of the output against the fp32 reference, (ag)
+// the gathered A's mismatched bytes, and the mode the plan was built with
+// (options().mode).
 struct AgResult {
   double err;
   std::uint64_t gathered_mismatch;
@@ -71,7 +72,7 @@ struct ReduceResult {
 };
 
 inline AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, OverlapMode mode, Cublas& cb,
-                              AgWay way = AgWay::automatic, DType t = DType::bf16) {
+                              AgWay way = AgWay::automatic, DType t = DType::bf16, int checks = 2) {
   cudaStream_t s = test::stream();
   const int w = ctx().world_size(), me = ctx().rank();
   const std::string ts = to_string(t);
@@ -83,7 +84,7 @@ inline AgResult check_ag_gemm(std::int64_t m, std::int64_t n, std::int64_t k, Ov
   void* gathered = dalloc(m * k * 2);
   float* ref = static_cast<float*>(dalloc(m * n * 4));
   AgResult r{0, 0, OverlapMode::automatic, ""};
-  for (int check = 0; check < 2; ++check) {  // second check: new data through the same plan
+  for (int check = 0; check < checks; ++check) {  // later checks: new data through the same plan
     const std::vector<std::uint64_t> a_seeds = fresh_seeds(++salt);
     bench::fill_uniform(shard, rows * k, ts, a_seeds[me], s);
     bench::fill_uniform(b, n * k, ts, bench::fresh_seed(me, ++salt), s);

@@ -22,9 +22,15 @@
 // Sequential path: weft's AllGather, then a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster). `automatic` times both
 // on the first run (outside graph capture) and keeps the faster, the same on
-// every rank; path() says which runs. Across nodes (or virtual nodes) every
-// mode runs the sequential path, its AllGather on the two-level schedule,
-// which needs weft::internode and a weft::RemotePeers alive (docs/decisions/0073).
+// every rank; path() says which runs.
+// Across nodes (or virtual nodes), with weft::internode and a
+// weft::RemotePeers alive: the fused path is plain steps over the two-level
+// AllGather (docs/decisions/0074). That kernel gathers on a side stream,
+// counting each shard's landed slices; a plain GEMM per shard runs in the
+// order the shards land (own, then by hop: the rail's shard, then the node
+// peers'), each after a one-block wait for its count. AgWay::one_gemm is
+// refused there; the sequential path's AllGather takes the two-level schedule
+// (docs/decisions/0073).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,7 +52,8 @@ enum class AgWay {
   automatic,   ///< every way the plan can run, timed on the first run with the sequential paths
   one_gemm,    ///< one hooked persistent GEMM over all M rows, its tiles waiting for their rows ("fused")
   /// a plain GEMM per shard (any tile order, or cuBLAS), the local one first,
-  /// each later one once its shard has landed ("fused, plain steps"); 2 ranks or more
+  /// each later one once its shard has landed ("fused, plain steps"); 2 ranks
+  /// or more; the one fused way across nodes
   plain_steps
 };
 
@@ -75,6 +82,7 @@ struct AgPlan;
 class CopyPipe;
 class PathChoice;
 class TileWaits;
+class TwoLevelAgArrivals;
 }  // namespace ops_detail
 
 /// A planned AllGather + GEMM. Collective construction; runs many times
@@ -121,7 +129,8 @@ class AgGemm {
   const AgGemmOptions& options() const { return options_; }
 
  private:
-  /// Enqueues a fused way's run from its plan (ag_plan.hpp): its pushes, then its steps.
+  /// Enqueues a fused way's run from its plan (ag_plan.hpp): its pushes (or,
+  /// across nodes, the two-level AllGather), then its steps.
   void run_plan(const ops_detail::AgPlan& plan, const void* b, void* c, cudaStream_t stream);
   /// On the side stream: our shard to each of `peers` in order, chunk by chunk, each chunk's flag raised there.
   void push_shard(const std::vector<int>& peers, cudaStream_t side);
@@ -141,10 +150,13 @@ class AgGemm {
   std::unique_ptr<ops_detail::PathChoice> choice_;     // which path runs
   std::vector<ops_detail::AgPlan> plans_;              // each built fused way's run on this rank, in AgWay order
   SymmetricBuffer gathered_;  // [M, K]
-  SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here
+  SymmetricBuffer arrived_;   // u64 [W x chunks]: chunk c of shard q has landed here (across nodes: word q counts blocks)
   std::unique_ptr<Gemm> fused_gemm_, plain_gemm_;
   std::unique_ptr<Gemm> step_gemm_;  // AgWay::plain_steps: M / W rows, no hook
   std::unique_ptr<AllGather> all_gather_;
+  // Across nodes, the fused path's AllGather: counts each shard's landed slices
+  // into arrived_'s word q (docs/decisions/0074); null on one node.
+  std::unique_ptr<ops_detail::TwoLevelAgArrivals> ag_arrivals_;
 };
 
 }  // namespace weft

@@ -34,9 +34,17 @@
 // buffer on every rank. Sequential path: a plain GEMM (weft's, or cuBLAS where
 // the tuner finds it faster), then weft's ReduceScatter. `automatic` times
 // both on the first run (outside graph capture) and keeps the faster, the same
-// on every rank. Across nodes (or virtual nodes) every mode runs the sequential
-// path, its ReduceScatter on the two-level schedule, which needs
-// weft::internode and a weft::RemotePeers alive (docs/decisions/0073).
+// on every rank.
+// Across nodes (or virtual nodes), with weft::internode and a
+// weft::RemotePeers alive: the fused path is "fused, two-level steps"
+// (docs/decisions/0075): a plain GEMM per block of M / W rows in the order
+// the two-level ReduceScatter reaches the blocks (hierarchy::rs_block: the
+// other nodes' blocks first, this node's last, this rank's own very last),
+// each followed by a word the stream's front end raises; the ReduceScatter
+// kernel runs on a side stream, each of its thread blocks reading a block's
+// partial once its word is up. The ring's ways are refused there (FusedWay
+// automatic only); the sequential path's ReduceScatter takes the two-level
+// schedule (docs/decisions/0073).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,6 +52,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "weft/gemm/gemm.hpp"
 #include "weft/ops/collective.hpp"
@@ -55,6 +64,8 @@ namespace weft {
 namespace ops_detail {
 class RingExecutor;
 class PathChoice;
+class CopyPipe;
+class TwoLevelRsAfterStores;
 }  // namespace ops_detail
 
 /// Which fused way a plan runs.
@@ -125,7 +136,8 @@ class GemmRs {
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
   /// "fused" (the ring, a GEMM per step), "fused, one launch", "fused, plain
-  /// first step", "fused, one launch, adding", "sequential"
+  /// first step", "fused, one launch, adding", "fused, two-level steps"
+  /// (across nodes), "sequential"
   /// (the GEMM, then weft's reduce-scatter), "sequential, NCCL" (NCCL's), or
   /// "" before the first run.
   std::string path() const;
@@ -152,6 +164,10 @@ class GemmRs {
 
  private:
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
+  /// Across nodes, the fused path: block GEMMs into partial_ in rs_block
+  /// order, each raising its stored_ word; the two-level ReduceScatter after
+  /// stores on the side stream.
+  void run_two_level_steps(const void* a, const void* b, void* out, cudaStream_t stream);
 
   std::shared_ptr<Context> ctx_;
   GemmRsOptions options_;
@@ -161,8 +177,15 @@ class GemmRs {
   std::unique_ptr<ops_detail::PathChoice> choice_;  // which path runs
   // The sequential path: the GEMM into partial_ [M, N], then the reduce-scatter.
   std::unique_ptr<Gemm> plain_gemm_;
-  SymmetricBuffer partial_;
+  SymmetricBuffer partial_;  // [M, N]: the sequential path's, and across nodes the fused path's
   std::unique_ptr<ReduceScatter> reduce_scatter_;
+  // Across nodes, the fused path (null on one node): a GEMM over M / W rows,
+  // the blocks in rs_block order, a u64 word per block, the side stream.
+  std::unique_ptr<Gemm> block_gemm_;
+  std::vector<int> block_order_;
+  SymmetricBuffer stored_;
+  std::unique_ptr<ops_detail::CopyPipe> pipe_;
+  std::unique_ptr<ops_detail::TwoLevelRsAfterStores> rs_after_stores_;
 };
 
 }  // namespace weft
