@@ -17,6 +17,7 @@
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
 #include "weft/internode/remote_peers.hpp"
+#include "weft/ops/all_gather.hpp"
 
 // NVSHMEM's device library version, a __constant__ of libnvshmem_device.a
 // (init_device.cu): read by the probe below, which also keeps it in the linked
@@ -62,6 +63,25 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 }  // namespace
+
+// Context::barrier where some peer is not mapped: a two-level AllGather of 16
+// bytes per rank (its kernel ends on a rank only once every rank's shard has
+// reached it, so once every rank has started it), on one block: the fewest SMs
+// beside the work it separates, where ranks share a GPU. Built after the
+// two-level table is registered, which the plan takes. Collective.
+struct RemotePeers::Barrier {
+  static constexpr std::uint64_t kBytes = 16;
+  explicit Barrier(const std::shared_ptr<Context>& ctx)
+      : plan(ctx, AllGatherOptions{kBytes, AllGatherVariant::two_level, 1}),
+        input(ctx->heap(), kBytes, "bytes", "weft.remote_barrier.input"),
+        output(ctx->heap(), kBytes * ctx->world_size(), "bytes", "weft.remote_barrier.output") {
+    WEFT_CUDA(cudaDeviceSynchronize());  // the buffers' zeroing, before a run on a non-blocking stream
+  }
+  void run(cudaStream_t stream) { plan.run(input.get(), output.get(), stream); }
+
+  AllGather plan;
+  SymmetricBuffer input, output;
+};
 
 RemotePeers::RemotePeers(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {
   WEFT_REQUIRE(ctx_, "RemotePeers needs a Context");
@@ -116,13 +136,27 @@ RemotePeers::RemotePeers(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {
   if (rank == 0) WEFT_LOG(info, "RemotePeers: ", describe());
   // From here AllGather, ReduceScatter and AllReduce find their two-level schedules (docs/decisions/0066).
   ops_detail::register_two_level(&ops_detail::internode_collectives());
+  if (ctx_->all_peers_direct()) return;  // the same on every rank: Context::barrier's own kernel serves
+  try {
+    barrier_ = std::make_unique<Barrier>(ctx_);
+  } catch (...) {
+    withdraw();  // no destructor runs for an object whose constructor throws
+    throw;
+  }
+  barrier_token_ = ctx_->install_barrier_across_nodes([b = barrier_.get()](cudaStream_t s) { b->run(s); });
 }
 
-RemotePeers::~RemotePeers() {
+RemotePeers::~RemotePeers() { withdraw(); }
+
+void RemotePeers::withdraw() noexcept {
+  if (barrier_token_) ctx_->withdraw_barrier_across_nodes(barrier_token_);
+  barrier_token_ = 0;
+  barrier_.reset();  // frees its symmetric buffers: destroyed alike on every rank
   ops_detail::register_two_level(nullptr);
   if (library_) {
     cudaDeviceSynchronize();  // no kernel of this program reads the state past here
     nvshmem_finalize_device_library(library_);
+    library_ = nullptr;
   }
 }
 

@@ -74,15 +74,8 @@ void PathChoice::choose(const std::vector<Path>& paths, std::vector<int> candida
   for (int c : candidates) paths[c].call();  // warm-up
   ctx_->synchronize(stream);
   const std::size_t n = candidates.size();
-  // The device barrier loads and stores every peer's flag; across nodes the ranks meet on the host instead.
-  auto barrier = [&] {
-    if (ctx_->all_peers_direct()) {
-      ctx_->barrier(stream);
-    } else {
-      ctx_->synchronize(stream);
-      ctx_->host_barrier("overlapped path timing");
-    }
-  };
+  // Across nodes Context::barrier is weft::RemotePeers' (alive wherever a fused path runs there).
+  auto barrier = [&] { ctx_->barrier(stream); };
   std::vector<float> medians = time_interleaved(
       n, [&](std::size_t c) { paths[candidates[c]].call(); }, kSamples, kCallsPerSample, stream, barrier);
   max_over_ranks(ctx_->store(), medians, "overlapped path timings");  // the slowest rank's, as the GEMM tuner does

@@ -123,8 +123,22 @@ ncclComm_t Context::nccl() const {
 }
 
 void Context::barrier(cudaStream_t stream) {
-  if (!all_peers_direct_) require_direct_peers("Context::barrier");
+  if (!all_peers_direct_) {
+    if (!barriers_across_nodes_.empty()) return barriers_across_nodes_.back().second(stream);
+    require_direct_peers("Context::barrier", "which Context::barrier takes through the barrier a weft::RemotePeers "
+                                             "(weft::internode) installs while it is alive: construct one first.");
+  }
   launch_barrier_kernel(world_, stream);
+}
+
+std::uint64_t Context::install_barrier_across_nodes(std::function<void(cudaStream_t)> barrier) {
+  WEFT_REQUIRE(barrier, "install_barrier_across_nodes: an empty barrier");
+  barriers_across_nodes_.emplace_back(++barrier_tokens_, std::move(barrier));
+  return barrier_tokens_;
+}
+
+void Context::withdraw_barrier_across_nodes(std::uint64_t token) {
+  std::erase_if(barriers_across_nodes_, [token](const auto& entry) { return entry.first == token; });
 }
 
 void Context::require_direct_peers(const std::string& who, const std::string& remedy) const {

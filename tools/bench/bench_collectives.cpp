@@ -163,7 +163,7 @@ std::string check_once(Context& ctx, const std::string& op, const Case& c, std::
   else fill_uniform(b.input.get(), bytes / elem, args.dtype, seed, stream);
   poison(b.output.get(), c.out_bytes, 0xA5, stream);
   poison(b.nccl_out, c.out_bytes, 0x5A, stream);
-  device_barrier(ctx, stream);
+  ctx.barrier(stream);
   c.weft(stream);
   if (!c.nccl) {
     ctx.synchronize(stream);
@@ -256,7 +256,7 @@ int bench_enqueue(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args
         std::shared_ptr<void> plan;
         Case c = make_case(ctx_ptr, op, v, bytes, args, b, plan);
         // One eager call first: a first run may finish setting up, and must not be captured.
-        device_barrier(ctx, stream);
+        ctx.barrier(stream);
         c.weft(stream);
         ctx.synchronize(stream);
         cudaGraph_t graph = nullptr;

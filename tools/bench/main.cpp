@@ -48,31 +48,6 @@ std::uint64_t two_level_room(const bench::BenchArgs& args, const LaunchEnv& laun
                                      spans ? 1 : world);
 }
 
-#ifdef WEFT_BENCH_INTERNODE
-// weft-bench's device barrier where some peer is not mapped (Context::barrier
-// refuses there): a two-level AllGather of 16 bytes per rank, which ends on a
-// rank only once every rank's shard has reached it, so once every rank has
-// started it. Set for bench::device_barrier while it lives. Collective.
-class UnmappedPeersBarrier {
- public:
-  explicit UnmappedPeersBarrier(const std::shared_ptr<Context>& ctx)
-      : plan_(ctx, AllGatherOptions{kBytes, AllGatherVariant::two_level}),
-        in_(ctx->heap(), kBytes, "bytes", "bench.barrier.input"),
-        out_(ctx->heap(), kBytes * ctx->world_size(), "bytes", "bench.barrier.output") {
-    WEFT_CUDA(cudaMemset(in_.get(), 0, kBytes));
-    WEFT_CUDA(cudaDeviceSynchronize());  // before any run on weft-bench's non-blocking streams
-    bench::set_unmapped_peers_barrier([this](cudaStream_t s) { plan_.run(in_.get(), out_.get(), s); });
-  }
-  ~UnmappedPeersBarrier() { bench::set_unmapped_peers_barrier({}); }
-  UnmappedPeersBarrier(const UnmappedPeersBarrier&) = delete;
-  UnmappedPeersBarrier& operator=(const UnmappedPeersBarrier&) = delete;
-
- private:
-  static constexpr std::uint64_t kBytes = 16;
-  AllGather plan_;
-  SymmetricBuffer in_, out_;
-};
-#endif
 
 }  // namespace
 
@@ -138,14 +113,13 @@ int main(int argc, char** argv) {
     const bool unmapped = !ctx->all_peers_direct();
     const bool two_level_named = is_collective(args.op) && names(args.variants, "two_level");
 #ifdef WEFT_BENCH_INTERNODE
-    std::unique_ptr<RemotePeers> remote;  // before the barrier and every plan; destroyed after them
-    std::unique_ptr<UnmappedPeersBarrier> barrier;
+    // Before every plan, destroyed after them; across nodes it also installs Context::barrier's.
+    std::unique_ptr<RemotePeers> remote;
     if (unmapped || two_level_named) {
       remote = std::make_unique<RemotePeers>(ctx);
       if (ctx->rank() == 0)
         std::fprintf(stderr, "[weft-bench] two-level collectives ready (weft::RemotePeers): %s\n",
                      remote->describe().c_str());
-      if (unmapped) barrier = std::make_unique<UnmappedPeersBarrier>(ctx);
     }
 #else
     if ((unmapped || two_level_named) && ctx->rank() == 0)

@@ -15,22 +15,6 @@
 #include "weft/core/error.hpp"
 
 namespace weft::bench {
-namespace {
-std::function<void(cudaStream_t)>& unmapped_peers_barrier() {
-  static std::function<void(cudaStream_t)> barrier;
-  return barrier;
-}
-}  // namespace
-
-void set_unmapped_peers_barrier(std::function<void(cudaStream_t)> barrier) {
-  unmapped_peers_barrier() = std::move(barrier);
-}
-
-void device_barrier(Context& ctx, cudaStream_t stream) {
-  if (!ctx.all_peers_direct() && unmapped_peers_barrier()) return unmapped_peers_barrier()(stream);
-  ctx.barrier(stream);
-}
-
 double median(std::vector<double> values) {
   WEFT_REQUIRE(!values.empty(), "median of no samples");
   std::sort(values.begin(), values.end());
@@ -52,7 +36,7 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
   // A held stream must not meet a call that synchronises (a first call's
   // tuning or graph capture): one untimed call of each, unheld, first.
   for (const auto& contender : contenders) {
-    device_barrier(ctx, stream);
+    ctx.barrier(stream);
     contender();
     ctx.synchronize(stream);
   }
@@ -70,7 +54,7 @@ std::vector<double> time_interleaved(Context& ctx, cudaStream_t stream,
       for (std::size_t j = turn.size(); j > 1; --j) std::swap(turn[j - 1], turn[draw() % j]);
     for (const std::size_t i : turn) {
       if (held) held->hold(stream);
-      device_barrier(ctx, stream);
+      ctx.barrier(stream);
       WEFT_CUDA(cudaEventRecord(start, stream));
       for (int c = 0; c < calls_per_sample; ++c) contenders[i]();
       WEFT_CUDA(cudaEventRecord(stop, stream));
@@ -126,7 +110,7 @@ void soak(Context& ctx, cudaStream_t stream, const std::vector<std::function<voi
   for (std::size_t i = 0; i < contenders.size(); ++i) {
     WEFT_REQUIRE(ms_per_call[i] > 0, "soak: ", names[i], " has no time per call (", ms_per_call[i], " ms)");
     const long long calls = std::max(16LL, static_cast<long long>(1000.0 * seconds / ms_per_call[i]));
-    device_barrier(ctx, stream);
+    ctx.barrier(stream);
     ctx.synchronize(stream);
     const double t0 = unix_ms();
     WEFT_CUDA(cudaEventRecord(start, stream));

@@ -14,19 +14,6 @@ namespace weft::bench {
 /// Median of a sample (copied, not modified).
 double median(std::vector<double> values);
 
-/// The device barrier weft-bench starts ranks with (timing, checks): enqueued
-/// on `stream`, work after it on any rank starts once every rank reached it.
-/// Context::barrier where every peer is mapped; where some is not (ranks on
-/// several nodes, or WEFT_VIRTUAL_NODES), Context::barrier loads and stores
-/// peers it cannot address and refuses, so the barrier set by
-/// set_unmapped_peers_barrier runs instead (main.cpp: a two-level AllGather of
-/// a few bytes, which ends on a rank only once every rank has started it);
-/// without one, Context::barrier's refusal, naming the ranks. Collective.
-void device_barrier(Context& ctx, cudaStream_t stream);
-/// Sets the barrier device_barrier takes where some peer is not mapped; an
-/// empty function clears it (before what it runs is destroyed).
-void set_unmapped_peers_barrier(std::function<void(cudaStream_t)> barrier);
-
 /// Times `fn` (which enqueues one call on `stream`) on every rank together.
 /// `fn` runs once untimed first (a first call may tune or capture, and
 /// synchronise). Each sample, with `hold` (the default): the stream is held

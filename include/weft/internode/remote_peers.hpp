@@ -14,6 +14,7 @@
 // docs/decisions/0061.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,10 +39,18 @@ class RemotePeers {
   /// built across nodes (or virtual nodes) takes them, where without a
   /// RemotePeers it refuses, naming the ranks it cannot address. Keep it until
   /// the last run of such a plan (docs/decisions/0066).
+  ///
+  /// Where some peer is not mapped, it also installs the Context's device
+  /// barrier (Context::barrier, which loads and stores every peer's flag on
+  /// one node): a two-level AllGather of 16 bytes per rank, which ends on a
+  /// rank only once every rank has started it, with the bounded waits of the
+  /// two-level kernels (a rank that never arrives is named).
   explicit RemotePeers(std::shared_ptr<Context> ctx);
   /// Releases the device state (nvshmemx_culibrary_finalize) while the
   /// Context, which it holds, still has NVSHMEM up, and withdraws the
-  /// two-level schedules (a plan that runs later throws, saying so). Not collective.
+  /// two-level schedules (a plan that runs later throws, saying so) and the
+  /// barrier it installed. Collective where it installed one (the barrier's
+  /// symmetric buffers are freed on every rank alike), as a plan's destruction is.
   ~RemotePeers();
   RemotePeers(const RemotePeers&) = delete;
   RemotePeers& operator=(const RemotePeers&) = delete;
@@ -54,9 +63,15 @@ class RemotePeers {
   std::string describe() const;
 
  private:
+  struct Barrier;  // the two-level AllGather behind Context::barrier across nodes
+
+  void withdraw() noexcept;
+
   std::shared_ptr<Context> ctx_;
   void* library_ = nullptr;  // the CUlibrary whose NVSHMEM state was set
   std::vector<int> remote_;
+  std::unique_ptr<Barrier> barrier_;
+  std::uint64_t barrier_token_ = 0;
 };
 
 }  // namespace weft

@@ -15,9 +15,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "weft/runtime/heap.hpp"
 #include "weft/runtime/launch_env.hpp"
@@ -91,11 +94,23 @@ class Context {
   const dev::World& world() const { return world_; }
 
   /// Enqueues a barrier across all ranks on `stream`: work after it on any
-  /// rank's stream starts only once every rank's stream reached it, and puts
-  /// issued before it are complete. A one-block kernel; calls on one rank must
-  /// not run concurrently on two streams. It stores to every peer's flags, so
-  /// it needs every peer mapped (require_direct_peers).
+  /// rank's stream starts only once every rank's stream reached it. Calls on
+  /// one rank must not run concurrently on two streams. Where every peer is
+  /// mapped: a one-block kernel that stores to every peer's flag (and stores
+  /// to peers issued before it are then visible). Where some peer is not (ranks
+  /// on several nodes, or WEFT_VIRTUAL_NODES): the barrier a layer that
+  /// reaches such peers installed (weft::RemotePeers, while it is alive: a
+  /// few bytes' two-level AllGather on NVSHMEM's device path, which ends on a
+  /// rank only once every rank has started it); without one, it throws on
+  /// every rank, naming the ranks without a direct path and that remedy.
   void barrier(cudaStream_t stream);
+  /// Installs the barrier barrier() enqueues where some peer is not mapped;
+  /// the latest installed is used. Returns a token for withdraw_barrier_across_nodes.
+  /// Not collective, but every rank must install alike (weft::RemotePeers'
+  /// constructor, which is collective, does).
+  std::uint64_t install_barrier_across_nodes(std::function<void(cudaStream_t)> barrier);
+  /// Withdraws the barrier `token` names (before what it runs is destroyed).
+  void withdraw_barrier_across_nodes(std::uint64_t token);
 
   /// True when every rank maps every peer's heap (World::reachable(pe) holds
   /// for every pe on every rank): always on the native heap; on the NVSHMEM
@@ -154,6 +169,8 @@ class Context {
   Settings settings_;
   bool all_peers_direct_ = true;
   std::uint64_t calls_verified_ = 0;
+  std::vector<std::pair<std::uint64_t, std::function<void(cudaStream_t)>>> barriers_across_nodes_;
+  std::uint64_t barrier_tokens_ = 0;
 };
 
 /// A symmetric allocation owned by an object: allocated collectively on

@@ -12,7 +12,9 @@
 // place, hundreds of back-to-back runs with no host synchronisation and
 // alternating inputs (epochs, no reset), CUDA-graph replays, and, in a process
 // of its own (WEFT_TEST_PROVOKE_TIMEOUT=internode), a rank that skips the
-// AllGather named by the others' bounded waits. docs/decisions/0066.
+// AllGather named by the others' bounded waits. Also Context::barrier across
+// nodes, which a RemotePeers installs: no rank passes it before the last one
+// reaches it. docs/decisions/0066.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,7 @@
 #include "internode_test.hpp"
 #include "ops/hierarchy.hpp"
 #include "weft/core/error.hpp"
+#include "weft/device/memory.cuh"
 #include "weft/internode/remote_peers.hpp"
 #include "weft/ops/all_gather.hpp"
 #include "weft/ops/all_reduce.hpp"
@@ -213,6 +217,58 @@ TEST(TwoLevel, AutomaticPlansTakeTheTwoLevelPathWhileRemotePeersIsAlive) {
     EXPECT_NE(e.find("construct a weft::RemotePeers"), std::string::npos) << e;
     EXPECT_NE(e.find(str("rank ", ctx().rank(), " cannot address rank(s) ")), std::string::npos) << e;
   }
+}
+
+// ---- Context::barrier across nodes ------------------------------------------------------
+
+// One thread: spins until `hold_ns` have passed since it started, then writes
+// the GPU's global timer to *stamp (mapped host memory).
+__global__ void hold_then_stamp(std::uint64_t hold_ns, std::uint64_t* stamp) {
+  const std::uint64_t t0 = dev::globaltimer_ns();
+  while (dev::globaltimer_ns() - t0 < hold_ns) {
+  }
+  *reinterpret_cast<volatile std::uint64_t*>(stamp) = dev::globaltimer_ns();
+}
+
+TEST(TwoLevel, ContextBarrierHoldsEveryRankUntilTheLastArrives) {
+  NEED_NODES();
+  EXPECT_NE(error_of([] { ctx().barrier(test::stream()); }).find("construct one first"), std::string::npos)
+      << "without a RemotePeers Context::barrier refuses, naming the remedy";
+  RemotePeers remote(test::ctx_ptr());
+  const int world = ctx().world_size(), me = ctx().rank();
+  cudaStream_t s = test::stream();
+  std::uint64_t* stamps = nullptr;  // [round][before, after]
+  WEFT_CUDA(cudaHostAlloc(&stamps, 2 * world * sizeof(std::uint64_t), cudaHostAllocMapped));
+  // Each round one rank reaches the barrier 20 ms late: no rank may pass it
+  // before that rank reached it. The margin (1 ms) absorbs the timers' skew
+  // between GPUs; without a barrier the others pass 19 ms early.
+  constexpr std::uint64_t kLateNs = 20'000'000, kSkewNs = 1'000'000;
+  for (int late = 0; late < world; ++late) {
+    hold_then_stamp<<<1, 1, 0, s>>>(me == late ? kLateNs : 0, &stamps[2 * late]);
+    ctx().barrier(s);
+    hold_then_stamp<<<1, 1, 0, s>>>(0, &stamps[2 * late + 1]);
+    WEFT_CUDA(cudaGetLastError());
+  }
+  // Then hundreds back to back with nothing between them: epochs, no reset, no hang.
+  for (int i = 0; i < 300; ++i) ctx().barrier(s);
+  ctx().synchronize(s);
+  std::string mine;
+  for (int i = 0; i < 2 * world; ++i) mine += std::to_string(stamps[i]) + " ";
+  const auto all = test::gather(mine);
+  std::vector<std::vector<std::uint64_t>> t(world);
+  for (int r = 0; r < world; ++r) {
+    std::istringstream in(all[r]);
+    for (std::uint64_t v; in >> v;) t[r].push_back(v);
+    ASSERT_EQ(t[r].size(), std::size_t(2 * world)) << all[r];
+  }
+  for (int late = 0; late < world; ++late) {
+    const std::uint64_t arrived = t[late][2 * late];
+    for (int r = 0; r < world; ++r)
+      EXPECT_GE(t[r][2 * late + 1] + kSkewNs, arrived)
+          << "rank " << r << " passed the barrier " << (arrived - t[r][2 * late + 1]) / 1000
+          << " us before rank " << late << " reached it";
+  }
+  WEFT_CUDA(cudaFreeHost(stamps));
 }
 
 // ---- AllGather ---------------------------------------------------------------------------
