@@ -1,7 +1,9 @@
 // GEMM + AllReduce: the plan. Fused = GemmRs's ring (ring_executor.hpp) into
 // our rows of `out`, each chunk of our block shipped to every peer by copy
 // engine as the ring's last GEMM stores it; sequential = the GEMM, then an
-// AllReduce in place. path_choice.hpp picks between them on the first run.
+// AllReduce in place. Across nodes the fused path is GemmRs's two-level steps
+// into our rows of `out`, then the two-level AllGather of the summed blocks in
+// place (docs/decisions/0076). path_choice.hpp picks between them on the first run.
 #include "weft/ops/gemm_ar.hpp"
 
 #include "copy_pipe.hpp"
@@ -9,6 +11,7 @@
 #include "path_choice.hpp"
 #include "ring_executor.hpp"
 #include "schedule.hpp"
+#include "two_level.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/nccl_type.hpp"
 
@@ -22,8 +25,12 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
   // The fused path is GemmRs's ring: M / W rows per rank, and rows the engine tiles.
   const GemmOptions whole = gemm_options(o.m, o.n, o.k, o.dtype, o.b_layout);
   operand_alignment_ = ops_detail::operand_alignment(whole);
-  // Across nodes only the sequential path runs (its AllReduce takes the two-level schedule).
-  std::string why_not_fused = ops_detail::across_nodes_reason(*ctx_);
+  // Across nodes the fused path is GemmRs's two-level steps, then the two-level
+  // AllGather, where weft::internode registered them; else only the sequential
+  // path runs (its AllReduce takes the two-level schedule, or refuses below).
+  const bool across_nodes = !ctx_->all_peers_direct();
+  const bool two_level = across_nodes && ops_detail::two_level_collectives();
+  std::string why_not_fused = two_level ? std::string() : ops_detail::across_nodes_reason(*ctx_);
   if (why_not_fused.empty()) why_not_fused = ops_detail::untileable_reason(whole);
   if (why_not_fused.empty() && o.m % world != 0)
     why_not_fused = str("M = ", o.m, " is not a multiple of the world size ", world, " (the ring's blocks)");
@@ -31,7 +38,19 @@ GemmAr::GemmAr(std::shared_ptr<Context> ctx, const GemmArOptions& requested)
   ctx_->verify_same_call(ops_detail::plan_description("GemmAr", o.m, o.n, o.k, o.dtype, o.b_layout, o.mode) +
                          ops_detail::across_nodes_description(*ctx_));
   ops_detail::require_sequential_across_nodes(*ctx_, "GemmAr", "AllReduce");
-  if (o.mode != OverlapMode::sequential) {
+  WEFT_REQUIRE(!across_nodes || o.mode == OverlapMode::sequential || o.way == FusedWay::automatic, "GemmAr: ",
+               path_name(o.way), " (FusedWay) walks a ring through every peer's heap, and some peers are on other ",
+               "nodes (or virtual nodes): across nodes use FusedWay::automatic (\"", ops_detail::kTwoLevelStepsPath,
+               "\": GemmRs's block steps, then the two-level AllGather) or OverlapMode::sequential");
+  if (o.mode != OverlapMode::sequential && two_level) {
+    // Our block of the sum lands in our rows of out; the AllGather brings every other block.
+    two_level_rs_ = std::make_unique<GemmRs>(
+        ctx_, GemmRsOptions{.m = o.m, .n = o.n, .k = o.k, .dtype = o.dtype, .b_layout = o.b_layout,
+                            .mode = OverlapMode::fused, .chunks_per_block = o.chunks_per_block});
+    two_level_ag_ = std::make_unique<AllGather>(
+        ctx_, AllGatherOptions{.bytes_per_rank = static_cast<std::uint64_t>(o.m / world * o.n * 2),
+                               .variant = AllGatherVariant::two_level});
+  } else if (o.mode != OverlapMode::sequential) {
     const ops_detail::RowChunks rows = ops_detail::plan_rows("GemmAr", shape, o.chunks_per_block, *ctx_, o.n * 2,
                                                              schedule::kMinStoredChunkBytes);
     ring_ = std::make_unique<ops_detail::RingExecutor>(
@@ -60,7 +79,8 @@ float GemmAr::measured_sequential_ms() const { return choice_->sequential_ms(); 
 
 std::string GemmAr::gemm_config() const {
   if (choice_->path().empty()) return "";
-  return choice_->fused() ? ring_->gemm_config(ops_detail::fused_way_of(choice_->path())) : plain_gemm_->config();
+  if (!choice_->fused()) return plain_gemm_->config();
+  return two_level_rs_ ? two_level_rs_->gemm_config() : ring_->gemm_config(ops_detail::fused_way_of(choice_->path()));
 }
 
 void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
@@ -70,14 +90,23 @@ void GemmAr::run(const void* a, const void* b, void* out, cudaStream_t stream) {
                " ", to_string(options_.dtype), ") must be in the symmetric heap: peers write their blocks into it");
   if (ctx_->check_calls())
     ctx_->verify_same_call(str("GemmAr run: ", options_.m, " x ", options_.n, " x ", options_.k));
+  std::vector<ops_detail::FusedPath> fused;  // a sequential plan builds none
+  if (ring_) fused = ring_->paths([&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); });
+  if (two_level_rs_)
+    fused.push_back({ops_detail::kTwoLevelStepsPath, [&](cudaStream_t s) { run_two_level_steps(a, b, out, s); }});
   choice_->run(
       stream, {a, b, out},
       [&] {  // each fused way tunes its GEMMs on its first call (before its run starts)
         if (plain_gemm_) run_sequential(a, b, out, stream, false);  // a plan that may run sequentially
       },
-      ring_ ? ring_->paths([&](cudaStream_t s, FusedWay way) { run_fused(a, b, out, s, way); })
-            : std::vector<ops_detail::FusedPath>{},  // a sequential plan builds no ring
-      [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
+      fused, [&](bool nccl) { run_sequential(a, b, out, stream, nccl); });
+}
+
+void GemmAr::run_two_level_steps(const void* a, const void* b, void* out, cudaStream_t stream) {
+  const std::int64_t block_bytes = options_.m / ctx_->world_size() * options_.n * 2;
+  char* mine = static_cast<char*>(out) + ctx_->rank() * block_bytes;
+  two_level_rs_->run(a, b, mine, stream);   // our block of the sum (it ends once that block is whole)
+  two_level_ag_->run(mine, out, stream);    // in place: every block, on every rank
 }
 
 void GemmAr::run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl) {

@@ -23,11 +23,10 @@ namespace weft {
 namespace trace = ops_detail::trace;
 
 namespace {
-// Across nodes, the fused path's name, and the thread blocks of its
-// ReduceScatter kernel; the block GEMMs take the rest of the rank's SMs. Its
-// rail puts are NVSHMEM block puts (the NIC's pace, not the SMs'), its sums
-// and NVLink pushes SM work. A starting point, to be measured on two nodes.
-constexpr const char* kTwoLevelStepsPath = "fused, two-level steps";
+// Across nodes, the thread blocks of the fused path's ReduceScatter kernel;
+// the block GEMMs take the rest of the rank's SMs. Its rail puts are NVSHMEM
+// block puts (the NIC's pace, not the SMs'), its sums and NVLink pushes SM
+// work. A starting point, to be measured on two nodes.
 constexpr int kTwoLevelRsBlocks = 8;
 }  // namespace
 
@@ -65,7 +64,7 @@ GemmRs::GemmRs(std::shared_ptr<Context> ctx, const GemmRsOptions& requested)
   ops_detail::require_sequential_across_nodes(*ctx_, "GemmRs", "ReduceScatter");
   WEFT_REQUIRE(!across_nodes || o.mode == OverlapMode::sequential || o.way == FusedWay::automatic, "GemmRs: ",
                path_name(o.way), " (FusedWay) walks a ring through every peer's heap, and some peers are on other ",
-               "nodes (or virtual nodes): across nodes use FusedWay::automatic (\"", kTwoLevelStepsPath,
+               "nodes (or virtual nodes): across nodes use FusedWay::automatic (\"", ops_detail::kTwoLevelStepsPath,
                "\": block GEMMs beside the two-level ReduceScatter) or OverlapMode::sequential");
   if (o.mode != OverlapMode::sequential && two_level) {
     const hierarchy::NodeGrid grid = ops_detail::two_level_grid(*ctx_, "GemmRs");
@@ -128,7 +127,7 @@ void GemmRs::run(const void* a, const void* b, void* out, cudaStream_t stream) {
   std::vector<ops_detail::FusedPath> fused;
   if (ring_) fused = ring_->paths([&](cudaStream_t s, FusedWay way) { ring_->run(way, a, b, out, s); });
   if (block_gemm_)
-    fused.push_back({kTwoLevelStepsPath, [&](cudaStream_t s) { run_two_level_steps(a, b, out, s); }});
+    fused.push_back({ops_detail::kTwoLevelStepsPath, [&](cudaStream_t s) { run_two_level_steps(a, b, out, s); }});
   choice_->run(
       stream, {a, b, out},
       [&] {  // each fused way tunes its GEMMs on its first call (before its run starts)

@@ -59,6 +59,10 @@ std::string untileable_reason(const GemmOptions& g);
 /// path: the GEMM and the collective, on its two-level schedule
 /// (weft::internode, while a weft::RemotePeers is alive; docs/decisions/0073).
 std::string across_nodes_reason(const Context& ctx);
+/// The fused path across nodes of GemmRs (a GEMM per block beside the two-level
+/// ReduceScatter after stores, docs/decisions/0075) and of GemmAr (those steps,
+/// then the two-level AllGather of the summed blocks, 0076).
+inline constexpr const char* kTwoLevelStepsPath = "fused, two-level steps";
 /// ", across nodes" and whether the two-level schedules are at hand, for the
 /// plan description the ranks compare (verify_same_call); "" on one node.
 std::string across_nodes_description(const Context& ctx);

@@ -10,9 +10,14 @@
 // Sequential path (what small M wants: one-shot): a plain GEMM (weft's, or
 // cuBLAS where faster) into `out`, then weft's AllReduce in place. `automatic`
 // times both on the first run and keeps the faster, the same on every rank.
-// Across nodes (or virtual nodes) every mode runs the sequential path, its
-// AllReduce on the two-level schedule, which needs weft::internode and a
-// weft::RemotePeers alive (docs/decisions/0073).
+// Across nodes (or virtual nodes), with weft::internode and a
+// weft::RemotePeers alive: the sequential path's AllReduce takes the two-level
+// schedule (docs/decisions/0073), and the fused path ("fused, two-level
+// steps") is GemmRs's across nodes (a GEMM per block beside the two-level
+// ReduceScatter, 0075) into this rank's rows of `out`, then the two-level
+// AllGather of the summed blocks in place: 3 / (2 x nodes) of the AllReduce's
+// NIC bytes, which the cost model puts at 1.19-1.35x the sequential path at
+// 16-64 GPUs (docs/SCALE.md; decision 0076). The ring's ways are refused there.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "weft/ops/all_gather.hpp"
 #include "weft/ops/all_reduce.hpp"
 #include "weft/ops/gemm_rs.hpp"
 
@@ -60,9 +66,9 @@ class GemmAr {
   /// it, in the same order. Throws weft::Error naming what was expected.
   void run(const void* a, const void* b, void* out, cudaStream_t stream);
 
-  /// "fused" (the ring a GEMM per step), "fused, one launch", "sequential"
-  /// (the GEMM, then weft's all-reduce), "sequential, NCCL" (NCCL's), or ""
-  /// before the first run.
+  /// "fused" (the ring a GEMM per step), "fused, one launch", "fused,
+  /// two-level steps" (across nodes), "sequential" (the GEMM, then weft's
+  /// all-reduce), "sequential, NCCL" (NCCL's), or "" before the first run.
   std::string path() const;
   /// The first automatic run's measurement of the fused path (ms, slowest
   /// rank), else 0.
@@ -78,6 +84,7 @@ class GemmAr {
  private:
   void run_fused(const void* a, const void* b, void* out, cudaStream_t stream, FusedWay way);
   void run_sequential(const void* a, const void* b, void* out, cudaStream_t stream, bool nccl);
+  void run_two_level_steps(const void* a, const void* b, void* out, cudaStream_t stream);
 
   std::shared_ptr<Context> ctx_;
   GemmArOptions options_;
@@ -87,6 +94,8 @@ class GemmAr {
   SymmetricBuffer arrived_;  // u64 [W][chunks]: chunk c of rank q's block has landed in out
   std::unique_ptr<Gemm> plain_gemm_;
   std::unique_ptr<AllReduce> all_reduce_;
+  std::unique_ptr<GemmRs> two_level_rs_;     // across nodes, fused: our block of the sum into our rows of out
+  std::unique_ptr<AllGather> two_level_ag_;  // then every block, in place
 };
 
 }  // namespace weft

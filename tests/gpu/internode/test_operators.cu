@@ -4,8 +4,10 @@
 // counting two-level AllGather: a GEMM per shard, in the order the shards land
 // (docs/decisions/0074); one_gemm is refused there. GemmRs's is a GEMM per
 // block beside the two-level ReduceScatter after stores (docs/decisions/0075);
-// the ring's ways are refused there. GemmAr runs the sequential path in every
-// mode, its AllReduce on the two-level schedule (docs/decisions/0073).
+// the ring's ways are refused there. GemmAr's is those block steps into its
+// own rows, then the two-level AllGather of the summed blocks in place
+// (docs/decisions/0076); its sequential path's AllReduce takes the two-level
+// schedule (0073).
 // Checked as on one node (overlap_check.hpp): fresh inputs, poisoned outputs,
 // runs through one plan, against cuBLAS with fp32 accumulation; the gathered
 // A bitwise; shapes the engine cannot tile and M not a multiple of the tile;
@@ -13,8 +15,10 @@
 // is up (a GPU per rank) the first run times weft's collective against
 // NCCL's, meeting on the host between samples. Without a RemotePeers the
 // plans refuse, naming themselves and the remedy.
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "internode_test.hpp"
 #include "overlap_check.hpp"
@@ -197,21 +201,71 @@ TEST(AcrossNodes, GemmRsFusedRunsAndGraphReplaysRepeatBitwise) {
   for (void* p : {a, b, out}) cudaFree(p);
 }
 
-TEST(AcrossNodes, GemmArRunsItsSequentialPathInEveryMode) {
+TEST(AcrossNodes, GemmArFusesBlockStepsThenTheTwoLevelAllGatherInEveryMode) {
   NEED_NODES();
   RemotePeers remote(ctx_ptr());
   Cublas cb;
   const int w = ctx().world_size();
+  const std::string two_level_steps = "fused, two-level steps";
   for (DType t : {DType::bf16, DType::fp16})
     for (OverlapMode mode : {OverlapMode::automatic, OverlapMode::fused, OverlapMode::sequential}) {
       const std::string what = std::string("GemmAr ") + to_string(t) + ", " + to_string(mode);
       const ReduceResult r = check_gemm_reduce(true, 256 * w, 512, 384, mode, cb, FusedWay::automatic, t);
       EXPECT_LT(r.err, 1e-2) << what;
-      EXPECT_EQ(r.mode, OverlapMode::sequential) << what;
-      expect_sequential(r.path, what);
+      EXPECT_EQ(r.mode, mode) << what;
+      if (mode == OverlapMode::fused) EXPECT_EQ(r.path, two_level_steps) << what;
+      else if (mode == OverlapMode::sequential) expect_sequential(r.path, what);
+      else if (r.path != two_level_steps) expect_sequential(r.path, what + " (automatic took the sequential path)");
     }
-  // M not a multiple of the tile nor of the world size.
-  EXPECT_LT(check_gemm_reduce(true, 1001, 256, 256, OverlapMode::automatic, cb).err, 1e-2);
+  // Blocks of many ReduceScatter and AllGather thread blocks (2 MB each); M not a multiple of the tile.
+  EXPECT_LT(check_gemm_reduce(true, 1024 * w, 1024, 512, OverlapMode::fused, cb).err, 1e-2);
+  EXPECT_LT(check_gemm_reduce(true, 125 * w, 256, 256, OverlapMode::fused, cb).err, 1e-2);
+  // M not a multiple of the world size, or K the engine cannot tile: the sequential path.
+  const ReduceResult ragged = check_gemm_reduce(true, 1001, 256, 256, OverlapMode::fused, cb);
+  EXPECT_LT(ragged.err, 1e-2);
+  EXPECT_EQ(ragged.mode, OverlapMode::sequential);
+  const ReduceResult untileable = check_gemm_reduce(true, 125 * w, 256, 1001, OverlapMode::fused, cb);
+  EXPECT_LT(untileable.err, 1e-2);
+  EXPECT_EQ(untileable.mode, OverlapMode::sequential);
+  // The ring's ways go through every peer's heap: refused across nodes, naming the way that runs.
+  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch}) {
+    std::string error;
+    try {
+      GemmAr plan(ctx_ptr(), GemmArOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused, .way = way});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("GemmAr: " + std::string(path_name(way)) + " (FusedWay) walks a ring"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("FusedWay::automatic"), std::string::npos) << error;
+  }
+}
+
+// Each block is summed once, in the two-level order, then copied: runs back to
+// back, eager and replayed from a graph, give the first run's bits, and every
+// rank holds the same bits.
+TEST(AcrossNodes, GemmArFusedRunsAndGraphReplaysRepeatBitwiseAndEveryRankHoldsTheSameBits) {
+  NEED_NODES();
+  RemotePeers remote(ctx_ptr());
+  cudaStream_t s = test::stream();
+  const int w = ctx().world_size(), me = ctx().rank();
+  const std::int64_t m = 512 * w, n = 512, k = 1024;
+  GemmAr plan(ctx_ptr(), GemmArOptions{.m = m, .n = n, .k = k, .mode = OverlapMode::fused});
+  void* a = dalloc(m * k * 2);
+  void* b = dalloc(n * k * 2);
+  SymmetricBuffer out(ctx().heap(), m * n * 2, "bf16", "test.gemm_ar.out");
+  bench::fill_uniform(a, m * k, "bf16", bench::fresh_seed(me, ++salt), s);
+  bench::fill_uniform(b, n * k, "bf16", bench::fresh_seed(me, ++salt), s);
+  expect_runs_and_replays_repeat_bitwise([&] { plan.run(a, b, out.get(), s); }, out.get(), m * n * 2,
+                                         "GemmAr across nodes");
+  EXPECT_EQ(plan.path(), "fused, two-level steps");
+  std::vector<unsigned char> host(static_cast<std::size_t>(m * n * 2));
+  WEFT_CUDA(cudaMemcpy(host.data(), out.get(), host.size(), cudaMemcpyDeviceToHost));
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a of the result's bytes
+  for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
+  const auto hashes = test::gather(std::to_string(h));
+  for (int q = 1; q < w; ++q) EXPECT_EQ(hashes[q], hashes[0]) << "rank " << q << "'s sum differs from rank 0's";
+  for (void* p : {a, b}) cudaFree(p);
 }
 
 TEST(AcrossNodes, OverlappedOperatorsWithoutRemotePeersAreRefusedNamingTheRemedy) {
