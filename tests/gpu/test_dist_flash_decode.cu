@@ -5,6 +5,11 @@
 // GPU (the local attention with the default kernel and the 6-stage one);
 // repeated runs, CUDA-graph replays and the combine step run alone give the
 // same bits; combine() before any run() is refused.
+//
+// weft_internode_tests compiles this file too (WEFT_TESTS_ACROSS_NODES): there
+// the ranks span nodes (virtual ones on one machine, or real ones) and the
+// partials travel by the two-level AllGather, against the same reference; every
+// rank must also hold the same bits, and without a RemotePeers the plan is refused.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -20,6 +25,19 @@
 #include "weft/core/error.hpp"
 #include "weft/ops/dist_flash_decode.hpp"
 #include "weft/ops/flash_decode.hpp"
+
+#if defined(WEFT_TESTS_ACROSS_NODES)
+#include "internode/internode_test.hpp"
+#include "weft/internode/remote_peers.hpp"
+// Across nodes: ranks on several nodes, and weft::internode's kernels made ready for the test's plans.
+#define DECODE_SETUP() \
+  NEED_NODES();        \
+  ::weft::RemotePeers remote_peers(::weft::test::ctx_ptr())
+#else
+#define DECODE_SETUP() \
+  do {                 \
+  } while (0)
+#endif
 
 using namespace weft;
 using weft::test::ctx;
@@ -122,6 +140,7 @@ struct Sharded {
 }  // namespace
 
 TEST(DistFlashDecode, EveryRankGetsTheAttentionOverTheWholeCache) {
+  DECODE_SETUP();
   // Lengths 1 and 3 leave ranks with empty shards at world 2 and more; 0 leaves every rank empty.
   for (const std::vector<int>& lens : {std::vector<int>{5000, 1, 3, 777}, std::vector<int>{0, 20000, 64, 2}}) {
     Sharded sh(lens);
@@ -144,6 +163,7 @@ TEST(DistFlashDecode, EveryRankGetsTheAttentionOverTheWholeCache) {
 }
 
 TEST(DistFlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
+  DECODE_SETUP();
   Sharded sh({9000, 33, 2, 4097});
   DistFlashDecode op(test::ctx_ptr(), sh.local_options());
   cudaStream_t s = test::stream();
@@ -179,6 +199,17 @@ TEST(DistFlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
   EXPECT_EQ(host[0], 0u) << "output bytes that differed from the first run, over 20 runs and 100 replays";
   EXPECT_EQ(host[1], 0u) << "lse bytes that differed from the first run";
   EXPECT_EQ(sh.compare(), "");
+  // Every rank merged the same partials in the same order: the same bits everywhere.
+  {
+    std::vector<unsigned char> bytes(out_bytes + lse_bytes);
+    WEFT_CUDA(cudaMemcpy(bytes.data(), sh.out, out_bytes, cudaMemcpyDeviceToHost));
+    WEFT_CUDA(cudaMemcpy(bytes.data() + out_bytes, sh.lse, lse_bytes, cudaMemcpyDeviceToHost));
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a
+    for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+    const auto hashes = test::gather(std::to_string(h));
+    for (std::size_t q = 1; q < hashes.size(); ++q)
+      EXPECT_EQ(hashes[q], hashes[0]) << "rank " << q << "'s output and lse differ from rank 0's";
+  }
   // The combine step alone (what weft-bench decode --dist times) over the partials the last run left:
   // the same bits, 20 times.
   WEFT_CUDA(cudaMemsetAsync(mismatches, 0, 2 * sizeof(unsigned long long), s));
@@ -206,3 +237,17 @@ TEST(DistFlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
   for (void* p : {first_out, first_lse, static_cast<void*>(mismatches)}) cudaFree(p);
   EXPECT_TRUE(test::all_ranks(!HasFailure()));
 }
+
+#if defined(WEFT_TESTS_ACROSS_NODES)
+TEST(DistFlashDecode, AcrossNodesWithoutRemotePeersIsRefusedNamingTheRemedy) {
+  NEED_NODES();
+  std::string error;
+  try {
+    DistFlashDecode op(test::ctx_ptr(), {.batch = kBatch, .q_heads = kQHeads, .kv_heads = kKvHeads, .max_kv_len = 64});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("DistFlashDecode reaches every peer by load and store"), std::string::npos) << error;
+  EXPECT_NE(error.find("construct a weft::RemotePeers"), std::string::npos) << error;
+}
+#endif

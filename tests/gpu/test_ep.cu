@@ -20,7 +20,7 @@
 //     multiple of 8, calls out of order.
 // Outputs are poisoned before every call.
 //
-// weft_internode_tests compiles this file too (WEFT_EP_ACROSS_NODES): there the
+// weft_internode_tests compiles this file too (WEFT_TESTS_ACROSS_NODES): there the
 // throughput-mode cases run between virtual nodes (or real ones), where the
 // plan takes weft::internode's two-hop kernels (docs/decisions/0072), against
 // the same references; the low-latency mode has no path across nodes and is
@@ -40,7 +40,7 @@
 #include "weft/core/error.hpp"
 #include "weft/ops/ep.hpp"
 
-#if defined(WEFT_EP_ACROSS_NODES)
+#if defined(WEFT_TESTS_ACROSS_NODES)
 #include "internode/internode_test.hpp"
 #include "weft/internode/remote_peers.hpp"
 // Across nodes: ranks on several nodes, and weft::internode's kernels made ready for the test's plans.
@@ -62,7 +62,7 @@ namespace {
 // rounding costs at most 2^-8. On one node the partials and the sum round once
 // each; across nodes a remote node's partials are summed and rounded once more
 // on its rail GPU (docs/decisions/0072).
-#if defined(WEFT_EP_ACROSS_NODES)
+#if defined(WEFT_TESTS_ACROSS_NODES)
 constexpr double kCombineBound = 3.0 / 256;
 #else
 constexpr double kCombineBound = 2.0 / 256;
@@ -712,7 +712,7 @@ TEST(ExpertParallel, BadPlansAreNamed) {
   EXPECT_NE(disagree.find(str("experts ", 16 * world)), std::string::npos) << disagree;
 }
 
-#if !defined(WEFT_EP_ACROSS_NODES)
+#if !defined(WEFT_TESTS_ACROSS_NODES)
 // ---- low-latency mode ---------------------------------------------------------
 
 namespace {
@@ -1118,4 +1118,4 @@ TEST(ExpertParallelLowLatency, TenThousandStepsAndGraphReplaysWithFreshRoutingsE
   EXPECT_TRUE(test::all_ranks(error.empty()));
 }
 
-#endif  // !WEFT_EP_ACROSS_NODES
+#endif  // !WEFT_TESTS_ACROSS_NODES

@@ -19,12 +19,20 @@
 // handshake with the previous one; flags only grow, so repeated runs and
 // CUDA-graph replays need no reset. The exchange kernel waits on other ranks,
 // so its grid is at most this rank's share of the SMs (Team::sm_count).
+//
+// Across nodes (or virtual nodes), where the exchange kernel cannot store into
+// peers it has no address for, step 2 is three launches: this rank's partial
+// staged locally (the same bits step 2 stores), weft's two-level AllGather of
+// every rank's partial (weft::internode, while a weft::RemotePeers is alive;
+// refused, naming the remedy, without one), and the same merge in rank order:
+// every rank gets the same bits the one-node exchange gives.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
 
+#include "weft/ops/all_gather.hpp"
 #include "weft/ops/flash_decode.hpp"
 #include "weft/runtime/context.hpp"
 
@@ -65,8 +73,10 @@ class DistFlashDecode {
   std::shared_ptr<Context> ctx_;
   std::unique_ptr<FlashDecode> local_;
   int blocks_ = 1;
+  bool across_nodes_ = false;
   SymmetricBuffer staging_;
-  SignalArray signals_;
+  SignalArray signals_;               // one node: the exchange kernel's flags
+  std::unique_ptr<AllGather> gather_;  // across nodes: the partials' two-level AllGather
   std::uint64_t runs_ = 0;
   bool ran_ = false;  // run() has filled the local partials once
 };
