@@ -34,6 +34,13 @@
 //     routing without its sorted rows' tokens refused on every rank.
 // Every rank makes every collective call whatever it found; verdicts are
 // compared across ranks.
+//
+// weft_internode_tests compiles this file too (WEFT_TESTS_ACROSS_NODES): there
+// the ranks span nodes (virtual ones on one machine, or real ones), the
+// sequential path's AllGather and ReduceScatter take their two-level
+// schedules, and the same cases run on modes sequential and automatic (which
+// runs the sequential path there); mode fused is refused, naming the modes
+// that run, and the cases that pick one-node collective variants are left out.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,6 +62,19 @@
 #include "ops/moe/moe_tp_layout.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/moe_tp.hpp"
+
+#if defined(WEFT_TESTS_ACROSS_NODES)
+#include "internode/internode_test.hpp"
+#include "weft/internode/remote_peers.hpp"
+// Across nodes: ranks on several nodes, and weft::internode's kernels made ready for the test's plans.
+#define MOE_SETUP() \
+  NEED_NODES();     \
+  ::weft::RemotePeers remote_peers(::weft::test::ctx_ptr())
+#else
+#define MOE_SETUP() \
+  do {              \
+  } while (0)
+#endif
 
 using namespace weft;
 using weft::test::ctx;
@@ -453,9 +473,20 @@ std::string run_and_check(const Case& c) {
   }
 }
 
+// The modes every case runs on, and those the repeat and replay cases run on:
+// across nodes the overlapped paths are refused (their copies write into
+// every peer's heap) and automatic runs the sequential path.
+#if defined(WEFT_TESTS_ACROSS_NODES)
+constexpr OverlapMode kModes[] = {OverlapMode::sequential, OverlapMode::automatic};
+constexpr OverlapMode kRepeatModes[] = {OverlapMode::sequential};
+#else
+constexpr OverlapMode kModes[] = {OverlapMode::sequential, OverlapMode::fused, OverlapMode::automatic};
+constexpr OverlapMode kRepeatModes[] = {OverlapMode::sequential, OverlapMode::fused};
+#endif
+
 // The case on each mode, both plans on the same one.
 void expect_right(const Case& base) {
-  for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused, OverlapMode::automatic}) {
+  for (OverlapMode mode : kModes) {
     Case c = base;
     c.mode = c.rs_mode = mode;
     const std::string error = run_and_check(c);
@@ -467,21 +498,25 @@ void expect_right(const Case& base) {
 }  // namespace
 
 TEST(MoeTp, MixtralLikeLayerMatchesFloat64) {
+  MOE_SETUP();
   const int world = ctx().world_size();
   expect_right({"Mixtral-like", 8, 2, 512, 1024, ragged(world, 256), Routing::uniform, 1});
 }
 
 TEST(MoeTp, QwenLikeLayerOn1001RaggedTokensUnderZipfRouting) {
+  MOE_SETUP();
   const int world = ctx().world_size();
   // F = 520: 65 units of 8, so the slices differ by rank at 2, 4 and 8 ranks.
   expect_right({"Qwen-like", 128, 8, 128, 520, ragged(world, 1001), Routing::zipf, 2});
 }
 
 TEST(MoeTp, ARankWhoseTokensAllGoToOneExpert) {
+  MOE_SETUP();
   const int world = ctx().world_size();
   expect_right({"1001 tokens", 8, 2, 256, 512, ragged(world, 1001), Routing::rank_to_one_expert, 3});
 }
 
+#if !defined(WEFT_TESTS_ACROSS_NODES)  // the fused paths and one-node collective variants
 TEST(MoeTp, AgMoeAndMoeRsOnDifferentPaths) {
   const int world = ctx().world_size();
   const OverlapMode sequential = OverlapMode::sequential, fused = OverlapMode::fused;
@@ -495,7 +530,10 @@ TEST(MoeTp, AgMoeAndMoeRsOnDifferentPaths) {
   }
 }
 
+#endif
+
 TEST(MoeTp, NoneEntriesRepeatedExpertsEmptyExpertsAndPadding) {
+  MOE_SETUP();
   const int world = ctx().world_size();
   Case c{"-1, repeats, empties", 16, 4, 256, 512, ragged(world, 301), Routing::none_repeats_empty, 4};
   c.extra_capacity = 37;  // shards with room past every rank's tokens
@@ -503,12 +541,14 @@ TEST(MoeTp, NoneEntriesRepeatedExpertsEmptyExpertsAndPadding) {
 }
 
 TEST(MoeTp, OneTokenPerRankAndFp16) {
+  MOE_SETUP();
   const int world = ctx().world_size();
   expect_right({"one token per rank", 8, 2, 256, 512, std::vector<std::int64_t>(world, 1), Routing::uniform, 5});
   Case fp16{"fp16", 8, 2, 256, 512, ragged(world, 300), Routing::zipf, 6, DType::fp16};
   expect_right(fp16);
 }
 
+#if !defined(WEFT_TESTS_ACROSS_NODES)
 TEST(MoeTp, EveryAllGatherAndReduceScatterVariant) {
   const int world = ctx().world_size();
   struct Pair {
@@ -528,6 +568,8 @@ TEST(MoeTp, EveryAllGatherAndReduceScatterVariant) {
     expect_right(c);
   }
 }
+
+#endif
 
 namespace {
 
@@ -576,7 +618,8 @@ std::string thousand_runs_bitwise(OverlapMode mode) {
 }  // namespace
 
 TEST(MoeTp, AThousandBackToBackRunsAreBitwiseEqualToTheFirst) {
-  for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused}) {
+  MOE_SETUP();
+  for (OverlapMode mode : kRepeatModes) {
     const std::string error = thousand_runs_bitwise(mode);
     EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", mode " << to_string(mode);
     EXPECT_TRUE(test::all_ranks(error.empty())) << "mode " << to_string(mode);
@@ -652,7 +695,8 @@ std::string graph_replays_equal_eager(OverlapMode mode) {
 }  // namespace
 
 TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
-  for (OverlapMode mode : {OverlapMode::sequential, OverlapMode::fused}) {
+  MOE_SETUP();
+  for (OverlapMode mode : kRepeatModes) {
     const std::string error = graph_replays_equal_eager(mode);
     EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", mode " << to_string(mode);
     EXPECT_TRUE(test::all_ranks(error.empty())) << "mode " << to_string(mode);
@@ -660,6 +704,7 @@ TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
 }
 
 TEST(MoeTp, BadExpertIdsAreLeftOutAndNamedOnEveryRank) {
+  MOE_SETUP();
   const int world = ctx().world_size();
   Case c{"bad ids", 8, 2, 256, 512, std::vector<std::int64_t>(world, 16), Routing::uniform, 40};
   c.bad = {{world - 1, 9, 1, 8 + 5}, {0, 7, 0, -3}, {world - 1, 12, 0, 1000}};
@@ -692,6 +737,7 @@ TEST(MoeTp, BadExpertIdsAreLeftOutAndNamedOnEveryRank) {
 }
 
 TEST(MoeTp, BadOptionsDisagreeingRanksAndMismatchedPlansAreRefusedOnEveryRank) {
+  MOE_SETUP();
   const int world = ctx().world_size(), me = ctx().rank();
   auto thrown = [](auto make) -> std::string {
     try {
@@ -729,19 +775,31 @@ TEST(MoeTp, BadOptionsDisagreeingRanksAndMismatchedPlansAreRefusedOnEveryRank) {
   try {
     Layer layer({"mismatch", 8, 2, 256, 512, std::vector<std::int64_t>(world, 4), Routing::uniform, 50});
     MoeRs other(test::ctx_ptr(), {.experts = 8, .hidden = 256, .k_local = 64, .top_k = 4, .max_tokens_per_rank = 4});
+    layer.run(test::stream());
+    mismatch = thrown([&] { other.run(layer.h().p, layer.up().routing(), layer.h().p, layer.out().p, test::stream()); });
+#if defined(WEFT_TESTS_ACROSS_NODES)
+    // Across nodes the overlapped path is refused when the plan is built, naming the modes that run.
+    no_rows = thrown([] {
+      MoeRs fused(test::ctx_ptr(), {.experts = 8,
+                                    .hidden = 256,
+                                    .k_local = 64,
+                                    .top_k = 2,
+                                    .max_tokens_per_rank = 4,
+                                    .mode = OverlapMode::fused});
+    });
+#else
     MoeRs fused(test::ctx_ptr(), {.experts = 8,
                                   .hidden = 256,
                                   .k_local = 64,
                                   .top_k = 2,
                                   .max_tokens_per_rank = 4,
                                   .mode = OverlapMode::fused});
-    layer.run(test::stream());
-    mismatch = thrown([&] { other.run(layer.h().p, layer.up().routing(), layer.h().p, layer.out().p, test::stream()); });
     // A routing without the sorted rows' tokens (as one rebuilt from the counts and pair maps alone):
     // the overlapped path cannot find its regions and says so, before any collective call.
     MoeRouting partial = layer.up().routing();
     partial.row_token = nullptr;
     no_rows = thrown([&] { fused.run(layer.h().p, partial, layer.h().p, layer.out().p, test::stream()); });
+#endif
     too_many = thrown([&] {
       layer.up().run(nullptr, nullptr, nullptr, 5, layer.h().p, layer.h().p, test::stream());
     });
@@ -751,6 +809,17 @@ TEST(MoeTp, BadOptionsDisagreeingRanksAndMismatchedPlansAreRefusedOnEveryRank) {
   EXPECT_NE(mismatch.find("top_k 2"), std::string::npos) << mismatch;
   EXPECT_NE(mismatch.find("this plan expects world"), std::string::npos) << mismatch;
   EXPECT_NE(too_many.find("num_tokens = 5 must be in [0, max_tokens_per_rank = 4]"), std::string::npos) << too_many;
+#if defined(WEFT_TESTS_ACROSS_NODES)
+  EXPECT_NE(no_rows.find("MoeRs with mode fused"), std::string::npos) << no_rows;
+  EXPECT_NE(no_rows.find("use mode sequential, or automatic"), std::string::npos) << no_rows;
+  const std::string up_fused = thrown([] {
+    AgMoe p(test::ctx_ptr(), {.experts = 8, .hidden = 64, .n_local = 64, .top_k = 2, .max_tokens_per_rank = 8,
+                              .mode = OverlapMode::fused});
+  });
+  EXPECT_NE(up_fused.find("AgMoe with mode fused"), std::string::npos) << up_fused;
+  EXPECT_NE(up_fused.find("use mode sequential, or automatic"), std::string::npos) << up_fused;
+#else
   EXPECT_NE(no_rows.find("mode fused needs the routing's expert_offset and row_token"), std::string::npos) << no_rows;
+#endif
   EXPECT_TRUE(test::all_ranks(!HasFailure()));
 }
