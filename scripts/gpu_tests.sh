@@ -192,8 +192,11 @@ if part internode; then
 # routings and the hundred repeated calls cover reuse). The provoked hang runs
 # apart: its ranks' CUDA contexts end trapped.
 INTERNODE_TESTS="$BUILD/tests/weft_internode_tests"
-# It holds AcrossNodes.* too: AgGemm, GemmRs and GemmAr on their sequential path
-# across nodes (test_operators.cu, docs/decisions/0073).
+# It holds AcrossNodes.* too: AgGemm, GemmRs and GemmAr across nodes, each path
+# (test_operators.cu, docs/decisions/0073-0076); DistFlashDecode over the two-level
+# AllGather, AgMoe and MoeRs on their sequential path (test_dist_flash_decode.cu,
+# test_moe_tp.cu built again with WEFT_TESTS_ACROSS_NODES); and Context::barrier
+# across nodes (TwoLevel.ContextBarrier...).
 if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null && [ -x "$INTERNODE_TESTS" ]; then
   for run in 4/2 8/2 8/4; do
     n=${run%/*} nodes=${run#*/}
