@@ -17,7 +17,8 @@
 #    arguments, and its --sweep's (e.g. "--dtype fp16" or "--cases ...");
 #    PYTHON_WORLDS the python stage's multi-rank world sizes, default "2 4", and PYTHON_WAIT_S its
 #    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time;
-#    GPU_TESTS_PARTS, SUITE_WORLDS, NVSHMEM_WORLDS the gpu stage's parts of scripts/gpu_tests.sh and world sizes;
+#    GPU_TESTS_PARTS, SUITE_WORLDS, NVSHMEM_WORLDS, SUITE_FILTER the gpu stage's parts of scripts/gpu_tests.sh,
+#    world sizes and suite cases;
 #    TWO_GPU_PARTS the two_gpu stage's parts, default "overlap block ep moe decode collectives":
 #    two calls of a few parts each keep every call under the device tool's 600 s)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
