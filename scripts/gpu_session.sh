@@ -17,7 +17,8 @@
 #    arguments, and its --sweep's (e.g. "--dtype fp16" or "--cases ...");
 #    PYTHON_WORLDS the python stage's multi-rank world sizes, default "2 4", and PYTHON_WAIT_S its
 #    ranks' store and device wait bounds, default 300 s: above a rank's torch.compile time;
-#    GPU_TESTS_PARTS, SUITE_WORLDS, NVSHMEM_WORLDS the gpu stage's parts of scripts/gpu_tests.sh and world sizes;
+#    GPU_TESTS_PARTS, SUITE_WORLDS, NVSHMEM_WORLDS, SUITE_FILTER the gpu stage's parts of scripts/gpu_tests.sh,
+#    world sizes and suite cases;
 #    TWO_GPU_PARTS the two_gpu stage's parts, default "overlap block ep moe decode collectives":
 #    two calls of a few parts each keep every call under the device tool's 600 s)
 #                                               (default: build cpu gpu bench; gpu runs scripts/gpu_tests.sh:
@@ -56,17 +57,13 @@ CLOCKS_PID=$!
 
 # Programs built on a machine without a GPU (scripts/prebuild.sh), carried in
 # .carry/: used where they were built from this very tree and start here;
-# otherwise the build below, as if they were absent. The NCCL, cuBLAS and
-# NVSHMEM this image has are found where python3's wheels put them.
+# otherwise the build below, as if they were absent. Unpacked into $BUILD with
+# their SOURCE_STAMP, so a later call on the same machine (no build stage)
+# takes them too. The NCCL, cuBLAS and NVSHMEM this image has are found where
+# python3's wheels put them.
 PREBUILT=.carry/prebuilt.tar.xz
 PREBUILT_USED=0
-use_prebuilt() {
-  [ -f "$PREBUILT" ] && [ ! -e "$BUILD" ] || return 1
-  local stamp packed
-  stamp=$(bash scripts/prebuild.sh --stamp)
-  packed=$(tar -xOJf "$PREBUILT" ./SOURCE_STAMP)
-  if [ "$stamp" != "$packed" ]; then note "prebuilt programs" "not used: built from sources $packed, this tree is $stamp"; return 1; fi
-  mkdir -p "$BUILD" && tar -xJf "$PREBUILT" -C "$BUILD"
+prebuilt_env() {
   local libs
   libs=$(python3 -c 'import glob, os, nvidia
 print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*")})))' 2>/dev/null)
@@ -76,17 +73,37 @@ print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob
 print(next(iter(sorted(p for d in nvidia.__path__ for p in glob.glob(d + "/nvshmem/lib/libnvshmem_host.so.3"))), ""))' 2>/dev/null)
     export WEFT_NVSHMEM_LIBRARY
   fi
+  PREBUILT_USED=1
+}
+use_prebuilt() {
+  local stamp packed
+  stamp=$(bash scripts/prebuild.sh --stamp)
+  if [ -f "$BUILD/SOURCE_STAMP" ]; then  # unpacked by an earlier call on this machine
+    if [ "$(cat "$BUILD/SOURCE_STAMP")" = "$stamp" ]; then
+      prebuilt_env
+      note "prebuilt programs" "used, as unpacked before: sources $stamp"
+      return 0
+    fi
+    rm -rf "$BUILD"  # built from other sources: not a build tree to continue
+  fi
+  [ -f "$PREBUILT" ] && [ ! -e "$BUILD" ] || return 1
+  packed=$(tar -xOJf "$PREBUILT" ./SOURCE_STAMP)
+  if [ "$stamp" != "$packed" ]; then note "prebuilt programs" "not used: built from sources $packed, this tree is $stamp"; return 1; fi
+  mkdir -p "$BUILD" && tar -xJf "$PREBUILT" -C "$BUILD"
+  prebuilt_env
   ldd "$BUILD"/weft-* "$BUILD"/tests/weft_* >"$OUT/prebuilt.log" 2>&1
   timeout 120 "$BUILD/weftrun" -n 1 -- "$BUILD/weft-info" >>"$OUT/prebuilt.log" 2>&1
   local rc=$?
   if [ "$rc" != 0 ] || grep -q 'not found' "$OUT/prebuilt.log"; then
     note "prebuilt programs" "not used: they do not start on this image (weft-info rc=$rc, prebuilt.log); building"
     rm -rf "$BUILD"
+    PREBUILT_USED=0
     return 1
   fi
-  PREBUILT_USED=1
   note "prebuilt programs" "used: sources $stamp, $(grep -E '^WEFT_GEMM_KERNELS:' "$BUILD/CMakeCache.txt"), NVSHMEM ${WEFT_NVSHMEM_LIBRARY:-none}"
 }
+# A call without the build stage, after one that unpacked them: their libraries.
+if ! has build && [ -f "$BUILD/SOURCE_STAMP" ]; then prebuilt_env; fi
 
 if has build && use_prebuilt; then
   STAGES=${STAGES/build/}  # nothing left to compile: the stages below take the carried programs
