@@ -236,6 +236,17 @@ PY
       'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_ops.py tests/python/test_gpu_ep.py tests/python/test_gpu_decode.py tests/python/test_gpu_moe_tp.py --junitxml='"$OUT"'/python/world'"$n"'_rank$WEFT_RANK.xml'
     grep -E "passed|failed|error" "$OUT/python_world$n.log" | tail -n 4
   done
+  # Across nodes: 4 ranks as 2 virtual nodes on the NVSHMEM heap, the ops on their two-level schedules
+  # (tests/python/test_gpu_across_nodes.py; it skips itself on one node).
+  share=()
+  [ "$GPUS" -ge 4 ] || share=(--share-gpu)
+  # shellcheck disable=SC2016  # WEFT_RANK is expanded by each rank's shell
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" WEFT_STORE_TIMEOUT=${PYTHON_WAIT_S:-300} \
+    WEFT_WAIT_TIMEOUT=${PYTHON_WAIT_S:-300} WEFT_HEAP_BACKEND=nvshmem WEFT_VIRTUAL_NODES=2 \
+    run_logged "python: world 4 as 2 virtual nodes" python_nodes.log "$BUILD/weftrun" -n 4 "${share[@]}" \
+    --timeout 900 -- bash -c \
+    'exec python3 -m pytest -q -x -p no:cacheprovider tests/python/test_gpu_across_nodes.py --junitxml='"$OUT"'/python/nodes_rank$WEFT_RANK.xml'
+  grep -E "passed|failed|error|skipped" "$OUT/python_nodes.log" | tail -n 4
 fi
 
 # The Python package as the python stage installs it, without its tests, into $BUILD/python-site: built

@@ -162,6 +162,10 @@ py::dict info() {
   d["plans"] = rt->plan_count();
   d["shares_gpu"] = ctx.team().shares_gpus();
   d["nccl"] = ctx.has_nccl();
+  d["nodes"] = ctx.team().num_nodes;
+  d["across_nodes"] = !ctx.all_peers_direct();          // some peer is reached only through NVSHMEM
+  d["two_level_ready"] = rt->remote_peers();              // weft::RemotePeers alive: the two-level schedules
+  d["internode_linked"] = weft_torch::internode_linked();  // this build has weft::internode
   return d;
 }
 

@@ -97,13 +97,17 @@ void Runtime::drop_plans() {
   for (auto& entry : ordered) entry.second.reset();
 }
 
-Runtime::~Runtime() { drop_plans(); }
+Runtime::~Runtime() {
+  drop_plans();
+  remote_peers_.reset();  // before the Context, whose NVSHMEM it releases its state in
+}
 
 void Runtime::close() {
   if (!ctx_) return;
   try {
     WEFT_CUDA(cudaDeviceSynchronize());
     drop_plans();
+    remote_peers_.reset();  // collective: its barrier's buffers are freed on every rank
   } catch (const std::exception& e) {
     WEFT_LOG(warn, "weft.shutdown: ", e.what());
   }

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "internode.hpp"
 #include "plan_key.hpp"
 #include "weft/core/error.hpp"
 #include "weft/runtime/context.hpp"
@@ -39,9 +40,11 @@ struct Plan : AnyPlan {
 
 class Runtime {
  public:
+  /// Collective: also makes the weft::RemotePeers that ranks on several nodes
+  /// need, where the extension links weft::internode (internode.hpp).
   Runtime(std::shared_ptr<weft::Context> ctx, std::string group_name)
-      : ctx_(std::move(ctx)), group_name_(std::move(group_name)) {}
-  /// Frees what close() has not (the plans in key order, then the Context).
+      : ctx_(std::move(ctx)), group_name_(std::move(group_name)), remote_peers_(make_remote_peers(ctx_)) {}
+  /// Frees what close() has not (the plans in key order, the RemotePeers, then the Context).
   ~Runtime();
 
   weft::Context& ctx() { return *ctx_; }
@@ -49,6 +52,8 @@ class Runtime {
   const std::string& group_name() const { return group_name_; }
   int device() const { return ctx_->team().device; }
   bool closed() const { return ctx_ == nullptr; }
+  /// Whether a weft::RemotePeers is alive: the two-level schedules across nodes are at hand.
+  bool remote_peers() const { return remote_peers_ != nullptr; }
 
   /// Collective: a heap block of `bytes` for a tensor; frees that every rank
   /// has made since the last call are carried out first.
@@ -107,6 +112,7 @@ class Runtime {
 
   std::shared_ptr<weft::Context> ctx_;
   std::string group_name_;
+  std::shared_ptr<void> remote_peers_;  // a weft::RemotePeers across nodes, else null
   std::mutex mu_;
   std::set<std::uint64_t> pending_;  // heap offsets released by this rank, not yet freed
   std::uint64_t live_ = 0;

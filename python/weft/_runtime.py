@@ -145,7 +145,9 @@ def is_initialized() -> bool:
 
 
 def info() -> dict:
-    """rank, world_size, device, group_name, heap_bytes, heap_in_use, live_tensors, pending_frees, plans, ..."""
+    """rank, world_size, device, group_name, heap_bytes, heap_in_use, live_tensors, pending_frees, plans,
+    shares_gpu, nccl, nodes, across_nodes (some peer is reached only through NVSHMEM), two_level_ready
+    (a weft::RemotePeers is alive: the two-level schedules across nodes), internode_linked."""
     return dict(_C.info())
 
 
