@@ -26,18 +26,7 @@
 #include "weft/ops/dist_flash_decode.hpp"
 #include "weft/ops/flash_decode.hpp"
 
-#if defined(WEFT_TESTS_ACROSS_NODES)
-#include "internode/internode_test.hpp"
-#include "weft/internode/remote_peers.hpp"
-// Across nodes: ranks on several nodes, and weft::internode's kernels made ready for the test's plans.
-#define DECODE_SETUP() \
-  NEED_NODES();        \
-  ::weft::RemotePeers remote_peers(::weft::test::ctx_ptr())
-#else
-#define DECODE_SETUP() \
-  do {                 \
-  } while (0)
-#endif
+#include "across_nodes_setup.hpp"
 
 using namespace weft;
 using weft::test::ctx;
@@ -140,7 +129,7 @@ struct Sharded {
 }  // namespace
 
 TEST(DistFlashDecode, EveryRankGetsTheAttentionOverTheWholeCache) {
-  DECODE_SETUP();
+  ACROSS_NODES_SETUP();
   // Lengths 1 and 3 leave ranks with empty shards at world 2 and more; 0 leaves every rank empty.
   for (const std::vector<int>& lens : {std::vector<int>{5000, 1, 3, 777}, std::vector<int>{0, 20000, 64, 2}}) {
     Sharded sh(lens);
@@ -163,7 +152,7 @@ TEST(DistFlashDecode, EveryRankGetsTheAttentionOverTheWholeCache) {
 }
 
 TEST(DistFlashDecode, RepeatedRunsAndGraphReplaysGiveTheSameBits) {
-  DECODE_SETUP();
+  ACROSS_NODES_SETUP();
   Sharded sh({9000, 33, 2, 4097});
   DistFlashDecode op(test::ctx_ptr(), sh.local_options());
   cudaStream_t s = test::stream();

@@ -40,18 +40,7 @@
 #include "weft/core/error.hpp"
 #include "weft/ops/ep.hpp"
 
-#if defined(WEFT_TESTS_ACROSS_NODES)
-#include "internode/internode_test.hpp"
-#include "weft/internode/remote_peers.hpp"
-// Across nodes: ranks on several nodes, and weft::internode's kernels made ready for the test's plans.
-#define EP_SETUP()   \
-  NEED_NODES();      \
-  ::weft::RemotePeers remote_peers(::weft::test::ctx_ptr())
-#else
-#define EP_SETUP() \
-  do {             \
-  } while (0)
-#endif
+#include "across_nodes_setup.hpp"
 
 using namespace weft;
 using weft::test::ctx;
@@ -353,7 +342,7 @@ void on_every_routing(std::uint64_t seed, Round round) {
 }  // namespace
 
 TEST(ExpertParallel, DispatchBitwiseAndCombineWithinBf16OnEveryRouting) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   on_every_routing(1, [](ExpertParallel& plan, const Case& c) { return run_round(plan, c, true).error; });
 }
 
@@ -436,7 +425,7 @@ std::string run_fp8_round(ExpertParallel& plan, const Case& c) {
 // the same plan afterwards is still right; a hidden size that is not a
 // multiple of 128 is refused, naming it.
 TEST(ExpertParallel, Fp8DispatchMovesRowsAndScalesBitwise) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   on_every_routing(300, [](ExpertParallel& plan, const Case& c) {
     std::string error = run_fp8_round(plan, c);
@@ -460,7 +449,7 @@ TEST(ExpertParallel, Fp8DispatchMovesRowsAndScalesBitwise) {
 }
 
 TEST(ExpertParallel, OneTokenPerRankAndEveryRankRoutingTokens) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   const int E = experts_for(64, world);
   ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = 4096, .top_k = 8, .max_tokens = 300});
@@ -479,7 +468,7 @@ TEST(ExpertParallel, OneTokenPerRankAndEveryRankRoutingTokens) {
 }
 
 TEST(ExpertParallel, CombineIsBitwiseEqualOverAHundredCalls) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   const int E = experts_for(64, world);
   ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = 2048, .top_k = 8, .max_tokens = 200});
@@ -495,7 +484,7 @@ TEST(ExpertParallel, CombineIsBitwiseEqualOverAHundredCalls) {
 }
 
 TEST(ExpertParallel, BackToBackCallsWithFreshRoutingsNeedNoReset) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   const int E = experts_for(64, world);
   // A small starting capacity: the staging grows (collectively) along the way.
@@ -567,7 +556,7 @@ SoakCase soak_case(const Case& c) {
 // on the host, so it has no graph replay (DeepEP's normal mode neither): the
 // low-latency soak below replays graphs.
 TEST(ExpertParallel, TenThousandCallsWithFreshRoutingsEqualTheirCheckedResults) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size(), H = 256, k = 4, calls = 10000;
   const int E = experts_for(32, world);
   ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = H, .top_k = k, .max_tokens = 64});
@@ -647,7 +636,7 @@ std::string bad_layout(ExpertParallel& plan, int bad_rank, int slot, std::int64_
 }  // namespace
 
 TEST(ExpertParallel, BadRoutingIsNamedOnEveryRankAndThePlanStaysUsable) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   const int E = experts_for(16, world), last = world - 1;
   ExpertParallel plan(test::ctx_ptr(), {.experts = E, .hidden = 64, .top_k = 2, .max_tokens = 64});
@@ -683,7 +672,7 @@ TEST(ExpertParallel, BadRoutingIsNamedOnEveryRankAndThePlanStaysUsable) {
 }
 
 TEST(ExpertParallel, BadPlansAreNamed) {
-  EP_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   std::string hidden;
   try {

@@ -63,18 +63,7 @@
 #include "weft/core/error.hpp"
 #include "weft/ops/moe_tp.hpp"
 
-#if defined(WEFT_TESTS_ACROSS_NODES)
-#include "internode/internode_test.hpp"
-#include "weft/internode/remote_peers.hpp"
-// Across nodes: ranks on several nodes, and weft::internode's kernels made ready for the test's plans.
-#define MOE_SETUP() \
-  NEED_NODES();     \
-  ::weft::RemotePeers remote_peers(::weft::test::ctx_ptr())
-#else
-#define MOE_SETUP() \
-  do {              \
-  } while (0)
-#endif
+#include "across_nodes_setup.hpp"
 
 using namespace weft;
 using weft::test::ctx;
@@ -498,20 +487,20 @@ void expect_right(const Case& base) {
 }  // namespace
 
 TEST(MoeTp, MixtralLikeLayerMatchesFloat64) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   expect_right({"Mixtral-like", 8, 2, 512, 1024, ragged(world, 256), Routing::uniform, 1});
 }
 
 TEST(MoeTp, QwenLikeLayerOn1001RaggedTokensUnderZipfRouting) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   // F = 520: 65 units of 8, so the slices differ by rank at 2, 4 and 8 ranks.
   expect_right({"Qwen-like", 128, 8, 128, 520, ragged(world, 1001), Routing::zipf, 2});
 }
 
 TEST(MoeTp, ARankWhoseTokensAllGoToOneExpert) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   expect_right({"1001 tokens", 8, 2, 256, 512, ragged(world, 1001), Routing::rank_to_one_expert, 3});
 }
@@ -533,7 +522,7 @@ TEST(MoeTp, AgMoeAndMoeRsOnDifferentPaths) {
 #endif
 
 TEST(MoeTp, NoneEntriesRepeatedExpertsEmptyExpertsAndPadding) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   Case c{"-1, repeats, empties", 16, 4, 256, 512, ragged(world, 301), Routing::none_repeats_empty, 4};
   c.extra_capacity = 37;  // shards with room past every rank's tokens
@@ -541,7 +530,7 @@ TEST(MoeTp, NoneEntriesRepeatedExpertsEmptyExpertsAndPadding) {
 }
 
 TEST(MoeTp, OneTokenPerRankAndFp16) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   expect_right({"one token per rank", 8, 2, 256, 512, std::vector<std::int64_t>(world, 1), Routing::uniform, 5});
   Case fp16{"fp16", 8, 2, 256, 512, ragged(world, 300), Routing::zipf, 6, DType::fp16};
@@ -618,7 +607,7 @@ std::string thousand_runs_bitwise(OverlapMode mode) {
 }  // namespace
 
 TEST(MoeTp, AThousandBackToBackRunsAreBitwiseEqualToTheFirst) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   for (OverlapMode mode : kRepeatModes) {
     const std::string error = thousand_runs_bitwise(mode);
     EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", mode " << to_string(mode);
@@ -695,7 +684,7 @@ std::string graph_replays_equal_eager(OverlapMode mode) {
 }  // namespace
 
 TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   for (OverlapMode mode : kRepeatModes) {
     const std::string error = graph_replays_equal_eager(mode);
     EXPECT_EQ(error, "") << "rank " << ctx().rank() << ", mode " << to_string(mode);
@@ -704,7 +693,7 @@ TEST(MoeTp, GraphReplaysEqualEagerRunsAndReadTheRoutingOfTheirMoment) {
 }
 
 TEST(MoeTp, BadExpertIdsAreLeftOutAndNamedOnEveryRank) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   Case c{"bad ids", 8, 2, 256, 512, std::vector<std::int64_t>(world, 16), Routing::uniform, 40};
   c.bad = {{world - 1, 9, 1, 8 + 5}, {0, 7, 0, -3}, {world - 1, 12, 0, 1000}};
@@ -737,7 +726,7 @@ TEST(MoeTp, BadExpertIdsAreLeftOutAndNamedOnEveryRank) {
 }
 
 TEST(MoeTp, BadOptionsDisagreeingRanksAndMismatchedPlansAreRefusedOnEveryRank) {
-  MOE_SETUP();
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size(), me = ctx().rank();
   auto thrown = [](auto make) -> std::string {
     try {
@@ -777,23 +766,13 @@ TEST(MoeTp, BadOptionsDisagreeingRanksAndMismatchedPlansAreRefusedOnEveryRank) {
     MoeRs other(test::ctx_ptr(), {.experts = 8, .hidden = 256, .k_local = 64, .top_k = 4, .max_tokens_per_rank = 4});
     layer.run(test::stream());
     mismatch = thrown([&] { other.run(layer.h().p, layer.up().routing(), layer.h().p, layer.out().p, test::stream()); });
+    const MoeRsOptions fused_options{
+        .experts = 8, .hidden = 256, .k_local = 64, .top_k = 2, .max_tokens_per_rank = 4, .mode = OverlapMode::fused};
 #if defined(WEFT_TESTS_ACROSS_NODES)
     // Across nodes the overlapped path is refused when the plan is built, naming the modes that run.
-    no_rows = thrown([] {
-      MoeRs fused(test::ctx_ptr(), {.experts = 8,
-                                    .hidden = 256,
-                                    .k_local = 64,
-                                    .top_k = 2,
-                                    .max_tokens_per_rank = 4,
-                                    .mode = OverlapMode::fused});
-    });
+    no_rows = thrown([&] { MoeRs fused(test::ctx_ptr(), fused_options); });
 #else
-    MoeRs fused(test::ctx_ptr(), {.experts = 8,
-                                  .hidden = 256,
-                                  .k_local = 64,
-                                  .top_k = 2,
-                                  .max_tokens_per_rank = 4,
-                                  .mode = OverlapMode::fused});
+    MoeRs fused(test::ctx_ptr(), fused_options);
     // A routing without the sorted rows' tokens (as one rebuilt from the counts and pair maps alone):
     // the overlapped path cannot find its regions and says so, before any collective call.
     MoeRouting partial = layer.up().routing();

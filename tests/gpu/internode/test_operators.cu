@@ -144,41 +144,53 @@ TEST(AcrossNodes, AgGemmsFusedRunsAndGraphReplaysRepeatBitwise) {
   for (void* p : {b, c}) cudaFree(p);
 }
 
-TEST(AcrossNodes, GemmRsFusesBlockStepsOverTheTwoLevelReduceScatterInEveryMode) {
-  NEED_NODES();
-  RemotePeers remote(ctx_ptr());
+namespace {
+// GemmRs (all_reduce false) or GemmAr (true) across nodes: "fused, two-level
+// steps" in mode fused, the sequential path in mode sequential, either in
+// automatic, each against cuBLAS in fp32 in bf16 and fp16; blocks of many
+// collective thread blocks and M not a multiple of the tile on the fused
+// path; K the engine cannot tile on the sequential one; and the ring's ways,
+// which go through every peer's heap, refused naming the ways that run.
+void expect_two_level_steps_in_every_mode(bool all_reduce) {
   Cublas cb;
   const int w = ctx().world_size();
-  const std::string two_level_steps = "fused, two-level steps";
+  const std::string who = all_reduce ? "GemmAr" : "GemmRs", two_level_steps = "fused, two-level steps";
   for (DType t : {DType::bf16, DType::fp16})
     for (OverlapMode mode : {OverlapMode::automatic, OverlapMode::fused, OverlapMode::sequential}) {
-      const std::string what = std::string("GemmRs ") + to_string(t) + ", " + to_string(mode);
-      const ReduceResult r = check_gemm_reduce(false, 256 * w, 512, 384, mode, cb, FusedWay::automatic, t);
+      const std::string what = who + " " + to_string(t) + ", " + to_string(mode);
+      const ReduceResult r = check_gemm_reduce(all_reduce, 256 * w, 512, 384, mode, cb, FusedWay::automatic, t);
       EXPECT_LT(r.err, 1e-2) << what;
       EXPECT_EQ(r.mode, mode) << what;
       if (mode == OverlapMode::fused) EXPECT_EQ(r.path, two_level_steps) << what;
       else if (mode == OverlapMode::sequential) expect_sequential(r.path, what);
       else if (r.path != two_level_steps) expect_sequential(r.path, what + " (automatic took the sequential path)");
     }
-  // Blocks of many ReduceScatter thread blocks (2 MB each); M not a multiple of the tile.
-  EXPECT_LT(check_gemm_reduce(false, 1024 * w, 1024, 512, OverlapMode::fused, cb).err, 1e-2);
-  EXPECT_LT(check_gemm_reduce(false, 125 * w, 256, 256, OverlapMode::fused, cb).err, 1e-2);
-  // K the engine cannot tile: the sequential path, on cuBLAS.
-  const ReduceResult untileable = check_gemm_reduce(false, 125 * w, 256, 1001, OverlapMode::fused, cb);
+  EXPECT_LT(check_gemm_reduce(all_reduce, 1024 * w, 1024, 512, OverlapMode::fused, cb).err, 1e-2);
+  EXPECT_LT(check_gemm_reduce(all_reduce, 125 * w, 256, 256, OverlapMode::fused, cb).err, 1e-2);
+  const ReduceResult untileable = check_gemm_reduce(all_reduce, 125 * w, 256, 1001, OverlapMode::fused, cb);
   EXPECT_LT(untileable.err, 1e-2);
   EXPECT_EQ(untileable.mode, OverlapMode::sequential);
-  // The ring's ways go through every peer's heap: refused across nodes, naming the ways that run.
-  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_plain_first}) {
+  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch, FusedWay::ring_plain_first}) {
     std::string error;
     try {
-      GemmRs plan(ctx_ptr(), GemmRsOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused, .way = way});
+      if (all_reduce) {
+        GemmAr plan(ctx_ptr(), GemmArOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused, .way = way});
+      } else {
+        GemmRs plan(ctx_ptr(), GemmRsOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused, .way = way});
+      }
     } catch (const Error& e) {
       error = e.what();
     }
-    EXPECT_NE(error.find("GemmRs: " + std::string(path_name(way)) + " (FusedWay) walks a ring"), std::string::npos)
-        << error;
+    EXPECT_NE(error.find(who + ": " + path_name(way) + " (FusedWay) walks a ring"), std::string::npos) << error;
     EXPECT_NE(error.find("FusedWay::automatic"), std::string::npos) << error;
   }
+}
+}  // namespace
+
+TEST(AcrossNodes, GemmRsFusesBlockStepsOverTheTwoLevelReduceScatterInEveryMode) {
+  NEED_NODES();
+  RemotePeers remote(ctx_ptr());
+  expect_two_level_steps_in_every_mode(false);
 }
 
 // The stored words go back to 0 at each run's start and the ReduceScatter's
@@ -204,41 +216,12 @@ TEST(AcrossNodes, GemmRsFusedRunsAndGraphReplaysRepeatBitwise) {
 TEST(AcrossNodes, GemmArFusesBlockStepsThenTheTwoLevelAllGatherInEveryMode) {
   NEED_NODES();
   RemotePeers remote(ctx_ptr());
+  expect_two_level_steps_in_every_mode(true);
+  // M not a multiple of the world size: the sequential path.
   Cublas cb;
-  const int w = ctx().world_size();
-  const std::string two_level_steps = "fused, two-level steps";
-  for (DType t : {DType::bf16, DType::fp16})
-    for (OverlapMode mode : {OverlapMode::automatic, OverlapMode::fused, OverlapMode::sequential}) {
-      const std::string what = std::string("GemmAr ") + to_string(t) + ", " + to_string(mode);
-      const ReduceResult r = check_gemm_reduce(true, 256 * w, 512, 384, mode, cb, FusedWay::automatic, t);
-      EXPECT_LT(r.err, 1e-2) << what;
-      EXPECT_EQ(r.mode, mode) << what;
-      if (mode == OverlapMode::fused) EXPECT_EQ(r.path, two_level_steps) << what;
-      else if (mode == OverlapMode::sequential) expect_sequential(r.path, what);
-      else if (r.path != two_level_steps) expect_sequential(r.path, what + " (automatic took the sequential path)");
-    }
-  // Blocks of many ReduceScatter and AllGather thread blocks (2 MB each); M not a multiple of the tile.
-  EXPECT_LT(check_gemm_reduce(true, 1024 * w, 1024, 512, OverlapMode::fused, cb).err, 1e-2);
-  EXPECT_LT(check_gemm_reduce(true, 125 * w, 256, 256, OverlapMode::fused, cb).err, 1e-2);
-  // M not a multiple of the world size, or K the engine cannot tile: the sequential path.
   const ReduceResult ragged = check_gemm_reduce(true, 1001, 256, 256, OverlapMode::fused, cb);
   EXPECT_LT(ragged.err, 1e-2);
   EXPECT_EQ(ragged.mode, OverlapMode::sequential);
-  const ReduceResult untileable = check_gemm_reduce(true, 125 * w, 256, 1001, OverlapMode::fused, cb);
-  EXPECT_LT(untileable.err, 1e-2);
-  EXPECT_EQ(untileable.mode, OverlapMode::sequential);
-  // The ring's ways go through every peer's heap: refused across nodes, naming the way that runs.
-  for (FusedWay way : {FusedWay::ring_per_step, FusedWay::ring_one_launch}) {
-    std::string error;
-    try {
-      GemmAr plan(ctx_ptr(), GemmArOptions{.m = 256 * w, .n = 256, .k = 256, .mode = OverlapMode::fused, .way = way});
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    EXPECT_NE(error.find("GemmAr: " + std::string(path_name(way)) + " (FusedWay) walks a ring"), std::string::npos)
-        << error;
-    EXPECT_NE(error.find("FusedWay::automatic"), std::string::npos) << error;
-  }
 }
 
 // Each block is summed once, in the two-level order, then copied: runs back to
