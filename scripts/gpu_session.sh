@@ -68,11 +68,12 @@ prebuilt_env() {
   libs=$(python3 -c 'import glob, os, nvidia
 print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*")})))' 2>/dev/null)
   export LD_LIBRARY_PATH="${libs:+$libs:}/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  if [ -z "${WEFT_NVSHMEM_LIBRARY:-}" ]; then
-    WEFT_NVSHMEM_LIBRARY=$(python3 -c 'import glob, nvidia
-print(next(iter(sorted(p for d in nvidia.__path__ for p in glob.glob(d + "/nvshmem/lib/libnvshmem_host.so.3"))), ""))' 2>/dev/null)
-    export WEFT_NVSHMEM_LIBRARY
-  fi
+  local d
+  for d in ${libs//:/ }; do  # NVSHMEM's host library, from the same wheels
+    if [ -z "${WEFT_NVSHMEM_LIBRARY:-}" ] && [ -f "$d/libnvshmem_host.so.3" ]; then
+      export WEFT_NVSHMEM_LIBRARY=$d/libnvshmem_host.so.3
+    fi
+  done
   PREBUILT_USED=1
 }
 use_prebuilt() {
