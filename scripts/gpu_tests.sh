@@ -31,6 +31,7 @@
 # launcher". SUITE_WORLDS and NVSHMEM_WORLDS narrow the suite's world sizes (default
 # "1 2 4 8") and the NVSHMEM part's (default "1 2 4"); SUITE_FILTER narrows both
 # parts' cases (a GoogleTest filter, e.g. "Overlap.*:MoeTp.*"; default every case).
+# INTERNODE_RUNS narrows the internode part's runs (world/nodes, default "4/2 8/2 8/4").
 # The nvshmem part compares its digests with the native suite's logs in
 # LOG_DIR; where those are absent it runs the digest case on the native heap
 # at the same world size first.
@@ -199,7 +200,7 @@ INTERNODE_TESTS="$BUILD/tests/weft_internode_tests"
 # test_moe_tp.cu built again with WEFT_TESTS_ACROSS_NODES); and Context::barrier
 # across nodes (TwoLevel.ContextBarrier...).
 if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/null && [ -x "$INTERNODE_TESTS" ]; then
-  for run in 4/2 8/2 8/4; do
+  for run in ${INTERNODE_RUNS:-4/2 8/2 8/4}; do  # world/nodes
     n=${run%/*} nodes=${run#*/}
     args=$(ranks "$n") || continue
     log="$LOGS/internode_w${n}_n${nodes}.log"
