@@ -82,22 +82,6 @@ bool split_config(const std::string& text, std::string& name, int& swizzle, int&
   return true;
 }
 
-/// The current GPU's name, part of a tuning cache key (with the SM count).
-/// Per device: a process may drive more than one.
-std::string device_name() {
-  static std::mutex mutex;
-  static std::map<int, std::string> names;
-  int device = 0;
-  WEFT_CUDA(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = names.find(device);
-  if (it == names.end()) {
-    cudaDeviceProp prop{};
-    WEFT_CUDA(cudaGetDeviceProperties(&prop, device));
-    it = names.emplace(device, prop.name).first;
-  }
-  return it->second;
-}
 
 bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
   return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows) &&
@@ -375,7 +359,7 @@ void Gemm::tune(const GemmArgs& args, cudaStream_t stream) {
           " | swizzles ", swizzles.back(), " | band rows ", band_rows == std::numeric_limits<std::int64_t>::max() ? -1 : band_rows,
           " | column bands ", layout.cols_per_flag, " | reports ", layout.rows_per_report > 0 ? 1 : 0,
           block_rows > 0 ? str(" | descending blocks ", block_rows) : std::string(),
-          " | agree ", options_.agree ? 1 : 0, " | ", device_name(), ", ", sm_count_, " SMs | ", names);
+          " | agree ", options_.agree ? 1 : 0, " | ", gemm_detail::device_name(), ", ", sm_count_, " SMs | ", names);
   gemm_detail::TuneCache& cache = gemm_detail::TuneCache::process();
   auto take_cached = [&](const std::string& cached) {
     std::string name;

@@ -6,7 +6,10 @@
 #include <limits>
 
 #include "grouped_config.hpp"
+#include "tune_cache.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/log.hpp"
+#include "weft/core/timing.hpp"
 #include "weft/gemm/gemm.hpp"
 
 namespace weft {
@@ -32,6 +35,13 @@ namespace {
 // The most experts a plan takes: the prologue's one block spreads them over
 // its threads, and a router with more would be unusual.
 constexpr int kMaxExperts = 1 << 16;
+
+// The tuner's passes over the candidates (even: a linear clock drift cancels,
+// weft/core/timing.hpp) and runs per sample: the dense tuner's final round.
+// The compiled grouped tiles are few (2 per type and layout in the full
+// table), so every one is timed that long, in one round.
+constexpr int kTunePasses = 4;
+constexpr int kTuneRuns = 8;
 
 // A 128x128 tile's work per SM-second relative to a 128x256 tile's: the
 // narrow tile loads 1.5x the operand bytes per flop (A once per 128 columns
@@ -173,7 +183,8 @@ GroupedGemm::GroupedGemm(const GroupedGemmOptions& options) : options_(options) 
   for (const auto* c : candidates_) tiles.push_back({c->tile_m, c->tile_n, c->cluster_m, c->cluster_n});
   const std::int64_t rows = o.expected_rows ? o.expected_rows : o.max_rows;
   chosen_ = candidates_[gemm_detail::choose_grouped_tile(tiles, o.n, rows, o.experts, sm_count_)];
-  workspace_bytes_ = chosen_->workspace(o.experts, sm_count_);
+  // Room for any candidate's workspace: the tuner runs each in this one.
+  for (const auto* c : candidates_) workspace_bytes_ = std::max(workspace_bytes_, c->workspace(o.experts, sm_count_));
   workspace_ = DeviceBuffer(workspace_bytes_);
   faults_ = DeviceBuffer(sizeof(gemm_detail::GroupedFaultRecord));
   WEFT_CUDA(cudaMemset(faults_.get(), 0, faults_.bytes()));
@@ -189,9 +200,8 @@ std::vector<std::string> GroupedGemm::configurations() const {
   return names;
 }
 
-void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {
-  const std::string why = gemm_detail::grouped_args_error(options_, args);
-  WEFT_REQUIRE(why.empty(), "GroupedGemm::run: ", why);
+const char* GroupedGemm::launch(const gemm_detail::GroupedConfig& cfg, const GroupedGemmArgs& args,
+                                cudaStream_t stream) {
   const gemm_detail::GroupedProblem p{options_.experts,
                                       options_.n,
                                       options_.k,
@@ -204,7 +214,62 @@ void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {
                                       workspace_.get(),
                                       faults_.as<gemm_detail::GroupedFaultRecord>(),
                                       sm_count_};
-  const char* err = chosen_->run(p, stream);
+  return cfg.run(p, stream);
+}
+
+void GroupedGemm::prepare(const GroupedGemmArgs& args, cudaStream_t stream) {
+  if (prepared_) return;
+  const std::string why = gemm_detail::grouped_args_error(options_, args);
+  WEFT_REQUIRE(why.empty(), "GroupedGemm::prepare: ", why);
+  prepared_ = true;
+  if (!options_.autotune || candidates_.size() == 1) return;  // the heuristic's (or the forced) choice
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) {
+    WEFT_LOG(debug, "GroupedGemm ", describe(options_), ": first run under graph capture, ", chosen_->name,
+             " by the size heuristic (nothing can be timed inside a capture)");
+    return;
+  }
+  const GroupedGemmOptions& o = options_;
+  std::string names;
+  for (const auto* cfg : candidates_) names += str(cfg->name, ";");
+  const std::string key = str("grouped ", describe(o), " | rows ", o.expected_rows ? o.expected_rows : o.max_rows,
+                              " | ", gemm_detail::device_name(), ", ", sm_count_, " SMs | ", names);
+  gemm_detail::TuneCache& cache = gemm_detail::TuneCache::process();
+  if (const auto cached = cache.find(key)) {
+    for (const auto* cfg : candidates_)
+      if (cfg->name == *cached) {
+        chosen_ = cfg;
+        from_cache_ = true;
+        if (const char* err = launch(*cfg, args, stream); *err)
+          WEFT_FAIL("GroupedGemm ", describe(o), ": the cached configuration '", cfg->name, "' failed to launch: ", err);
+        WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", cfg->name, " from the tuning cache");
+        return;
+      }
+  }
+  // Every candidate once (a warm-up, and the check that it launches), then timed.
+  std::vector<const gemm_detail::GroupedConfig*> runnable;
+  for (const auto* cfg : candidates_)
+    if (const char* err = launch(*cfg, args, stream); !*err) runnable.push_back(cfg);
+    else WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", cfg->name, " cannot run: ", err);
+  WEFT_REQUIRE(!runnable.empty(), "GroupedGemm ", describe(o), ": no compiled configuration launches");
+  const std::vector<float> ms = time_interleaved(
+      runnable.size(), [&](std::size_t i) { launch(*runnable[i], args, stream); }, gemm_detail::kTunePasses,
+      gemm_detail::kTuneRuns, stream);
+  for (std::size_t i = 0; i < runnable.size(); ++i)
+    WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", runnable[i]->name, " ", ms[i], " ms");
+  chosen_ = runnable[fastest_candidate(ms)];
+  cache.store(key, chosen_->name);
+  // The last timed run may have been another candidate's: out holds the chosen one's result.
+  if (const char* err = launch(*chosen_, args, stream); *err)
+    WEFT_FAIL("GroupedGemm ", describe(o), " with ", chosen_->name, " failed to launch: ", err);
+}
+
+void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {
+  const std::string why = gemm_detail::grouped_args_error(options_, args);
+  WEFT_REQUIRE(why.empty(), "GroupedGemm::run: ", why);
+  if (!prepared_) prepare(args, stream);
+  const char* err = launch(*chosen_, args, stream);
   WEFT_REQUIRE(!*err, "GroupedGemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);
 }
 

@@ -1,8 +1,11 @@
 #include "tune_cache.hpp"
 
+#include <cuda_runtime_api.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "weft/core/env.hpp"
@@ -16,6 +19,21 @@ constexpr const char* kTag = "weft-tune-1";
 bool plain_field(const std::string& s) { return s.find_first_of("\t\n\r") == std::string::npos; }
 
 }  // namespace
+
+std::string device_name() {
+  static std::mutex mutex;
+  static std::map<int, std::string> names;
+  int device = 0;
+  WEFT_CUDA(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = names.find(device);
+  if (it == names.end()) {
+    cudaDeviceProp prop{};
+    WEFT_CUDA(cudaGetDeviceProperties(&prop, device));
+    it = names.emplace(device, prop.name).first;
+  }
+  return it->second;
+}
 
 TuneCache::TuneCache(std::string file) : file_(std::move(file)) {}
 

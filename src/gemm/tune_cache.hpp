@@ -42,4 +42,8 @@ class TuneCache {
   std::unordered_map<std::string, std::string> entries_;
 };
 
+/// The current GPU's name, part of a tuning cache key (with the SM count).
+/// Per device: a process may drive more than one.
+std::string device_name();
+
 }  // namespace weft::gemm_detail

@@ -464,7 +464,7 @@ TEST(BenchHelp, EachOperationListsItsOwnOptionsWithDefaults) {
       {"--m", "8"},             {"--n", "8"},              {"--k", "8"},            {"--cases", "1,8,1,64"},
       {"--splits", "2"},        {"--dist", ""},            {"--enqueue", ""},       {"--experts", "8"},
       {"--routing", "zipf"},    {"--layout", "kn"},        {"--stages", "4"},       {"--merge", "launch"},
-      {"--page-lookup", "row"}, {"--sweep", ""}};
+      {"--page-lookup", "row"}, {"--sweep", ""},         {"--tune", ""}};
   for (const std::string& op : kAllOps) {
     const std::string h = help_of({op, "--help"});
     EXPECT_EQ(h, bench_usage(op));
@@ -605,6 +605,16 @@ TEST(BenchArgs, EpTakesItsShapeAndNamesABadOne) {
   EXPECT_NE(error_of({"ep", "--tokens", "0"}).find("--tokens expects a whole number from 1"), std::string::npos);
   EXPECT_NE(error_of({"ep", "--bytes", "1K"}).find("--bytes is for all_gather"), std::string::npos);
   EXPECT_NE(error_of({"all_gather", "--tokens", "8"}).find("--tokens is for ep"), std::string::npos);
+}
+
+TEST(BenchArgs, GroupedGemmTunesOnlyWhereNoConfigurationIsForced) {
+  EXPECT_FALSE(parse_bench_args({"weft-bench", "grouped_gemm"}).grouped_tune);
+  EXPECT_TRUE(parse_bench_args({"weft-bench", "grouped_gemm", "--tune"}).grouped_tune);
+  EXPECT_NE(error_of({"grouped_gemm", "--tune", "--config", "128x128x64 c1x1 cooperative"})
+                .find("grouped_gemm: --tune times every configuration and --config forces one ('128x128x64 c1x1 "
+                      "cooperative'): give one of them"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gemm", "--tune"}).find("--tune is for grouped_gemm"), std::string::npos);
 }
 
 TEST(BenchArgs, MoeTpTakesItsLayersAndNamesABadOne) {

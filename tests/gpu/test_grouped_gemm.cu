@@ -9,14 +9,15 @@
 // NaNs, and the rows outside the experts' ranges must stay so. Then: 50 back-to-back runs and a CUDA
 // graph's replays equal the eager run bitwise, a replay reads the counts of
 // its moment, counts that are negative or overflow the capacity and first
-// rows out of order are reported, and bad options and operands are refused
-// naming what was expected. Every rank runs each test on its own GPU share (any world size).
+// rows out of order are reported, autotune picks by timing and keeps its
+// choice by shape, and bad options and operands are refused naming what was expected. Every rank runs each test on its own GPU share (any world size).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -414,6 +415,82 @@ TEST(GroupedGemm, RepeatedRunsAndGraphReplaysEqualTheEagerRunAndReplaysReadTheir
   cudaGraphDestroy(graph);
   cudaFree(first);
   cudaFree(mismatches);
+}
+
+// autotune: the first run times every compiled configuration on its own
+// routing and leaves the chosen one's result, bit for bit what that
+// configuration forced by name computes; a second plan of the same shape takes
+// the tuning cache's choice without timing; a plan whose first run is captured
+// keeps the size heuristic's choice, and its replays are right.
+TEST(GroupedGemm, AutotuneChoosesByTimingKeepsTheChoiceByShapeAndLeavesCapturesToTheHeuristic) {
+  cudaStream_t s = test::stream();
+  Case cs = routed("DeepSeek-like, Zipf", 2048, 32, 256, 896, bench::Routing::zipf);
+  Problem pr(cs, 700);
+  const std::uint64_t out_bytes = pr.o.max_rows * cs.n * 2;
+  auto output = [&] {
+    std::vector<std::uint16_t> bits(out_bytes / 2);
+    WEFT_CUDA(cudaMemcpyAsync(bits.data(), pr.dout, out_bytes, cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA(cudaStreamSynchronize(s));
+    return bits;
+  };
+  GroupedGemmOptions tuned = pr.o;
+  tuned.autotune = true;
+  // A row count of its own in the key: no earlier test (or process, with WEFT_TUNE_CACHE) chose for it.
+  tuned.expected_rows = pr.o.max_rows - 1 - ctx().rank();
+  GroupedGemm first(tuned);
+  const std::vector<std::string> names = first.configurations();
+  pr.poison(s);
+  first.run(pr.args(), s);
+  first.check_counts(s);
+  const std::string chosen = first.config();
+  EXPECT_NE(std::find(names.begin(), names.end(), chosen), names.end()) << chosen;
+  EXPECT_FALSE(first.from_cache() && !std::getenv("WEFT_TUNE_CACHE")) << "a shape no plan tuned before";
+  {
+    const Problem::Verdict v = pr.check(s);
+    EXPECT_LE(v.worst, 1e-2) << "the tuned run (" << chosen << ")";
+    EXPECT_EQ(v.written_outside, 0);
+  }
+  const std::vector<std::uint16_t> tuned_bits = output();
+
+  GroupedGemmOptions forced = pr.o;
+  forced.config = chosen;
+  GroupedGemm by_name(forced);
+  pr.poison(s);
+  by_name.run(pr.args(), s);
+  EXPECT_TRUE(output() == tuned_bits) << "the tuned run's output differs from " << chosen << " forced by name";
+
+  GroupedGemm second(tuned);
+  pr.poison(s);
+  second.run(pr.args(), s);
+  EXPECT_EQ(second.config(), chosen);
+  if (names.size() > 1) EXPECT_TRUE(second.from_cache()) << "a second plan of the shape timed again";
+  EXPECT_TRUE(output() == tuned_bits) << "the cached choice's output differs";
+
+  // First run under capture: nothing can be timed there, the heuristic's choice stays.
+  GroupedGemmOptions captured_opts = tuned;
+  captured_opts.expected_rows = pr.o.max_rows - 100 - ctx().rank();
+  GroupedGemm captured(captured_opts);
+  const std::string heuristic = captured.config();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  WEFT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  captured.run(pr.args(), s);
+  WEFT_CUDA(cudaStreamEndCapture(s, &graph));
+  WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  EXPECT_EQ(captured.config(), heuristic);
+  EXPECT_FALSE(captured.from_cache());
+  pr.poison(s);
+  WEFT_CUDA(cudaGraphLaunch(exec, s));
+  {
+    const Problem::Verdict v = pr.check(s);
+    EXPECT_LE(v.worst, 1e-2) << "the replay of a captured first run (" << heuristic << ")";
+    EXPECT_EQ(v.written_outside, 0);
+  }
+  captured.run(pr.args(), s);  // an eager run after it: still the same choice, no timing
+  EXPECT_EQ(captured.config(), heuristic);
+  captured.check_counts(s);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 TEST(GroupedGemm, CountsThatAreNegativeOrPastTheCapacityAreReported) {

@@ -197,6 +197,9 @@ const OptionInfo kOptions[] = {
     {"--config", true, kGemm, "--config NAME", "force one GEMM configuration (default: the tuned one)"},
     {"--config", true, kGroupedGemm, "--config NAME",
      "force one grouped configuration, e.g. \"128x128x64 c1x1 cooperative\" (default: the size heuristic's)"},
+    {"--tune", false, kGroupedGemm, "--tune",
+     "choose the configuration by timing every one on the case's routing before the\n"
+     "timed runs (GroupedGemmOptions::autotune) (default: the size heuristic's)"},
     {"--hook", true, kGemm, "--hook H",
      "none, wait_a_rows, report_rows, wait_source_rows (adds S = 0) or add_rows (the lower half\n"
      "of the rows added onto zeros): the hooked kernels alone (no flag waited on, nothing\n"
@@ -635,6 +638,7 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
     else if (a == "--config") args.config = v;
     else if (a == "--hook") args.hook = parse_name(kHooks, v, a);
     else if (a == "--any-order") args.any_order = true;
+    else if (a == "--tune") args.grouped_tune = true;
     else if (a == "--no-source-rows") {
       const std::vector<std::string> bounds = split(v, ',');
       WEFT_REQUIRE(bounds.size() == 2, "--no-source-rows expects B,E (rows [B, E) without a source), got '", v, "'");
@@ -691,6 +695,8 @@ BenchArgs parse_bench_args(const std::vector<std::string>& argv) {
   WEFT_REQUIRE(args.b_layout == "nk" || args.b_layout == "kn", args.op == "grouped_gemm" ? "--layout" : "--b-layout",
                " expects nk or kn, got '", args.b_layout, "'");
   if (args.op == "grouped_gemm") {
+    WEFT_REQUIRE(!args.grouped_tune || args.config.empty(), "grouped_gemm: --tune times every configuration and "
+                 "--config forces one ('", args.config, "'): give one of them");
     if (args.shapes.empty()) {  // issue 33's shapes: Mixtral-, Qwen3-30B-A3B- and DeepSeek-like up-projections
       args.grouped_cases = {{16384, 7168, 4096, 8}, {65536, 768, 2048, 128}, {32768, 2048, 7168, 32}};
       if (grouped_experts)

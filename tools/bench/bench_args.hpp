@@ -61,6 +61,7 @@ struct BenchArgs {
   std::string out_dtype;                            ///< output type ("" = the input type)
   std::string config;                               ///< force a GEMM configuration by name
   GemmHook hook = GemmHook::none;                   ///< --hook: a hooked kernel alone, nothing waited on
+  bool grouped_tune = false;  ///< --tune: grouped_gemm times every configuration first (GroupedGemmOptions::autotune)
   bool any_order = false;  ///< --any-order: a waiting --hook's plan allows any tile order (GemmOptions::any_tile_order)
   /// --no-source-rows B,E: with --hook wait_source_rows, rows [B, E) add no
   /// source (AddSource::plain_begin/end; Gemm::can_implement checks the bounds)

@@ -56,6 +56,7 @@ int bench_grouped_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs&
     o.dtype = t;
     o.w_layout = layout;
     o.config = args.config;
+    o.autotune = args.grouped_tune;
     GroupedGemm grouped(o);
     const std::uint64_t a_n = c.rows * c.k, w_n = std::uint64_t(c.experts) * c.n * c.k, out_n = c.rows * c.n;
     void *a, *w, *out, *dense_out;
@@ -72,7 +73,7 @@ int bench_grouped_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs&
     fill_uniform(w, w_n, args.dtype, fresh_seed(ctx.rank(), 2), stream);
     const GroupedGemmArgs run_args{.a = a, .w = w, .out = out, .expert_rows = dcounts};
     poison(out, out_n * elem, 0xFF, stream);  // NaNs where nothing was written
-    grouped.run(run_args, stream);
+    grouped.run(run_args, stream);  // with --tune, this first run times every configuration on these counts
     grouped.check_counts(stream);
     // The reference: each expert's rows by cuBLAS, fp32 accumulation and output.
     std::int64_t first = 0;

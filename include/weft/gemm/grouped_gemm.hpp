@@ -49,8 +49,21 @@ struct GroupedGemmOptions {
   /// The rows a typical run holds (summed over experts), for the size
   /// heuristic; 0: max_rows. Any count up to max_rows runs correctly.
   std::int64_t expected_rows = 0;
-  /// Force a configuration by name (see GroupedGemm::configurations); empty: the size heuristic.
+  /// Force a configuration by name (see GroupedGemm::configurations); empty:
+  /// chosen, by timing (autotune) or by the size heuristic.
   std::string config;
+  /// Choose the configuration by timing every compiled candidate on the
+  /// first run that is not captured in a CUDA graph (or on prepare()), on
+  /// that run's operands and routing, with the dense GEMM's tuner (weft/core/timing.hpp:
+  /// interleaved passes, medians). The choice is kept by shape (E, N, K, type,
+  /// layout, expected_rows, SM budget, GPU, candidates) in the tuning cache
+  /// that the dense GEMM's choices share (WEFT_TUNE_CACHE), so a later plan of
+  /// the shape takes it at once. False: the size heuristic, which picked the
+  /// fastest tile on every shape measured (docs/PERF.md, Grouped GEMM). Off by
+  /// default because the timing runs block the host on the stream: a plan
+  /// whose grouped GEMMs run behind waits on other ranks (AgMoe's per-source
+  /// runs) tunes in prepare(), before it enqueues any wait, or not at all.
+  bool autotune = false;
   /// The most SMs the persistent grid may hold; 0: every SM. Rounded down to
   /// whole clusters of the chosen kernel, and at least one cluster.
   int max_sms = 0;
@@ -85,8 +98,19 @@ class GroupedGemm {
   GroupedGemm& operator=(const GroupedGemm&) = delete;
 
   /// Enqueues the prologue and the grouped GEMM on `stream`. Checks the
-  /// pointers on the host; the counts are read on the device only.
+  /// pointers on the host; the counts are read on the device only. The first
+  /// run prepares the plan (prepare()) if nothing did.
   void run(const GroupedGemmArgs& args, cudaStream_t stream);
+  /// With autotune: times every candidate on `args` (their routing as the
+  /// device holds it when the timing runs), or takes the tuning cache's
+  /// choice for this shape, and leaves `out` holding the chosen
+  /// configuration's result. Without: nothing. Blocks the host until the
+  /// timing runs end, so it must not follow work on `stream` that waits on
+  /// another rank's progress. Under graph capture it keeps the heuristic's
+  /// choice for good (nothing can be timed inside a capture). Once per plan.
+  void prepare(const GroupedGemmArgs& args, cudaStream_t stream);
+  /// True when prepare() took the choice from the tuning cache instead of timing.
+  bool from_cache() const { return from_cache_; }
   /// Synchronises `stream`, then throws weft::Error if a run since the last
   /// check was given a negative count, counts that summed past max_rows (such
   /// a run computes only the rows that fit) or, with first rows, an expert
@@ -105,9 +129,11 @@ class GroupedGemm {
   std::vector<const gemm_detail::GroupedConfig*> candidates_;
   const gemm_detail::GroupedConfig* chosen_ = nullptr;
   int sm_count_ = 0;
-  DeviceBuffer workspace_;  // the per-expert arrays, then CUTLASS's workspace
+  bool prepared_ = false, from_cache_ = false;
+  DeviceBuffer workspace_;  // the per-expert arrays, then CUTLASS's workspace: room for every candidate's
   std::size_t workspace_bytes_ = 0;
-  DeviceBuffer faults_;  // u32 [3]: fault bits, the first total that overflowed, E - the first bad range's expert
+  DeviceBuffer faults_;
+  const char* launch(const gemm_detail::GroupedConfig& cfg, const GroupedGemmArgs& args, cudaStream_t stream);  // u32 [3]: fault bits, the first total that overflowed, E - the first bad range's expert
 };
 
 }  // namespace weft
