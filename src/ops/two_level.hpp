@@ -21,6 +21,7 @@
 #include <string>
 
 #include "hierarchy.hpp"
+#include "moe/ep_ll_args.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/ops/ep.hpp"
 #include "weft/runtime/context.hpp"
@@ -112,12 +113,28 @@ class TwoLevelEp {
   virtual void combine(const EpRun& run, cudaStream_t stream) = 0;
 };
 
+/// ExpertParallelLowLatency's send and combine across nodes, built collectively
+/// by weft::internode: the one-node plan's kernels (moe/ep_ll_kernels.cuh) with
+/// NVSHMEM's puts to the peers of other nodes, and the symmetric staging rows
+/// those leave from. The plan keeps its buffers, checks and receive kernel.
+class TwoLevelEpLl {
+ public:
+  virtual ~TwoLevelEpLl() = default;
+  /// Enqueues the send kernel on `stream` with `grid` blocks: `a` as the plan
+  /// fills it, with this object's staging added.
+  virtual void send(moe_detail::LlArgs a, int grid, cudaStream_t stream) = 0;
+  /// The same for the combine kernel.
+  virtual void combine(moe_detail::LlArgs a, int grid, cudaStream_t stream) = 0;
+};
+
 /// The factories weft::internode registers. Each is collective, validates
 /// nothing the calling plan already did, and throws weft::Error on every rank
 /// alike (the grid is the team's, the same everywhere).
 struct TwoLevelCollectives {
   /// ExpertParallel across nodes: `options` checked and agreed by the plan, `blocks` its SM budget.
   std::unique_ptr<TwoLevelEp> (*expert_parallel)(Context& ctx, const EpOptions& options, int blocks);
+  /// ExpertParallelLowLatency across nodes: `options` checked and agreed by the plan.
+  std::unique_ptr<TwoLevelEpLl> (*expert_parallel_low_latency)(Context& ctx, const EpLowLatencyOptions& options);
   std::unique_ptr<TwoLevelRun> (*all_gather)(Context& ctx, std::uint64_t bytes_per_rank, int max_sms);
   std::unique_ptr<TwoLevelRun> (*reduce_scatter)(Context& ctx, std::uint64_t count, DType dtype, int max_sms);
   std::unique_ptr<TwoLevelRun> (*all_reduce)(Context& ctx, std::uint64_t count, DType dtype, int max_sms,

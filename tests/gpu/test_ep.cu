@@ -21,10 +21,11 @@
 // Outputs are poisoned before every call.
 //
 // weft_internode_tests compiles this file too (WEFT_TESTS_ACROSS_NODES): there the
-// throughput-mode cases run between virtual nodes (or real ones), where the
-// plan takes weft::internode's two-hop kernels (docs/decisions/0072), against
-// the same references; the low-latency mode has no path across nodes and is
-// left out of that binary.
+// cases run between virtual nodes (or real ones), against the same references:
+// the throughput mode on weft::internode's two-hop kernels (docs/decisions/0072),
+// the low-latency mode on its own kernels with NVSHMEM's puts to the peers of
+// other nodes (moe/ep_ll_kernels.cuh, internode/ep_ll.cu), and each refused
+// without a weft::RemotePeers; the two 10,000-call soaks run on one node only.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -701,7 +702,6 @@ TEST(ExpertParallel, BadPlansAreNamed) {
   EXPECT_NE(disagree.find(str("experts ", 16 * world)), std::string::npos) << disagree;
 }
 
-#if !defined(WEFT_TESTS_ACROSS_NODES)
 // ---- low-latency mode ---------------------------------------------------------
 
 namespace {
@@ -910,12 +910,16 @@ void ll_on_every_routing(bool fp8, std::uint64_t seed) {
 }
 }  // namespace
 
-TEST(ExpertParallelLowLatency, DispatchBitwiseAndCombineWithinBf16) { ll_on_every_routing(false, 500); }
+TEST(ExpertParallelLowLatency, DispatchBitwiseAndCombineWithinBf16) {
+  ACROSS_NODES_SETUP();
+  ll_on_every_routing(false, 500);
+}
 
 // fp8_dispatch: each token arrives cast to e4m3 with a scale per 128 channels,
 // bit for bit as the formula gives on the host; combine (bf16 outputs) is
 // unchanged; a hidden size that is not a multiple of 128 is refused by name.
 TEST(ExpertParallelLowLatency, Fp8DispatchCastsEachBlockOf128Channels) {
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size();
   ll_on_every_routing(true, 600);
   std::string refused;
@@ -929,6 +933,7 @@ TEST(ExpertParallelLowLatency, Fp8DispatchCastsEachBlockOf128Channels) {
 }
 
 TEST(ExpertParallelLowLatency, GraphReplaysWithFreshRoutingsEqualEagerCalls) {
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size(), M = 32;
   const int E = experts_for(64, world);
   ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = 2048, .top_k = 8, .max_tokens = M});
@@ -977,6 +982,7 @@ TEST(ExpertParallelLowLatency, GraphReplaysWithFreshRoutingsEqualEagerCalls) {
 }
 
 TEST(ExpertParallelLowLatency, BadInputIsNamed) {
+  ACROSS_NODES_SETUP();
   const int world = ctx().world_size(), last = world - 1;
   const int E = experts_for(16, world);
   ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = E, .hidden = 64, .top_k = 2, .max_tokens = 8});
@@ -1022,6 +1028,7 @@ TEST(ExpertParallelLowLatency, BadInputIsNamed) {
   cudaFree(d_out);
 }
 
+#if !defined(WEFT_TESTS_ACROSS_NODES)
 // Issue 32's soak for the low-latency mode: 10,000 steps on one plan with no
 // reset, the routing changing every step (eight cases in turn; the first four
 // with ragged token counts, a rank with none and one with one, run eagerly;
@@ -1108,3 +1115,20 @@ TEST(ExpertParallelLowLatency, TenThousandStepsAndGraphReplaysWithFreshRoutingsE
 }
 
 #endif  // !WEFT_TESTS_ACROSS_NODES
+
+#if defined(WEFT_TESTS_ACROSS_NODES)
+// Without a weft::RemotePeers (NVSHMEM's device state, and weft::internode's
+// kernels) a plan across nodes is refused, naming the ranks and the remedy.
+TEST(ExpertParallelLowLatency, AcrossNodesWithoutRemotePeersIsRefusedNamingTheRemedy) {
+  NEED_NODES();
+  std::string error;
+  try {
+    ExpertParallelLowLatency ll(test::ctx_ptr(), {.experts = experts_for(16, ctx().world_size()), .hidden = 256,
+                                                  .top_k = 2, .max_tokens = 8});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("ExpertParallelLowLatency reaches every peer by load and store"), std::string::npos) << error;
+  EXPECT_NE(error.find("construct a weft::RemotePeers"), std::string::npos) << error;
+}
+#endif

@@ -62,6 +62,7 @@ namespace weft {
 
 namespace ops_detail {
 class TwoLevelEp;
+class TwoLevelEpLl;
 }
 
 /// What an ExpertParallel plan is built for. Equal on every rank (checked).
@@ -191,6 +192,13 @@ struct EpLowLatencyOptions {
 ///   ... experts: y [local experts][W x M][H] from ll.recv_x() ...
 ///   ll.combine(y, topk_idx, topk_weights, out, T, stream);
 ///
+/// Across nodes (some peer's heap not mapped here: WEFT_HEAP_BACKEND=nvshmem
+/// over several nodes, or WEFT_VIRTUAL_NODES) it needs weft::internode linked
+/// and a weft::RemotePeers alive: the same kernels then reach the peers of
+/// other nodes by NVSHMEM's puts, a row bound there staged in this rank's
+/// symmetric heap first (a NIC reads only registered memory), which adds M x H
+/// (dispatch) and local experts x W x M x H bf16 (combine) to the plan's heap.
+///
 /// Every rank makes the same calls in this order (send, recv, combine) each
 /// step. What dispatch_recv delivers (recv_x, recv_scales, recv_source) is
 /// valid until this rank's combine of the step: once it has run, a peer's
@@ -249,6 +257,7 @@ class ExpertParallelLowLatency {
   SignalArray recv_signals_;    // the receive kernel's epoch (no flags used)
   DeviceBuffer recv_count_;  // i32 [per][W]
   DeviceBuffer scratch_;     // u64: [0] error key, [1] send blocks done, [2] combine blocks done
+  std::unique_ptr<ops_detail::TwoLevelEpLl> across_;  // the kernels across nodes (weft::internode), or null
 };
 
 }  // namespace weft

@@ -6,7 +6,8 @@
 namespace weft::ops_detail {
 
 const TwoLevelCollectives& internode_collectives() {
-  static const TwoLevelCollectives table{make_two_level_expert_parallel, make_two_level_all_gather,
+  static const TwoLevelCollectives table{make_two_level_expert_parallel, make_two_level_expert_parallel_low_latency,
+                                         make_two_level_all_gather,
                                          make_two_level_reduce_scatter, make_two_level_all_reduce,
                                          make_two_level_ag_arrivals, make_two_level_rs_after_stores};
   return table;

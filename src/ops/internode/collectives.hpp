@@ -29,6 +29,10 @@ std::unique_ptr<TwoLevelRun> make_two_level_all_reduce(Context& ctx, std::uint64
 /// Collective: ExpertParallel's kernels across nodes (ep.cu; docs/decisions/0072).
 std::unique_ptr<TwoLevelEp> make_two_level_expert_parallel(Context& ctx, const EpOptions& options, int blocks);
 
+/// Collective: ExpertParallelLowLatency's send and combine across nodes (ep_ll.cu).
+std::unique_ptr<TwoLevelEpLl> make_two_level_expert_parallel_low_latency(Context& ctx,
+                                                                         const EpLowLatencyOptions& options);
+
 /// The table, as weft::RemotePeers registers it.
 const TwoLevelCollectives& internode_collectives();
 
