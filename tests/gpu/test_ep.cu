@@ -994,33 +994,83 @@ TEST(ExpertParallelLowLatency, BadInputIsNamed) {
     too_many = e.what();
   }
   EXPECT_NE(too_many.find("9 tokens exceed the plan's max_tokens = 8"), std::string::npos) << too_many;
-  // Rank `last` lists an expert out of range at token 5: it is named there, and no rank hangs.
-  std::vector<std::int64_t> topk(16);
-  for (int t = 0; t < 8; ++t)
-    for (int j = 0; j < 2; ++j) topk[t * 2 + j] = (t + j) % E;
-  if (ctx().rank() == last) topk[5 * 2 + 1] = E + 3;
-  std::vector<float> w(16, 0.5f);
+  // Rank `last` lists an expert out of range at token 5, and the one before it (if any) an
+  // expert twice at token 3: each is named on its rank, no rank hangs, the refused token's
+  // output is zeros, every other token's output is right (no row a refused token held in the
+  // counts sends anything back), and the plan's next step is right.
+  const int M = 8, H = 64, k = 2, per = E / world, me = ctx().rank();
+  std::vector<std::int64_t> topk(M * k);
+  for (int t = 0; t < M; ++t)
+    for (int j = 0; j < k; ++j) topk[t * k + j] = (t + j + me) % E;
+  if (me == last) topk[5 * k + 1] = E + 3;
+  const int repeats = world > 1 ? last - 1 : -1;  // the rank that repeats an expert
+  if (me == repeats) topk[3 * k + 1] = topk[3 * k];
+  std::vector<float> w(M * k, 0.5f);
+  // y row r of every rank holds (r % 61) + 1 in every channel: small integers, so the
+  // sums of halves below are exact in bf16 and compare bitwise.
+  auto y_value = [](std::int64_t r) { return static_cast<float>(r % 61 + 1); };
+  std::vector<std::uint16_t> x(M * H), y(static_cast<std::size_t>(per) * world * M * H);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(static_cast<float>(i % 7 + 1));
+  for (std::size_t r = 0; r < y.size() / H; ++r)
+    for (int ch = 0; ch < H; ++ch) y[r * H + ch] = float_to_bf16(y_value(static_cast<std::int64_t>(r)));
   std::int64_t* d_topk = device_copy(topk);
   float* d_w = device_copy(w);
-  std::uint16_t *d_x = nullptr, *d_y = nullptr, *d_out = nullptr;
-  WEFT_CUDA(cudaMalloc(&d_x, 8 * 64 * 2));
-  WEFT_CUDA(cudaMalloc(&d_out, 8 * 64 * 2));
-  WEFT_CUDA(cudaMalloc(&d_y, static_cast<std::size_t>(E) * 8 * 64 * 2));
-  WEFT_CUDA(cudaMemset(d_x, 0, 8 * 64 * 2));
-  WEFT_CUDA(cudaMemset(d_y, 0, static_cast<std::size_t>(E) * 8 * 64 * 2));
+  std::uint16_t* d_x = device_copy(x);
+  std::uint16_t* d_y = device_copy(y);
+  std::uint16_t* d_out = nullptr;
+  WEFT_CUDA(cudaMalloc(&d_out, M * H * 2));
+  WEFT_CUDA(cudaMemset(d_out, 0x5A, M * H * 2));
   std::string bad;
+  std::vector<std::uint16_t> out;
   try {
-    ll.dispatch(d_topk, d_x, 8, s);
-    ll.combine(d_y, d_topk, d_w, d_out, 8, s);
+    ll.dispatch(d_topk, d_x, M, s);
+    ll.combine(d_y, d_topk, d_w, d_out, M, s);
+    out = host_copy(d_out, static_cast<std::size_t>(M) * H, s);
     ll.check_errors(s);
   } catch (const std::exception& e) {
     bad = e.what();
   }
-  if (ctx().rank() == last)
+  if (me == last)
     EXPECT_NE(bad.find(str("rank ", last, "'s token 5 (slot 1) has an expert id out of range")), std::string::npos)
         << bad;
+  else if (me == repeats)
+    EXPECT_NE(bad.find(str("rank ", repeats, "'s token 3 (slot 1) lists an expert twice")), std::string::npos) << bad;
   else
     EXPECT_EQ(bad, "");
+  // The expected output: token t's slots in range, each at the row its position among this
+  // rank's in-range entries of that expert gives (a refused token's entries hold rows too).
+  const int refused = me == last ? 5 : me == repeats ? 3 : -1;
+  std::string wrong;
+  for (int t = 0; t < M && wrong.empty() && out.size() == static_cast<std::size_t>(M) * H; ++t) {
+    float want = 0.f;
+    for (int j = 0; j < k && t != refused; ++j) {
+      const std::int64_t e = topk[t * k + j];
+      int pos = 0;
+      for (int i = 0; i < t * k + j; ++i) pos += topk[i] == e;
+      want += 0.5f * y_value((static_cast<std::int64_t>(e % per) * world + me) * M + pos);
+    }
+    for (int ch = 0; ch < H && wrong.empty(); ++ch)
+      if (out[t * H + ch] != float_to_bf16(want))
+        wrong = str("token ", t, " channel ", ch, ": ", bf16_to_float(out[t * H + ch]), ", expected ", want);
+  }
+  EXPECT_EQ(wrong, "") << "rank " << me;
+  // The next step on the same plan: right, as if nothing had been refused.
+  std::string next;
+  try {
+    const Case c{E, k, H, Routing::uniform, std::vector<std::int64_t>(world, M), 4242};
+    const LlStep st = ll_step(c, M);
+    LlBuffers b(c, M, world);
+    b.load(c, st, M);
+    ll.dispatch(b.topk, b.x, M, s);
+    next = check_ll_dispatch(ll, c, st, M);
+    ll.combine(b.y, b.topk, b.w, b.out, M, s);
+    if (next.empty()) next = check_ll_combine(c, st, host_copy(b.out, static_cast<std::size_t>(M) * H, s));
+    ll.check_errors(s);
+  } catch (const std::exception& e) {
+    next = e.what();
+  }
+  EXPECT_EQ(next, "") << "rank " << me << ": the step after the refused tokens";
+  EXPECT_TRUE(test::all_ranks(wrong.empty() && next.empty()));
   cudaFree(d_topk);
   cudaFree(d_w);
   cudaFree(d_x);

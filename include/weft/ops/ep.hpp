@@ -203,8 +203,9 @@ struct EpLowLatencyOptions {
 /// step. What dispatch_recv delivers (recv_x, recv_scales, recv_source) is
 /// valid until this rank's combine of the step: once it has run, a peer's
 /// next dispatch_send may already be writing the buffers. A bad expert id
-/// (outside [-1, E), or listed twice) skips its token and is recorded on the
-/// device; check_errors() reports it.
+/// (outside [-1, E), or listed twice) skips its token (combine gives it
+/// zeros; the other tokens are unaffected) and is recorded on the device;
+/// check_errors() reports it.
 class ExpertParallelLowLatency {
  public:
   /// Collective. Allocates the symmetric receive and combine buffers.

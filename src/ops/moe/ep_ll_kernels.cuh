@@ -134,20 +134,14 @@ __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
     const bool in = lane < k;
     const std::int64_t ex = in ? a.topk[t * k + lane] : -1;
     const bool bad = in && (ex < -1 || ex >= E);
-    const bool valid = in && ex >= 0 && !bad;
-    const unsigned same = __match_any_sync(0xffffffffu, valid ? static_cast<unsigned long long>(ex)
-                                                               : ~static_cast<unsigned long long>(lane) - 1);
-    const bool repeat = valid && static_cast<int>(__ffs(same)) - 1 != lane;
+    const bool in_range = in && ex >= 0 && ex < E;  // an entry the counts hold (the last block counts these)
+    const unsigned same = __match_any_sync(0xffffffffu, in_range ? static_cast<unsigned long long>(ex)
+                                                                  : ~static_cast<unsigned long long>(lane) - 1);
+    const bool repeat = in_range && static_cast<int>(__ffs(same)) - 1 != lane;
     const unsigned errors = __ballot_sync(0xffffffffu, bad || repeat);
-    if (errors != 0) {
-      if (lane == __ffs(errors) - 1)
-        atomicMin(reinterpret_cast<unsigned long long*>(a.error),
-                  static_cast<unsigned long long>((static_cast<std::uint64_t>(t) << 8) |
-                                                  (static_cast<std::uint64_t>(lane) << 2) | (bad ? 1u : 2u)));
-      continue;  // warp-uniform
-    }
-    // Position of each pair among this rank's pairs of its expert: entries equal to it in earlier rows.
-    int pos = 0;
+    // Position of each pair among this rank's pairs of its expert: entries equal to it in earlier
+    // rows, then in earlier slots of this row (only a token that repeats an expert has any).
+    int pos = __popc(same & ((1u << lane) - 1u));
     const std::int64_t earlier = t * k;
     for (std::int64_t base = 0; base < earlier; base += 32) {
       const std::int64_t idx = base + lane;
@@ -158,9 +152,22 @@ __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
         if (lane == j) pos += c;
       }
     }
+    if (errors != 0) {
+      if (lane == __ffs(errors) - 1)
+        atomicMin(reinterpret_cast<unsigned long long*>(a.error),
+                  static_cast<unsigned long long>((static_cast<std::uint64_t>(t) << 8) |
+                                                  (static_cast<std::uint64_t>(lane) << 2) | (bad ? 1u : 2u)));
+      // The token is not sent, but its in-range entries hold rows in the counts: each such row is
+      // marked as no token's, so the owner's combine sends nothing back from it.
+      if (in_range && pos < M)
+        Transport::put_i32(a.w, a.recv_src + moe_detail::low_latency_row(pl, M, pl.local(static_cast<int>(ex)), me, pos),
+                           -1, pl.owner(static_cast<int>(ex)));
+      continue;  // warp-uniform
+    }
+    const bool valid = in_range;  // no entry of this token is bad or repeated
     const uint4* src = a.x + t * vecs;
     // Lane j's destination: row pos of (its expert's local index, this rank) at the expert's owner.
-    // pos >= M only where an earlier row was bad (and recorded).
+    // pos >= M only where the pairs of that expert outgrew the plan's max_tokens (earlier bad rows).
     const bool send = valid && pos < M;
     const int owner = send ? pl.owner(static_cast<int>(ex)) : 0;
     const std::int64_t row = send ? moe_detail::low_latency_row(pl, M, pl.local(static_cast<int>(ex)), me, pos) : 0;
@@ -253,6 +260,7 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
     const int src = static_cast<int>(block % W);
     if (i % M >= a.recv_count[block]) continue;
     const std::int32_t sid = __ldcg(a.recv_src + i);
+    if (sid < 0) continue;  // a row a bad token held: nothing to send back (warp-uniform)
     const std::int64_t t = sid / 32, j = sid % 32;
     const std::size_t bytes = static_cast<std::size_t>(vecs) * 16;
     const uint4* y_row = a.y + i * vecs;
@@ -271,15 +279,24 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
   if (last_block(a.done)) {
     for (int p = static_cast<int>(threadIdx.x); p < W; p += blockDim.x) Transport::signal(a.w, a.comb_flags + me, e, p);
   }
-  if (static_cast<int>(threadIdx.x) < W)
-    dev::wait_until(a.w, a.comb_flags + threadIdx.x, dev::Cmp::ge, e, dev::Scope::sys, static_cast<int>(threadIdx.x));
+  for (int p = static_cast<int>(threadIdx.x); p < W; p += blockDim.x)  // W may exceed the block across nodes
+    dev::wait_until(a.w, a.comb_flags + p, dev::Cmp::ge, e, dev::Scope::sys, p);
   __syncthreads();
 
-  // Receive half: out[t] = sum over slots j ascending of w[t][j] x y(t, j).
+  // Receive half: out[t] = sum over slots j ascending of w[t][j] x y(t, j); zeros for a
+  // token dispatch refused (an id out of range or repeated: none of its rows went out).
   for (std::int64_t t = warp0; t < a.tokens; t += warps) {
     const std::int64_t ex = lane < k ? a.topk[t * k + lane] : -1;
     const float w = lane < k ? a.weights[t * k + lane] : 0.f;
-    const unsigned valid = __ballot_sync(0xffffffffu, ex >= 0 && ex < E);
+    const bool in_range = ex >= 0 && ex < E;
+    const unsigned same = __match_any_sync(0xffffffffu, in_range ? static_cast<unsigned long long>(ex)
+                                                                  : ~static_cast<unsigned long long>(lane) - 1);
+    const bool refused = (lane < k && ex < -1) || ex >= E || (in_range && static_cast<int>(__ffs(same)) - 1 != lane);
+    if (__ballot_sync(0xffffffffu, refused) != 0) {
+      for (std::int64_t v = lane; v < vecs; v += 32) a.out[t * vecs + v] = make_uint4(0, 0, 0, 0);
+      continue;  // warp-uniform
+    }
+    const unsigned valid = __ballot_sync(0xffffffffu, in_range);
     auto row_at = [&](int j) { return a.comb_buf + (t * k + j) * vecs; };
     auto weight = [&](int j) { return __shfl_sync(0xffffffffu, w, j); };
     for (std::int64_t v0 = 0; v0 < vecs; v0 += 32 * moe_detail::kRowSumVecs) {  // every lane runs every step
