@@ -4,8 +4,6 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
-#include <map>
-#include <mutex>
 
 #include "config.hpp"
 #include "gemm_checks.hpp"
@@ -81,7 +79,6 @@ bool split_config(const std::string& text, std::string& name, int& swizzle, int&
   raster = along == 'M' ? 1 : 2;
   return true;
 }
-
 
 bool hook_matches(const gemm_detail::Config& c, GemmHook h) {
   return c.hooked == (h != GemmHook::none) && c.with_source == (h == GemmHook::wait_source_rows) &&

@@ -221,14 +221,18 @@ void GroupedGemm::prepare(const GroupedGemmArgs& args, cudaStream_t stream) {
   if (prepared_) return;
   const std::string why = gemm_detail::grouped_args_error(options_, args);
   WEFT_REQUIRE(why.empty(), "GroupedGemm::prepare: ", why);
+  choose(args, stream);
+}
+
+bool GroupedGemm::choose(const GroupedGemmArgs& args, cudaStream_t stream) {
   prepared_ = true;
-  if (!options_.autotune || candidates_.size() == 1) return;  // the heuristic's (or the forced) choice
+  if (!options_.autotune || candidates_.size() == 1) return false;  // the heuristic's (or the forced) choice
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   WEFT_CUDA(cudaStreamIsCapturing(stream, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) {
     WEFT_LOG(debug, "GroupedGemm ", describe(options_), ": first run under graph capture, ", chosen_->name,
              " by the size heuristic (nothing can be timed inside a capture)");
-    return;
+    return false;
   }
   const GroupedGemmOptions& o = options_;
   std::string names;
@@ -244,7 +248,7 @@ void GroupedGemm::prepare(const GroupedGemmArgs& args, cudaStream_t stream) {
         if (const char* err = launch(*cfg, args, stream); *err)
           WEFT_FAIL("GroupedGemm ", describe(o), ": the cached configuration '", cfg->name, "' failed to launch: ", err);
         WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", cfg->name, " from the tuning cache");
-        return;
+        return true;
       }
   }
   // Every candidate once (a warm-up, and the check that it launches), then timed.
@@ -263,12 +267,13 @@ void GroupedGemm::prepare(const GroupedGemmArgs& args, cudaStream_t stream) {
   // The last timed run may have been another candidate's: out holds the chosen one's result.
   if (const char* err = launch(*chosen_, args, stream); *err)
     WEFT_FAIL("GroupedGemm ", describe(o), " with ", chosen_->name, " failed to launch: ", err);
+  return true;
 }
 
 void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {
   const std::string why = gemm_detail::grouped_args_error(options_, args);
   WEFT_REQUIRE(why.empty(), "GroupedGemm::run: ", why);
-  if (!prepared_) prepare(args, stream);
+  if (!prepared_ && choose(args, stream)) return;  // the tuner's last launch was this run's
   const char* err = launch(*chosen_, args, stream);
   WEFT_REQUIRE(!*err, "GroupedGemm ", describe(options_), " with ", chosen_->name, " failed to launch: ", err);
 }

@@ -132,8 +132,11 @@ class GroupedGemm {
   bool prepared_ = false, from_cache_ = false;
   DeviceBuffer workspace_;  // the per-expert arrays, then CUTLASS's workspace: room for every candidate's
   std::size_t workspace_bytes_ = 0;
-  DeviceBuffer faults_;
-  const char* launch(const gemm_detail::GroupedConfig& cfg, const GroupedGemmArgs& args, cudaStream_t stream);  // u32 [3]: fault bits, the first total that overflowed, E - the first bad range's expert
+  DeviceBuffer faults_;  // u32 [3]: fault bits, the first total that overflowed, E - the first bad range's expert
+
+  const char* launch(const gemm_detail::GroupedConfig& cfg, const GroupedGemmArgs& args, cudaStream_t stream);
+  /// prepare() after the operand checks: true where it left `out` holding the chosen configuration's result.
+  bool choose(const GroupedGemmArgs& args, cudaStream_t stream);
 };
 
 }  // namespace weft

@@ -35,12 +35,12 @@ struct NodesPeers {
   /// non-blocking put from `staged` (this rank's symmetric heap), completed by complete_block.
   __device__ static void row_warp(const dev::World& w, void* dst, const void* src, const void* staged,
                                   std::size_t bytes, int pe) {
-    if (w.reachable(pe)) dev::copy_warp(w.symm_at(dst, pe), src, bytes);
+    if (direct(w, pe)) dev::copy_warp(w.symm_at(dst, pe), src, bytes);
     else nvshmemx_putmem_nbi_warp(dst, staged, bytes, pe);
   }
   /// One thread: a store, or NVSHMEM's single-element put (delivered by complete_block).
   __device__ static void put_i32(const dev::World& w, std::int32_t* dst, std::int32_t v, int pe) {
-    if (w.reachable(pe)) *w.symm_at(dst, pe) = v;
+    if (direct(w, pe)) *w.symm_at(dst, pe) = v;
     else nvshmem_int_p(dst, v, pe);
   }
   /// One thread: the flag, after everything this grid wrote or put (remote::signal_op).
