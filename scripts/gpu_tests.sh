@@ -281,6 +281,34 @@ if grep -q '^WEFT_INTERNODE_BUILT:INTERNAL=ON$' "$BUILD/CMakeCache.txt" 2>/dev/n
         "rc=$rc, $rows of 4 rows checked ok, auto took two_level in $auto of 2, $((SECONDS - t0)) s${left:+; $left}"
       grep -E '"check":"FAIL|weft-bench: ' "$log" | head -n 5
     done
+    # The operators as docs/SCALE.md's step 5 runs them on two real nodes, each
+    # result checked (weft-bench exits 3 on a failed check): the overlapped
+    # GEMMs in both modes and automatic (fused = their two-level steps), EP in
+    # both modes, MoE under TP, and DistFlashDecode (its check is FlashDecode's
+    # on the local shard; weft_internode_tests checks the distributed result).
+    while IFS='|' read -r op bench_args; do
+      log="$LOGS/internode_bench_${op}_w4_n2.log"
+      t0=$SECONDS
+      # shellcheck disable=SC2086
+      WEFT_HEAP_BACKEND=nvshmem WEFT_VIRTUAL_NODES=2 "$WEFTRUN" $args --tag-output --timeout 300 -- \
+        "$BUILD/weft-bench" "$op" $bench_args --samples 3 --warmup 1 --check --json >"$log" 2>&1
+      rc=$?
+      rows=$(grep -c '^\[rank 0\] {' "$log")
+      ready=$(grep -c 'two-level collectives ready' "$log")
+      left=$(no_mps_left)
+      ok=1
+      [ "$rc" -eq 0 ] && [ "$rows" -ge 1 ] && [ "$ready" -ge 1 ] && [ -z "$left" ] && ok=0
+      verdict "weft-bench $op, world 4 as 2 nodes" $ok \
+        "rc=$rc, $rows result row(s) from rank 0, every check passing where rc=0, $((SECONDS - t0)) s${left:+; $left}"
+      grep -E 'FAIL|error|weft-bench: ' "$log" | grep -v 'share a GPU' | head -n 5
+    done <<'OPS'
+ag_gemm|--shapes 1024,2048,1024 --variant fused,sequential,auto
+gemm_rs|--shapes 1024,2048,1024 --variant fused,sequential,auto
+gemm_ar|--shapes 1024,2048,1024 --variant fused,sequential,auto
+ep|--tokens 512 --hidden 2048 --experts 16 --topk 4 --ll-tokens 64
+moe_tp|--cases 1024,1024,1024,8,2 --routing zipf
+decode|--dist --cases 4,32,8,8192
+OPS
   fi
 else
   say "weft-bench two_level (virtual nodes)" \

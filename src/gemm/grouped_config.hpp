@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/device/world.cuh"
 #include "weft/gemm/grouped_gemm.hpp"
 
 namespace weft::gemm_detail {
@@ -18,6 +19,7 @@ enum GroupedFault : std::uint32_t {
   kNegativeCount = 1u,  ///< an expert's count was negative (taken as 0)
   kOverCapacity = 2u,   ///< the counts summed past max_rows (the rows past it were not computed)
   kBadFirstRow = 4u,    ///< with first rows: a range out of order, overlapping or past max_rows (computed as empty)
+  kBadRowFlag = 8u,     ///< with a wait: a row's flag index outside [0, flag_count) (that row waited for nothing)
 };
 
 /// What the prologue records for check_counts (device memory, zeroed at plan time and after a report).
@@ -27,6 +29,20 @@ struct GroupedFaultRecord {
   /// E - the lowest expert with a bad range, 0 if none: kept by atomicMax, so
   /// the lowest such expert wins whatever order the threads record in.
   std::uint32_t bad_range_mark;
+  /// With a wait: 1 + the first row whose flag index was out of range, 0 if
+  /// none (kept by atomicCAS from 0: some such row, named in the message).
+  std::uint32_t bad_flag_row;
+};
+
+/// The tile-level wait as the grouped kernel takes it (GroupedRowWait, with
+/// the World by value). flags == nullptr: no wait.
+struct GroupedWait {
+  dev::World world{};
+  const std::uint64_t* flags = nullptr;
+  const std::int32_t* row_flag = nullptr;
+  std::uint64_t value = 1;
+  int flag_count = 0;
+  int flags_per_rank = 1;
 };
 
 /// Arguments every grouped configuration takes.
@@ -41,6 +57,7 @@ struct GroupedProblem {
   void* workspace;         ///< GroupedConfig::workspace bytes: the per-expert arrays, then CUTLASS's
   GroupedFaultRecord* faults;
   int sm_count;
+  GroupedWait wait{};
 };
 
 /// One instantiated grouped kernel: its types, its tile, and how to run it.

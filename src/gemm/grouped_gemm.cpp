@@ -129,6 +129,20 @@ std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArg
       return str(named(i), " at ", op.ptr, " is not ", op.align, "-byte aligned",
                  op.align == 16 ? " (TMA needs 16-byte aligned matrices)" : "");
   }
+  const GroupedRowWait& w = x.wait;
+  if (!w.flags) {
+    if (w.row_flag) return "wait.row_flag is given without wait.flags: expected both (a wait) or neither";
+    return "";
+  }
+  if (reinterpret_cast<std::uintptr_t>(w.flags) % 8 != 0)
+    return str("wait.flags at ", static_cast<const void*>(w.flags), " is not 8-byte aligned (uint64 flags)");
+  if (w.flag_count < 1) return str("wait.flag_count = ", w.flag_count, ": expected the flags' length, >= 1");
+  if (!w.row_flag) return str("wait.row_flag must be a device pointer to int32 [max_rows = ", o.max_rows, "], got null");
+  if (reinterpret_cast<std::uintptr_t>(w.row_flag) % 4 != 0)
+    return str("wait.row_flag at ", static_cast<const void*>(w.row_flag), " is not 4-byte aligned (int32)");
+  if (!w.world) return "wait.world must be given: the wait's timeout names the rank and the flag";
+  if (w.flags_per_rank < 1)
+    return str("wait.flags_per_rank = ", w.flags_per_rank, ": expected >= 1 (flag f is raised by rank f / flags_per_rank)");
   return "";
 }
 
@@ -144,11 +158,19 @@ std::string grouped_fault_message(const GroupedGemmOptions& o, const GroupedFaul
                "'s rows [first, first + count) were out of order, overlapped the previous expert's or passed "
                "max_rows = ", o.max_rows, " (that expert was computed as empty)");
   }
+  if (record.bits & kBadRowFlag)
+    why += str(why.empty() ? "" : "; ", "row ", static_cast<long long>(record.bad_flag_row) - 1,
+               "'s wait.row_flag was outside [0, flag_count) (that row waited for nothing)");
   if (why.empty()) return "";
-  return str("GroupedGemm: ", why, "; expected E = ", o.experts, " counts >= 0 summing to at most max_rows",
-             (record.bits & kBadFirstRow) ? ", and first rows >= 0, ascending, each range ending before the next "
-                                            "begins and at most at max_rows"
-                                          : "");
+  std::string expected;
+  if (record.bits & (kNegativeCount | kOverCapacity | kBadFirstRow))
+    expected = str("E = ", o.experts, " counts >= 0 summing to at most max_rows",
+                   (record.bits & kBadFirstRow) ? ", and first rows >= 0, ascending, each range ending before the "
+                                                  "next begins and at most at max_rows"
+                                                : "");
+  if (record.bits & kBadRowFlag)
+    expected += str(expected.empty() ? "" : "; and ", "every row a tile reads naming one of the run's flags");
+  return str("GroupedGemm: ", why, "; expected ", expected);
 }
 
 }  // namespace gemm_detail
@@ -202,7 +224,7 @@ std::vector<std::string> GroupedGemm::configurations() const {
 
 const char* GroupedGemm::launch(const gemm_detail::GroupedConfig& cfg, const GroupedGemmArgs& args,
                                 cudaStream_t stream) {
-  const gemm_detail::GroupedProblem p{options_.experts,
+  gemm_detail::GroupedProblem p{options_.experts,
                                       options_.n,
                                       options_.k,
                                       options_.max_rows,
@@ -213,7 +235,10 @@ const char* GroupedGemm::launch(const gemm_detail::GroupedConfig& cfg, const Gro
                                       args.expert_first_row,
                                       workspace_.get(),
                                       faults_.as<gemm_detail::GroupedFaultRecord>(),
-                                      sm_count_};
+                                      sm_count_,
+                                      {}};
+  if (const GroupedRowWait& w = args.wait; w.flags)
+    p.wait = {*w.world, w.flags, w.row_flag, w.value, w.flag_count, w.flags_per_rank};
   return cfg.run(p, stream);
 }
 
@@ -250,6 +275,11 @@ bool GroupedGemm::choose(const GroupedGemmArgs& args, cudaStream_t stream) {
         WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", cfg->name, " from the tuning cache");
         return true;
       }
+  }
+  if (args.wait.flags) {  // timing runs would wait on flags raised once per run
+    WEFT_LOG(debug, "GroupedGemm ", describe(o), ": first run waits on flags, ", chosen_->name,
+             " by the size heuristic (a run that waits is never timed)");
+    return false;
   }
   // Every candidate once (a warm-up, and the check that it launches), then timed.
   std::vector<const gemm_detail::GroupedConfig*> runnable;

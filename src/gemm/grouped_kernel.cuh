@@ -8,6 +8,14 @@
 // of 0 rows has no tiles). weft's prologue writes those arrays from the
 // counts on the same stream, so a run is stream-ordered end to end and needs
 // no host synchronisation; a graph replay reads the counts of that moment.
+//
+// The hook seam (GroupedRowWait): WaitingGroupedMainloop wraps CUTLASS's
+// ptr-array mainloop collective as tile_hooks.cuh's WaitingMainloop wraps the
+// dense one, so only its producer warp holds the wait, right before a tile's
+// TMA loads. The kernel hands load() the tile's row block within its group
+// but not the group: the collective learns it from tensormaps_perform_update,
+// which the kernel calls with each new group before that group's first load,
+// and reads the group's first row of A from the prologue's array.
 #pragma once
 
 #include <climits>
@@ -15,6 +23,7 @@
 #include "cutlass_kernel.cuh"  // KernelSpec, CutlassElement
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "grouped_config.hpp"
+#include "weft/device/signal.cuh"
 
 namespace weft::gemm_detail {
 
@@ -23,6 +32,82 @@ constexpr int kGroupedPrologueThreads = 1024;
 
 /// Rounds a byte offset up to 128 (TMA descriptors and CUTLASS's workspace want that much).
 constexpr std::size_t grouped_align(std::size_t bytes) { return (bytes + 127) / 128 * 128; }
+
+/// What the waiting mainloop's parameters hold: the run's wait, the
+/// prologue's per-expert first rows and the fault record.
+struct GroupedWaitParams {
+  GroupedWait wait{};
+  const std::int32_t* first_row = nullptr;  ///< [E]: the row of A where each expert's rows start
+  GroupedFaultRecord* faults = nullptr;
+};
+
+/// CUTLASS's ptr-array mainloop collective `Base`, whose producer warp first
+/// waits for the flags of the A rows each tile reads (GroupedRowWait; none
+/// unless the run's flags are set).
+template <class Base>
+struct WaitingGroupedMainloop : Base {
+  struct Arguments : Base::Arguments {
+    GroupedWaitParams hook{};
+  };
+  struct Params : Base::Params {
+    GroupedWaitParams hook{};
+  };
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape problem, Arguments const& args, void* workspace) {
+    Params p;
+    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem, args, workspace);
+    p.hook = args.hook;
+    return p;
+  }
+
+  /// Base::tensormaps_perform_update for the group `next_group`, whose tiles
+  /// the following load() calls take: notes the group and its rows.
+  template <class TensorMapStorage, class TensorMaps, class ProblemShapeMNKL>
+  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& shared, Params const& params, TensorMaps const& maps,
+                                                ProblemShapeMNKL problem, int32_t next_group) {
+    group_ = next_group;
+    group_rows_ = static_cast<int>(cute::get<0>(problem));
+    Base::tensormaps_perform_update(shared, params, maps, problem, next_group);
+  }
+
+  /// Base::load for the tile at blk_coord (m, n, _, _) of the current group, once its A rows are present.
+  template <class Pipeline, class State, class LoadInputs, class TensorMaps, class BlockCoord, class... Rest>
+  CUTLASS_DEVICE void load(Params const& params, Pipeline pipeline, State state, LoadInputs const& inputs,
+                           TensorMaps const& maps, BlockCoord const& blk_coord, Rest&&... rest) {
+    if (params.hook.wait.flags) {
+      constexpr int kTileM = cute::size<0>(typename Base::TileShape{});
+      const int row_in_group = static_cast<int>(cute::get<0>(blk_coord)) * kTileM;
+      const int first = params.hook.first_row[group_];
+      wait_for_rows(params.hook, first + row_in_group, first + min(row_in_group + kTileM, group_rows_));
+    }
+    Base::load(params, pipeline, state, inputs, maps, blk_coord, static_cast<Rest&&>(rest)...);
+  }
+
+ private:
+  int group_ = 0, group_rows_ = 0;
+
+  /// Every lane of the producer warp returns once the flags of rows [row0, row1) are up.
+  CUTLASS_DEVICE static void wait_for_rows(GroupedWaitParams const& h, int row0, int row1) {
+    const GroupedWait& w = h.wait;
+    int polled = -1;  // rows of one flag mostly come together: each lane polls a flag once in a row
+    for (int r = row0 + static_cast<int>(threadIdx.x % 32); r < row1; r += 32) {
+      const int f = w.row_flag[r];
+      if (f == polled) continue;
+      if (f < 0 || f >= w.flag_count) {
+        atomicOr(&h.faults->bits, static_cast<unsigned>(kBadRowFlag));
+        atomicCAS(&h.faults->bad_flag_row, 0u, static_cast<unsigned>(r) + 1u);
+        continue;
+      }
+      dev::wait_until_no_call(w.world, w.flags + f, dev::Cmp::ge, w.value, dev::Scope::sys, f / w.flags_per_rank);
+      polled = f;
+    }
+    __syncwarp();
+    // The rows came from a copy engine, a peer or another kernel; the TMA
+    // loads that read them next belong to the async proxy.
+    dev::fence_proxy_async_global();
+  }
+};
 
 /// One grouped configuration: Element in and out, W as [E, N, K] (LayoutB
 /// ColumnMajor in CUTLASS's K x N view) or [E, K, N] (RowMajor).
@@ -41,11 +126,11 @@ struct GroupedKernel {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using Mainloop = WaitingGroupedMainloop<typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element, LayoutB*, kAlign, float,
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   using StrideA = typename GemmKernel::InternalStrideA;
@@ -62,6 +147,7 @@ struct GroupedKernel {
     StrideA* stride_a;
     StrideB* stride_w;
     StrideD* stride_out;
+    std::int32_t* first_row;  ///< each expert's first row of A (the waiting mainloop's)
     void* cutlass_workspace;
   };
 
@@ -69,7 +155,7 @@ struct GroupedKernel {
     const std::size_t e = static_cast<std::size_t>(experts);
     return grouped_align(e * sizeof(Shape)) + 3 * grouped_align(e * sizeof(void*)) +
            grouped_align(e * sizeof(StrideA)) + grouped_align(e * sizeof(StrideB)) +
-           grouped_align(e * sizeof(StrideD));
+           grouped_align(e * sizeof(StrideD)) + grouped_align(e * sizeof(std::int32_t));
   }
 
   static Arrays carve(void* workspace, int experts) {
@@ -88,6 +174,7 @@ struct GroupedKernel {
     arr.stride_a = reinterpret_cast<StrideA*>(take(e * sizeof(StrideA)));
     arr.stride_w = reinterpret_cast<StrideB*>(take(e * sizeof(StrideB)));
     arr.stride_out = reinterpret_cast<StrideD*>(take(e * sizeof(StrideD)));
+    arr.first_row = reinterpret_cast<std::int32_t*>(take(e * sizeof(std::int32_t)));
     arr.cutlass_workspace = at;
     return arr;
   }
@@ -98,7 +185,7 @@ struct GroupedKernel {
     // No host copy of the shapes: the scheduler reads them on the device, and
     // the grid is one CTA per SM.
     args.problem_shape = {p.experts, arr.shapes, nullptr};
-    args.mainloop = {arr.a, arr.stride_a, arr.w, arr.stride_w};
+    args.mainloop = {{arr.a, arr.stride_a, arr.w, arr.stride_w}, {p.wait, arr.first_row, p.faults}};
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     args.epilogue.ptr_C = nullptr;
@@ -175,6 +262,7 @@ __global__ void __launch_bounds__(kGroupedPrologueThreads) grouped_prologue(type
       }
     }
     arr.shapes[e] = cute::make_shape(m, n, k);
+    arr.first_row[e] = static_cast<std::int32_t>(begin);
     arr.a[e] = a + begin * p.k;
     arr.w[e] = w + static_cast<std::int64_t>(e) * p.n * p.k;
     arr.out[e] = out + begin * p.n;

@@ -24,6 +24,7 @@ using weft::BLayout;
 using weft::DType;
 using weft::GroupedGemmArgs;
 using weft::GroupedGemmOptions;
+using weft::GroupedRowWait;
 using namespace weft::gemm_detail;
 using namespace weft::bench;
 
@@ -174,20 +175,69 @@ TEST(GroupedGemmChecks, OperandsMustBeAlignedDevicePointersNamedWithTheirShapes)
   EXPECT_NE(grouped_args_error(o, x).find("is not 4-byte aligned"), std::string::npos);
 }
 
+TEST(GroupedGemmChecks, AWaitNeedsItsFlagsRowMapAndWorldNamedWhereMissing) {
+  const GroupedGemmOptions o = options(4, 64, 32, 100);
+  const auto* aligned = reinterpret_cast<const void*>(std::uintptr_t{1u << 20});
+  const auto* counts = reinterpret_cast<const std::int32_t*>(std::uintptr_t{1u << 21});
+  const auto* flags = reinterpret_cast<const std::uint64_t*>(std::uintptr_t{1u << 22});
+  const auto* row_flag = reinterpret_cast<const std::int32_t*>(std::uintptr_t{1u << 23});
+  const weft::dev::World world{};
+  GroupedGemmArgs good{.a = aligned, .w = aligned, .out = const_cast<void*>(aligned), .expert_rows = counts};
+  EXPECT_EQ(grouped_args_error(o, good), "") << "no wait";
+  good.wait = GroupedRowWait{.world = &world, .flags = flags, .flag_count = 2, .value = 3, .row_flag = row_flag};
+  EXPECT_EQ(grouped_args_error(o, good), "");
+  auto error = [&](auto change) {
+    GroupedGemmArgs x = good;
+    change(x.wait);
+    return grouped_args_error(o, x);
+  };
+  EXPECT_NE(error([&](GroupedRowWait& w) { w.flags = nullptr; }).find("wait.row_flag is given without wait.flags"),
+            std::string::npos);
+  EXPECT_NE(error([&](GroupedRowWait& w) { w.flags = reinterpret_cast<const std::uint64_t*>(std::uintptr_t{(1u << 22) + 4}); })
+                .find("is not 8-byte aligned (uint64 flags)"),
+            std::string::npos);
+  EXPECT_NE(error([&](GroupedRowWait& w) { w.flag_count = 0; }).find("wait.flag_count = 0: expected the flags' length, >= 1"),
+            std::string::npos);
+  EXPECT_NE(error([&](GroupedRowWait& w) { w.row_flag = nullptr; })
+                .find("wait.row_flag must be a device pointer to int32 [max_rows = 100], got null"),
+            std::string::npos);
+  EXPECT_NE(error([&](GroupedRowWait& w) { w.row_flag = reinterpret_cast<const std::int32_t*>(std::uintptr_t{(1u << 23) + 2}); })
+                .find("is not 4-byte aligned (int32)"),
+            std::string::npos);
+  EXPECT_NE(error([&](GroupedRowWait& w) { w.world = nullptr; }).find("wait.world must be given"), std::string::npos);
+  EXPECT_NE(error([&](GroupedRowWait& w) { w.flags_per_rank = 0; }).find("wait.flags_per_rank = 0: expected >= 1"),
+            std::string::npos);
+}
+
+TEST(GroupedGemmChecks, ARowWhoseFlagIsOutOfRangeIsNamed) {
+  const GroupedGemmOptions o = options(8, 64, 64, 1000);
+  // The record keeps 1 + some such row.
+  const std::string flag = grouped_fault_message(o, {kBadRowFlag, 0, 0, 1 + 517});
+  EXPECT_NE(flag.find("row 517's wait.row_flag was outside [0, flag_count) (that row waited for nothing)"),
+            std::string::npos)
+      << flag;
+  EXPECT_NE(flag.find("expected every row a tile reads naming one of the run's flags"), std::string::npos) << flag;
+  EXPECT_EQ(flag.find("counts >= 0"), std::string::npos) << "only the flag was wrong: " << flag;
+  const std::string both = grouped_fault_message(o, {kNegativeCount | kBadRowFlag, 0, 0, 1});
+  EXPECT_NE(both.find("negative"), std::string::npos) << both;
+  EXPECT_NE(both.find("row 0's wait.row_flag"), std::string::npos) << both;
+  EXPECT_NE(both.find("counts >= 0 summing to at most max_rows; and every row a tile reads"), std::string::npos) << both;
+}
+
 TEST(GroupedGemmChecks, CountFaultsSayWhatWasWrongAndWhatWasExpected) {
   const GroupedGemmOptions o = options(8, 64, 64, 1000);
-  EXPECT_EQ(grouped_fault_message(o, {0, 0, 0}), "");
-  EXPECT_NE(grouped_fault_message(o, {kNegativeCount, 0, 0}).find("an expert's row count was negative"),
+  EXPECT_EQ(grouped_fault_message(o, {0, 0, 0, 0}), "");
+  EXPECT_NE(grouped_fault_message(o, {kNegativeCount, 0, 0, 0}).find("an expert's row count was negative"),
             std::string::npos);
-  const std::string over = grouped_fault_message(o, {kOverCapacity, 1234, 0});
+  const std::string over = grouped_fault_message(o, {kOverCapacity, 1234, 0, 0});
   EXPECT_NE(over.find("the row counts summed to 1234, past max_rows = 1000"), std::string::npos) << over;
   EXPECT_NE(over.find("expected E = 8 counts >= 0 summing to at most max_rows"), std::string::npos) << over;
   EXPECT_EQ(over.find("first rows"), std::string::npos) << "packed rows: nothing said of first rows";
-  const std::string both = grouped_fault_message(o, {kNegativeCount | kOverCapacity, 1234, 0});
+  const std::string both = grouped_fault_message(o, {kNegativeCount | kOverCapacity, 1234, 0, 0});
   EXPECT_NE(both.find("negative"), std::string::npos);
   EXPECT_NE(both.find("summed to 1234"), std::string::npos);
   // A bad range: the mark is E - the lowest such expert (kept by atomicMax on the device).
-  const std::string range = grouped_fault_message(o, {kBadFirstRow, 0, 8 - 3});
+  const std::string range = grouped_fault_message(o, {kBadFirstRow, 0, 8 - 3, 0});
   EXPECT_NE(range.find("expert 3's rows [first, first + count) were out of order, overlapped the previous expert's "
                        "or passed max_rows = 1000 (that expert was computed as empty)"),
             std::string::npos)

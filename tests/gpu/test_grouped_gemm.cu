@@ -10,11 +10,13 @@
 // graph's replays equal the eager run bitwise, a replay reads the counts of
 // its moment, counts that are negative or overflow the capacity and first
 // rows out of order are reported, autotune picks by timing and keeps its
-// choice by shape, and bad options and operands are refused naming what was expected. Every rank runs each test on its own GPU share (any world size).
+// choice by shape, tiles wait for the flags of their rows (GroupedRowWait)
+// before reading them, and bad options and operands are refused naming what was expected. Every rank runs each test on its own GPU share (any world size).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -491,6 +493,108 @@ TEST(GroupedGemm, AutotuneChoosesByTimingKeepsTheChoiceByShapeAndLeavesCapturesT
   captured.check_counts(s);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+TEST(GroupedGemm, TilesWaitForTheFlagsOfTheirRowsThenReadThem) {
+  // GroupedRowWait, as an overlapped MoE layer would use it: within each
+  // expert the rows come from three sources in order (flag 0, 1, 2 by
+  // thirds). Flag 0 is up from the start; the rows of flags 1 and 2 start as
+  // NaNs with their flags a run behind (epoch 4 of 5). The GEMM starts; 20 ms
+  // later a copy engine writes the real rows, then raises the flags to 5. A
+  // tile that read before its flags would carry the NaNs into its expert's
+  // output. Under every configuration, both layouts; then with autotune on
+  // (a run that waits is never timed, so it must not hang), and a row whose
+  // flag is out of range (it waits for nothing; check_counts names it).
+  cudaStream_t s = test::stream(), late;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
+  const std::vector<std::int32_t> counts = {300, 0, 517, 129, 1, 256};  // an empty expert, a one-row expert
+  constexpr int kFlags = 3;
+  constexpr std::uint64_t kEpoch = 5;
+  std::uint64_t *flags = nullptr, *host_flags = nullptr;
+  std::int32_t* row_flag = nullptr;
+  WEFT_CUDA(cudaMalloc(&flags, kFlags * 8));
+  WEFT_CUDA(cudaMallocHost(&host_flags, kFlags * 8));
+  std::uint64_t salt = 9100;
+  int tried = 0;
+  // Runs one case: `bad_row` >= 0 gets flag index kFlags (out of range) and nothing arrives late.
+  auto run_case = [&](Case cs, bool autotune, std::int64_t bad_row) {
+    SCOPED_TRACE(cs.name);
+    Problem pr(cs, salt++);
+    pr.o.autotune = autotune;
+    GroupedGemm gg(pr.o);
+    const std::int64_t rows = pr.rows, row_bytes = cs.k * 2;
+    std::vector<std::int32_t> map(pr.o.max_rows, 0);
+    for (int e = 0; e < pr.o.experts; ++e)
+      for (std::int32_t i = 0; i < cs.counts[e]; ++i)
+        map[cs.first_row(e) + i] = static_cast<std::int32_t>(std::int64_t{i} * kFlags / cs.counts[e]);
+    const bool arrive_late = bad_row < 0;
+    if (!arrive_late) map[bad_row] = kFlags;
+    WEFT_CUDA(cudaMalloc(&row_flag, map.size() * 4));
+    WEFT_CUDA(cudaMemcpyAsync(row_flag, map.data(), map.size() * 4, cudaMemcpyHostToDevice, s));
+    char* real_a = nullptr;  // pinned, so the late copy is a copy engine's
+    WEFT_CUDA(cudaMallocHost(&real_a, rows * row_bytes));
+    WEFT_CUDA(cudaMemcpyAsync(real_a, pr.da, rows * row_bytes, cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA(cudaStreamSynchronize(s));
+    for (int f = 0; f < kFlags; ++f) host_flags[f] = f == 0 || !arrive_late ? kEpoch : kEpoch - 1;
+    WEFT_CUDA(cudaMemcpyAsync(flags, host_flags, kFlags * 8, cudaMemcpyHostToDevice, s));
+    if (arrive_late)
+      for (std::int64_t r = 0; r < rows; ++r)
+        if (map[r] > 0) bench::poison(static_cast<char*>(pr.da) + r * row_bytes, row_bytes, 0xFF, s);
+    pr.poison(s);
+    GroupedGemmArgs args = pr.args();
+    args.wait = GroupedRowWait{
+        .world = &ctx().world(), .flags = flags, .flag_count = kFlags, .value = kEpoch, .row_flag = row_flag};
+    gg.run(args, s);
+    if (arrive_late) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int f = 0; f < kFlags; ++f) host_flags[f] = kEpoch;
+      WEFT_CUDA(cudaMemcpyAsync(pr.da, real_a, rows * row_bytes, cudaMemcpyHostToDevice, late));
+      WEFT_CUDA(cudaMemcpyAsync(flags, host_flags, kFlags * 8, cudaMemcpyHostToDevice, late));
+      WEFT_CUDA(cudaStreamSynchronize(late));
+    }
+    if (arrive_late) {
+      EXPECT_NO_THROW(gg.check_counts(s));
+    } else {
+      try {
+        gg.check_counts(s);
+        ADD_FAILURE() << "a row whose flag is out of range was not reported";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("row " + std::to_string(bad_row) + "'s wait.row_flag was outside [0, "
+                                             "flag_count)"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    const Problem::Verdict v = pr.check(s);
+    EXPECT_LE(v.worst, 1e-2) << gg.config() << ": expert " << v.worst_expert;
+    EXPECT_EQ(v.written_outside, 0) << gg.config() << ": elements written outside the experts' rows";
+    // The run left the flags as they were: not consumed.
+    std::vector<std::uint64_t> after(kFlags);
+    WEFT_CUDA(cudaMemcpy(after.data(), flags, kFlags * 8, cudaMemcpyDeviceToHost));
+    for (int f = 0; f < kFlags; ++f) EXPECT_EQ(after[f], kEpoch) << "flag " << f;
+    cudaFreeHost(real_a);
+    cudaFree(row_flag);
+    row_flag = nullptr;
+    ++tried;
+  };
+  for (auto [dtype, layout] : {std::pair{DType::bf16, BLayout::nk}, std::pair{DType::fp16, BLayout::kn}}) {
+    GroupedGemmOptions o;
+    o.experts = static_cast<int>(counts.size());
+    o.n = 256;
+    o.k = 512;
+    o.max_rows = 1;
+    o.dtype = dtype;
+    o.w_layout = layout;
+    for (const std::string& name : GroupedGemm(o).configurations())
+      run_case(Case{std::string("waits, ") + to_string(dtype) + ", " + name, 256, 512, counts, dtype, layout, 64, name}, false, -1);
+  }
+  run_case(Case{"waits, autotune", 256, 512, counts}, true, -1);
+  run_case(Case{"a row's flag out of range", 256, 512, counts}, false, 700);
+  EXPECT_GE(tried, 4) << "every configuration of two type/layout pairs, autotune, a bad flag";
+  WEFT_CUDA(cudaStreamSynchronize(s));
+  cudaStreamDestroy(late);
+  cudaFree(flags);
+  cudaFreeHost(host_flags);
 }
 
 TEST(GroupedGemm, CountsThatAreNegativeOrPastTheCapacityAreReported) {

@@ -22,6 +22,12 @@
 // the largest expert). A short prologue kernel on the same stream turns the
 // counts into each expert's problem shape, pointers and strides, in a
 // workspace the plan owns.
+//
+// A run may wait, tile by tile, for its rows of A (GroupedRowWait): each row
+// names the flag its producer raises (a source rank's shard landing, say),
+// and a tile's loads start once the flags of the rows it reads are up, while
+// tiles whose rows are present compute: the grouped kernel's hook seam for an
+// overlapped MoE layer, as the dense engine's RowSignals are for AllGather + GEMM.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,6 +38,7 @@
 
 #include "weft/core/cuda_resources.hpp"
 #include "weft/core/dtype.hpp"
+#include "weft/device/world.cuh"
 #include "weft/gemm/gemm_types.hpp"
 
 namespace weft {
@@ -69,6 +76,28 @@ struct GroupedGemmOptions {
   int max_sms = 0;
 };
 
+/// What a run's tiles wait for before loading their rows of A. For each
+/// row r a tile reads (its expert's rows, clipped to the expert's count), the
+/// kernel's mainloop producer warp waits until flags[row_flag[r]] >= value
+/// (acquire, system scope; lanes that share a flag poll it once), then
+/// fences the async proxy and issues the tile's TMA loads; the consumer warps
+/// are fed through shared memory and never wait. Rows of one flag may sit in
+/// any experts, in any order: the map is the run's, on the device (an
+/// overlapped MoE layer writes it as it sorts the gathered pairs). The flags
+/// are not reset by the run: raise them to a value that grows run over run
+/// (an epoch), or reset them after the run in stream order. A row whose
+/// row_flag is outside [0, flag_count) waits for nothing and is recorded for
+/// check_counts(). No flags: no wait.
+struct GroupedRowWait {
+  const dev::World* world = nullptr;     ///< names the rank and bounds the wait (its timeout)
+  const std::uint64_t* flags = nullptr;  ///< device memory written by copy engines, peers or kernels; 8-byte aligned
+  int flag_count = 0;                    ///< flags' length, >= 1 where flags are given
+  std::uint64_t value = 1;               ///< a flag is up when >= value
+  const std::int32_t* row_flag = nullptr;  ///< device memory, int32 [max_rows]: each row's flag
+  /// Flag f is raised by rank f / flags_per_rank (named by the timeout report); >= 1.
+  int flags_per_rank = 1;
+};
+
 /// One run's operands: device pointers, 16-byte aligned.
 struct GroupedGemmArgs {
   const void* a = nullptr;    ///< [rows, K] row-major, rows sorted by expert
@@ -81,6 +110,10 @@ struct GroupedGemmArgs {
   /// and within max_rows (else recorded for check_counts(), and the expert
   /// computed as empty). Null: packed, expert e's rows right after expert e - 1's.
   const std::int32_t* expert_first_row = nullptr;
+  /// Optional: the tiles' waits for their rows of A (GroupedRowWait). A run
+  /// that waits is never timed: with autotune, the configuration is the
+  /// tuning cache's or the heuristic's unless prepare() ran without a wait.
+  GroupedRowWait wait{};
 };
 
 namespace gemm_detail {
@@ -115,7 +148,8 @@ class GroupedGemm {
   /// check was given a negative count, counts that summed past max_rows (such
   /// a run computes only the rows that fit) or, with first rows, an expert
   /// whose range was out of order, overlapped the one before or passed
-  /// max_rows (computed as empty), naming the first such expert; clears the record.
+  /// max_rows (computed as empty), naming the first such expert, or a row
+  /// whose GroupedRowWait::row_flag was out of range; clears the record.
   /// For tests and debugging: run() itself never synchronises.
   void check_counts(cudaStream_t stream);
   /// The configuration in use ("128x256x64 c2x1 cooperative").
@@ -132,7 +166,7 @@ class GroupedGemm {
   bool prepared_ = false, from_cache_ = false;
   DeviceBuffer workspace_;  // the per-expert arrays, then CUTLASS's workspace: room for every candidate's
   std::size_t workspace_bytes_ = 0;
-  DeviceBuffer faults_;  // u32 [3]: fault bits, the first total that overflowed, E - the first bad range's expert
+  DeviceBuffer faults_;  // GroupedFaultRecord: fault bits, the first total past max_rows, the first bad range, a bad flag row
 
   const char* launch(const gemm_detail::GroupedConfig& cfg, const GroupedGemmArgs& args, cudaStream_t stream);
   /// prepare() after the operand checks: true where it left `out` holding the chosen configuration's result.
