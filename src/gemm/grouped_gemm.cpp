@@ -225,18 +225,18 @@ std::vector<std::string> GroupedGemm::configurations() const {
 const char* GroupedGemm::launch(const gemm_detail::GroupedConfig& cfg, const GroupedGemmArgs& args,
                                 cudaStream_t stream) {
   gemm_detail::GroupedProblem p{options_.experts,
-                                      options_.n,
-                                      options_.k,
-                                      options_.max_rows,
-                                      args.a,
-                                      args.w,
-                                      args.out,
-                                      args.expert_rows,
-                                      args.expert_first_row,
-                                      workspace_.get(),
-                                      faults_.as<gemm_detail::GroupedFaultRecord>(),
-                                      sm_count_,
-                                      {}};
+                                options_.n,
+                                options_.k,
+                                options_.max_rows,
+                                args.a,
+                                args.w,
+                                args.out,
+                                args.expert_rows,
+                                args.expert_first_row,
+                                workspace_.get(),
+                                faults_.as<gemm_detail::GroupedFaultRecord>(),
+                                sm_count_,
+                                {}};
   if (const GroupedRowWait& w = args.wait; w.flags)
     p.wait = {*w.world, w.flags, w.row_flag, w.value, w.flag_count, w.flags_per_rank};
   return cfg.run(p, stream);
