@@ -120,24 +120,60 @@ inline __device__ void cast_row_to_fp8(const uint4* src, std::int64_t vecs, int 
   }
 }
 
+/// What every thread of a low-latency kernel derives from LlArgs: its lane, its warp's
+/// first item and the stride of a grid-stride loop by warps, and the plan's sizes.
+struct LlWarp {
+  int lane;
+  std::int64_t warp0, warps;
+  int W, E, k, me, M;
+  std::int64_t vecs;  ///< 16-byte vectors per bf16 row
+};
+inline __device__ LlWarp ll_warp(const LlArgs& a) {
+  return {static_cast<int>(threadIdx.x) & 31,
+          static_cast<std::int64_t>(blockIdx.x) * kWarpsLl + threadIdx.x / 32,
+          static_cast<std::int64_t>(gridDim.x) * kWarpsLl,
+          a.world,
+          a.experts,
+          a.k,
+          a.w.rank,
+          a.max_tokens,
+          a.hidden / 8};
+}
+
+/// Lane j < k's entry of token t, and what dispatch makes of the token: an id
+/// outside [-1, E) (bad) or one the token lists twice (repeat) refuses the whole
+/// token. send and combine both ask, so they refuse the same tokens.
+struct LlEntry {
+  std::int64_t ex;  ///< the expert id, -1 past slot k
+  bool in_range;    ///< an id in [0, E): a pair the counts hold
+  unsigned same;    ///< the lanes whose in-range id equals this one's
+  bool bad, repeat;
+};
+inline __device__ LlEntry ll_entry(const LlArgs& a, std::int64_t t, int lane) {
+  const bool in = lane < a.k;
+  const std::int64_t ex = in ? a.topk[t * a.k + lane] : -1;
+  const bool in_range = in && ex >= 0 && ex < a.experts;
+  const unsigned same = __match_any_sync(0xffffffffu, in_range ? static_cast<unsigned long long>(ex)
+                                                                : ~static_cast<unsigned long long>(lane) - 1);
+  return {ex, in_range, same, in && (ex < -1 || ex >= a.experts), in_range && static_cast<int>(__ffs(same)) - 1 != lane};
+}
+
+/// After the calling warp wrote a row into this rank's staging buffer: the row in
+/// memory, at system scope, before any lane hands it to a transport (a NIC reads it).
+inline __device__ void staged_row_visible_warp() {
+  __syncwarp();
+  __threadfence_system();
+}
+
 template <class Transport>
 __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
   const std::uint64_t e = dev::epoch_begin(a.epoch);
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kWarpsLl + threadIdx.x / 32;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsLl;
-  const int W = a.world, E = a.experts, k = a.k, per = E / W, me = a.w.rank, M = a.max_tokens;
-  const std::int64_t vecs = a.hidden / 8;
+  const auto [lane, warp0, warps, W, E, k, me, M, vecs] = ll_warp(a);
   const ExpertPlacement pl{E, W};
 
   for (std::int64_t t = warp0; t < a.tokens; t += warps) {
-    const bool in = lane < k;
-    const std::int64_t ex = in ? a.topk[t * k + lane] : -1;
-    const bool bad = in && (ex < -1 || ex >= E);
-    const bool in_range = in && ex >= 0 && ex < E;  // an entry the counts hold (the last block counts these)
-    const unsigned same = __match_any_sync(0xffffffffu, in_range ? static_cast<unsigned long long>(ex)
-                                                                  : ~static_cast<unsigned long long>(lane) - 1);
-    const bool repeat = in_range && static_cast<int>(__ffs(same)) - 1 != lane;
+    // in_range: an entry the counts hold (the last block counts these)
+    const auto [ex, in_range, same, bad, repeat] = ll_entry(a, t, lane);
     const unsigned errors = __ballot_sync(0xffffffffu, bad || repeat);
     // Position of each pair among this rank's pairs of its expert: entries equal to it in earlier
     // rows, then in earlier slots of this row (only a token that repeats an expert has any).
@@ -195,8 +231,7 @@ __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
       } else {
         dev::copy_warp(sx, src, row_bytes);
       }
-      __syncwarp();
-      __threadfence_system();  // the staged row in memory before a transport reads it
+      staged_row_visible_warp();
       from = sx;
     }
     for (unsigned left = sends; left != 0; left &= left - 1) {
@@ -229,7 +264,6 @@ __global__ void __launch_bounds__(kThreadsLl) ll_send_kernel(LlArgs a) {
                         pl.owner(x));
     }
   }
-  (void)per;
   dev::epoch_end(a.epoch, e);
 }
 
@@ -247,11 +281,8 @@ static __global__ void __launch_bounds__(kRecvThreads) ll_recv_kernel(LlArgs a) 
 template <class Transport>
 __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
   const std::uint64_t e = dev::epoch_begin(a.epoch);
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const std::int64_t warp0 = static_cast<std::int64_t>(blockIdx.x) * kWarpsLl + threadIdx.x / 32;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarpsLl;
-  const int W = a.world, E = a.experts, k = a.k, per = E / W, me = a.w.rank, M = a.max_tokens;
-  const std::int64_t vecs = a.hidden / 8;
+  const auto [lane, warp0, warps, W, E, k, me, M, vecs] = ll_warp(a);
+  const int per = E / W;
 
   // Send half: every received row's output back to its source's (token, slot) row.
   const std::int64_t slots = static_cast<std::int64_t>(per) * W * M;
@@ -268,8 +299,7 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
     if constexpr (Transport::kStaged) {
       if (!Transport::direct(a.w, src)) {  // warp-uniform: one row per warp
         dev::copy_warp(a.send_y + i * vecs, y_row, bytes);
-        __syncwarp();
-        __threadfence_system();
+        staged_row_visible_warp();
         from = a.send_y + i * vecs;
       }
     }
@@ -286,13 +316,10 @@ __global__ void __launch_bounds__(kThreadsLl) ll_combine_kernel(LlArgs a) {
   // Receive half: out[t] = sum over slots j ascending of w[t][j] x y(t, j); zeros for a
   // token dispatch refused (an id out of range or repeated: none of its rows went out).
   for (std::int64_t t = warp0; t < a.tokens; t += warps) {
-    const std::int64_t ex = lane < k ? a.topk[t * k + lane] : -1;
+    const LlEntry entry = ll_entry(a, t, lane);
+    const bool in_range = entry.in_range;
     const float w = lane < k ? a.weights[t * k + lane] : 0.f;
-    const bool in_range = ex >= 0 && ex < E;
-    const unsigned same = __match_any_sync(0xffffffffu, in_range ? static_cast<unsigned long long>(ex)
-                                                                  : ~static_cast<unsigned long long>(lane) - 1);
-    const bool refused = (lane < k && ex < -1) || ex >= E || (in_range && static_cast<int>(__ffs(same)) - 1 != lane);
-    if (__ballot_sync(0xffffffffu, refused) != 0) {
+    if (__ballot_sync(0xffffffffu, entry.bad || entry.repeat) != 0) {
       for (std::int64_t v = lane; v < vecs; v += 32) a.out[t * vecs + v] = make_uint4(0, 0, 0, 0);
       continue;  // warp-uniform
     }
