@@ -2,13 +2,16 @@
 
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
+#include "weft/runtime/team.hpp"
 
 namespace weft {
 
 namespace ops_detail {
 bool pdl_enabled() {
-  static const bool on = env_int(process_env(), "WEFT_PDL", 1) != 0;
-  return on;
+  // WEFT_PDL unset: on, except where ranks share a GPU; 0: off; 1: on everywhere.
+  static const int setting = env_int(process_env(), "WEFT_PDL", -1);
+  if (setting >= 0) return setting != 0;
+  return !gpu_shared_in_process();
 }
 }  // namespace ops_detail
 

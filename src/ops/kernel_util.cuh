@@ -75,8 +75,10 @@ __device__ inline void store_word(void* base, std::uint64_t bytes, std::uint64_t
 /// Launches `kernel` with programmatic stream serialisation allowed: on
 /// Hopper the grid may be scheduled while the previous kernel of the stream
 /// finishes, hiding launch latency; the kernel must start with dev::pdl_wait()
-/// (dev::epoch_begin does). Works inside CUDA graphs too. WEFT_PDL=0 turns it
-/// off (plain stream order), to measure what it buys.
+/// (dev::epoch_begin does). Works inside CUDA graphs too. Off where ranks
+/// share a GPU (gpu_shared_in_process(); gpu_share.hpp says why); WEFT_PDL=0
+/// turns it off everywhere (plain stream order, to measure what it buys),
+/// WEFT_PDL=1 on everywhere.
 bool pdl_enabled();
 
 template <class... Params, class... Args>

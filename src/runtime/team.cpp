@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -129,7 +130,14 @@ void check_shared_gpus(const Team& t, const GpuRanks& by_gpu, const std::vector<
   }
 }
 
+std::atomic<bool>& gpu_shared_flag() {
+  static std::atomic<bool> shared{false};
+  return shared;
+}
+
 }  // namespace
+
+bool gpu_shared_in_process() { return gpu_shared_flag().load(std::memory_order_relaxed); }
 
 Team Team::discover(const LaunchEnv& env, Store& store, std::optional<int> virtual_nodes) {
   Team t;
@@ -229,6 +237,7 @@ Team Team::discover(const LaunchEnv& env, Store& store, std::optional<int> virtu
   t.same_gpu_ranks = by_gpu.at({host, bus});
   t.sm_count = sm_share(t.gpu_sm_count, static_cast<int>(t.same_gpu_ranks.size()));
   for (const auto& [gpu, ranks] : by_gpu) t.ranks_per_gpu = std::max(t.ranks_per_gpu, static_cast<int>(ranks.size()));
+  if (t.shares_gpus()) gpu_shared_flag().store(true, std::memory_order_relaxed);
   if (t.sharing == GpuSharing::timeslice && t.shares_gpus() && t.rank == 0)
     WEFT_LOG(warn, "ranks share GPUs by time slicing (WEFT_SHARE_GPU=timeslice): correct, but every wait on "
                    "another rank costs milliseconds; times are not performance figures");

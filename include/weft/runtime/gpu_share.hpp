@@ -13,7 +13,13 @@
 // from that share, never from the GPU's count or a constant. MPS's own cap
 // (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) does not give that guarantee: it limits
 // how many SMs a rank uses, not which, so capped ranks can land on the same
-// SMs; weft leaves it unset.
+// SMs; weft leaves it unset. And where ranks share a GPU, weft launches
+// without programmatic dependent launch (gpu_shared_in_process(), team.hpp):
+// under it a kernel's successor in the stream is scheduled while the kernel
+// still runs, and its blocks sit resident until the kernel ends. Behind a
+// kernel that spins on other ranks, a successor of any size (FlashDecode's
+// grid, EP's combine) would take SMs that a later rank's kernels need before
+// they can raise the flags it spins on: a deadlock no grid sizing bounds.
 //
 // Header-only and libc-only: weftrun (which links nothing else) and the
 // runtime both use it.

@@ -89,6 +89,12 @@ struct Team {
   bool shares_gpus() const { return ranks_per_gpu > 1; }
 };
 
+/// Whether a Team discovered in this process has ranks sharing a GPU (set by
+/// Team::discover, kept for the life of the process). weft's launches then
+/// leave out programmatic dependent launch, unless WEFT_PDL=1 asks for it:
+/// gpu_share.hpp gives the rule.
+bool gpu_shared_in_process();
+
 /// The virtual node count a rank asks for: `option` if set, else
 /// WEFT_VIRTUAL_NODES from `env`, else 1 (no split). Throws weft::Error naming
 /// the setting when it is not an integer of at least 1.
