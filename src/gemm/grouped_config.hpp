@@ -45,6 +45,13 @@ struct GroupedWait {
   int flags_per_rank = 1;
 };
 
+/// The report as the grouped kernel takes it (GroupedRowsDone). counters ==
+/// nullptr: no report.
+struct GroupedReport {
+  std::uint64_t* counters = nullptr;
+  std::int64_t rows_per_report = 1;
+};
+
 /// Arguments every grouped configuration takes.
 struct GroupedProblem {
   int experts;
@@ -58,6 +65,7 @@ struct GroupedProblem {
   GroupedFaultRecord* faults;
   int sm_count;
   GroupedWait wait{};
+  GroupedReport report{};
 };
 
 /// One instantiated grouped kernel: its types, its tile, and how to run it.

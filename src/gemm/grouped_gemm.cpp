@@ -129,6 +129,17 @@ std::string grouped_args_error(const GroupedGemmOptions& o, const GroupedGemmArg
       return str(named(i), " at ", op.ptr, " is not ", op.align, "-byte aligned",
                  op.align == 16 ? " (TMA needs 16-byte aligned matrices)" : "");
   }
+  const GroupedRowsDone& r = x.report;
+  if (r.counters) {
+    if (reinterpret_cast<std::uintptr_t>(r.counters) % 8 != 0)
+      return str("report.counters at ", static_cast<const void*>(r.counters), " is not 8-byte aligned (uint64 counters)");
+    if (r.rows_per_report < 1)
+      return str("report.rows_per_report = ", r.rows_per_report, ": expected >= 1 (the rows of out one counter covers; ",
+                 "the counters then number ceil(max_rows = ", o.max_rows, " / rows_per_report))");
+  } else if (r.rows_per_report != 0) {
+    return str("report.rows_per_report = ", r.rows_per_report,
+               " is given without report.counters: expected both (a report) or neither");
+  }
   const GroupedRowWait& w = x.wait;
   if (!w.flags) {
     if (w.row_flag) return "wait.row_flag is given without wait.flags: expected both (a wait) or neither";
@@ -236,9 +247,11 @@ const char* GroupedGemm::launch(const gemm_detail::GroupedConfig& cfg, const Gro
                                 workspace_.get(),
                                 faults_.as<gemm_detail::GroupedFaultRecord>(),
                                 sm_count_,
+                                {},
                                 {}};
   if (const GroupedRowWait& w = args.wait; w.flags)
     p.wait = {*w.world, w.flags, w.row_flag, w.value, w.flag_count, w.flags_per_rank};
+  if (args.report.counters) p.report = {args.report.counters, args.report.rows_per_report};
   return cfg.run(p, stream);
 }
 
@@ -276,9 +289,9 @@ bool GroupedGemm::choose(const GroupedGemmArgs& args, cudaStream_t stream) {
         return true;
       }
   }
-  if (args.wait.flags) {  // timing runs would wait on flags raised once per run
-    WEFT_LOG(debug, "GroupedGemm ", describe(o), ": first run waits on flags, ", chosen_->name,
-             " by the size heuristic (a run that waits is never timed)");
+  if (args.wait.flags || args.report.counters) {  // timing runs would wait on flags raised once per run, or report again
+    WEFT_LOG(debug, "GroupedGemm ", describe(o), ": first run ", args.wait.flags ? "waits on flags" : "reports its rows",
+             ", ", chosen_->name, " by the size heuristic (a run that waits or reports is never timed)");
     return false;
   }
   // Every candidate once (a warm-up, and the check that it launches), then timed.

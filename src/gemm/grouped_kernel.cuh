@@ -16,6 +16,18 @@
 // but not the group: the collective learns it from tensormaps_perform_update,
 // which the kernel calls with each new group before that group's first load,
 // and reads the group's first row of A from the prologue's array.
+//
+// The report seam (GroupedRowsDone): ReportingGroupedEpilogue wraps CUTLASS's
+// ptr-array epilogue collective. Its store() is handed the tile's coordinates
+// and its group (l), and issues the tile's TMA stores from one elected lane of
+// the first consumer warp (CTA warp 4). That warp then waits for the
+// *previous* tile's stores to complete (long done: free) and adds its rows x
+// columns to the counter of each row band of out it covers (release, system
+// scope); store_tail, at the CTA's end, waits for and reports its last tile.
+// A tile is so reported one tile of its CTA late, at no cost to the consumers;
+// the dense engine's scheduler reports a band's last tile at once
+// (tile_hooks.cuh), which the grouped kernel's fixed group scheduler does not
+// allow.
 #pragma once
 
 #include <climits>
@@ -109,6 +121,99 @@ struct WaitingGroupedMainloop : Base {
   }
 };
 
+/// What the reporting epilogue's parameters hold: the run's report and the
+/// prologue's per-expert first rows (of out, as of A).
+struct GroupedReportParams {
+  GroupedReport report{};
+  const std::int32_t* first_row = nullptr;
+};
+
+/// CUTLASS's ptr-array epilogue collective `Base`, whose store warp adds each
+/// stored tile's rows x columns to the counters of the row bands of out it
+/// covers once the tile's TMA stores are complete (GroupedRowsDone; nothing
+/// unless the run's counters are set). kStoreGroupsPerTile: the bulk
+/// async-groups Base::store commits per tile (one per epilogue subtile).
+template <class Base, int kStoreGroupsPerTile>
+struct ReportingGroupedEpilogue : Base {
+  struct Arguments : Base::Arguments {
+    GroupedReportParams hook{};
+  };
+  struct Params : Base::Params {
+    GroupedReportParams hook{};
+  };
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const& problem, Arguments const& args, void* workspace) {
+    Params p;
+    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem, args, workspace);
+    p.hook = args.hook;
+    return p;
+  }
+
+  CUTLASS_DEVICE ReportingGroupedEpilogue(Params const& params, typename Base::TensorStorage& shared)
+      : Base(params, shared), hook_(&params.hook) {}
+
+  /// Base::store for the tile at tile_coord (m, n, _, group); then, on the
+  /// store warp, the previous tile's report and this tile's rows noted.
+  template <class LoadPipeline, class LoadState, class StorePipeline, class StoreState, class ProblemShapeMNKL,
+            class TileShapeMNK, class TileCoordMNKL, class... Rest>
+  CUTLASS_DEVICE auto store(LoadPipeline load_pipeline, LoadState load_state, StorePipeline store_pipeline,
+                            StoreState store_state, ProblemShapeMNKL problem, TileShapeMNK tile_shape,
+                            TileCoordMNKL tile_coord, Rest&&... rest) {
+    auto next = Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape, tile_coord,
+                            static_cast<Rest&&>(rest)...);
+    if (hook_->report.counters && static_cast<int>(threadIdx.x / 32) == kStoreWarp) {
+      if (pending_rows_ > 0) {
+        dev::bulk_stores_wait<kStoreGroupsPerTile>();  // at most this tile's stores still in flight
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) add_rows(pending_row0_, pending_rows_, pending_cols_);
+      }
+      constexpr int kTileM = cute::size<0>(TileShapeMNK{}), kTileN = cute::size<1>(TileShapeMNK{});
+      const int m = static_cast<int>(cute::get<0>(tile_coord)), n = static_cast<int>(cute::get<1>(tile_coord));
+      const int group = static_cast<int>(cute::get<3>(tile_coord));
+      const int group_rows = static_cast<int>(cute::get<0>(problem)), cols = static_cast<int>(cute::get<1>(problem));
+      pending_row0_ = hook_->first_row[group] + m * kTileM;
+      pending_rows_ = min(kTileM, group_rows - m * kTileM);
+      pending_cols_ = min(kTileN, cols - n * kTileN);
+    }
+    return next;
+  }
+
+  /// Base::store_tail (the CTA's end); then the last tile's report, once its stores are complete.
+  template <class... Args>
+  CUTLASS_DEVICE auto store_tail(Args&&... args) {
+    auto next = Base::store_tail(static_cast<Args&&>(args)...);
+    if (hook_->report.counters && static_cast<int>(threadIdx.x / 32) == kStoreWarp && pending_rows_ > 0) {
+      dev::bulk_stores_wait<0>();
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) add_rows(pending_row0_, pending_rows_, pending_cols_);
+      pending_rows_ = 0;
+    }
+    return next;
+  }
+
+ private:
+  /// The warp whose elected lane issues the epilogue's TMA stores: the first
+  /// consumer warp, after the producer warpgroup (the cooperative kernel).
+  static constexpr int kStoreWarp = 4;
+
+  /// counters[band] += (rows of [row0, row0 + rows) in the band) x cols, for each band the rows cover.
+  CUTLASS_DEVICE void add_rows(int row0, int rows, int cols) const {
+    if (rows <= 0 || cols <= 0) return;
+    dev::fence_proxy_async_global();  // the rows were written by the async proxy (TMA)
+    const std::int64_t per = hook_->report.rows_per_report, row1 = std::int64_t{row0} + rows;
+    for (std::int64_t band = row0 / per; band * per < row1; ++band) {
+      const std::int64_t lo = band * per > row0 ? band * per : row0, hi = (band + 1) * per < row1 ? (band + 1) * per : row1;
+      dev::red_release(hook_->report.counters + band, static_cast<std::uint64_t>((hi - lo) * cols), dev::Scope::sys);
+    }
+  }
+
+  // The kernel's own (grid-constant) parameters, read in place: a copy in
+  // every consumer thread would stay live across the mainloop.
+  const GroupedReportParams* hook_ = nullptr;
+  int pending_row0_ = 0, pending_rows_ = 0, pending_cols_ = 0;  // the last tile whose stores were issued, unreported
+};
+
 /// One grouped configuration: Element in and out, W as [E, N, K] (LayoutB
 /// ColumnMajor in CUTLASS's K x N view) or [E, K, N] (RowMajor).
 template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN>
@@ -121,11 +226,14 @@ struct GroupedKernel {
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlign = 16 / sizeof(Element);
   // No source matrix (void C): out = A x W, alpha 1.
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using BaseEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
+  static constexpr int kStoreGroupsPerTile =
+      (TM * TN) / decltype(cute::size(typename BaseEpilogue::EpilogueTile{}))::value;
+  using Epilogue = ReportingGroupedEpilogue<BaseEpilogue, kStoreGroupsPerTile>;
   using Mainloop = WaitingGroupedMainloop<typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element, LayoutB*, kAlign, float,
       TileShape, ClusterShape,
@@ -192,6 +300,7 @@ struct GroupedKernel {
     args.epilogue.dC = arr.stride_out;
     args.epilogue.ptr_D = arr.out;
     args.epilogue.dD = arr.stride_out;
+    args.epilogue.hook = {p.report, arr.first_row};
     args.hw_info.sm_count = whole_cluster_sms(p.sm_count, CM * CN);
     // Along M: consecutive tiles of one expert share its weight's column tile (the larger operand), kept in L2.
     args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongM;

@@ -24,6 +24,7 @@ using weft::BLayout;
 using weft::DType;
 using weft::GroupedGemmArgs;
 using weft::GroupedGemmOptions;
+using weft::GroupedRowsDone;
 using weft::GroupedRowWait;
 using namespace weft::gemm_detail;
 using namespace weft::bench;
@@ -207,6 +208,35 @@ TEST(GroupedGemmChecks, AWaitNeedsItsFlagsRowMapAndWorldNamedWhereMissing) {
   EXPECT_NE(error([&](GroupedRowWait& w) { w.world = nullptr; }).find("wait.world must be given"), std::string::npos);
   EXPECT_NE(error([&](GroupedRowWait& w) { w.flags_per_rank = 0; }).find("wait.flags_per_rank = 0: expected >= 1"),
             std::string::npos);
+}
+
+TEST(GroupedGemmChecks, AReportNeedsAlignedCountersAndItsBandRowsNamedWhereWrong) {
+  const GroupedGemmOptions o = options(4, 64, 32, 1000);
+  const auto* aligned = reinterpret_cast<const void*>(std::uintptr_t{1u << 20});
+  const auto* counts = reinterpret_cast<const std::int32_t*>(std::uintptr_t{1u << 21});
+  auto* counters = reinterpret_cast<std::uint64_t*>(std::uintptr_t{1u << 22});
+  GroupedGemmArgs good{.a = aligned, .w = aligned, .out = const_cast<void*>(aligned), .expert_rows = counts};
+  good.report = GroupedRowsDone{.counters = counters, .rows_per_report = 100};
+  EXPECT_EQ(grouped_args_error(o, good), "");
+  GroupedGemmArgs x = good;
+  x.report.counters = reinterpret_cast<std::uint64_t*>(std::uintptr_t{(1u << 22) + 4});
+  EXPECT_NE(grouped_args_error(o, x).find("report.counters at"), std::string::npos) << grouped_args_error(o, x);
+  EXPECT_NE(grouped_args_error(o, x).find("is not 8-byte aligned (uint64 counters)"), std::string::npos);
+  x = good;
+  x.report.rows_per_report = 0;
+  EXPECT_NE(grouped_args_error(o, x).find("report.rows_per_report = 0: expected >= 1"), std::string::npos)
+      << grouped_args_error(o, x);
+  EXPECT_NE(grouped_args_error(o, x).find("ceil(max_rows = 1000 / rows_per_report)"), std::string::npos);
+  x = good;
+  x.report.counters = nullptr;
+  EXPECT_NE(grouped_args_error(o, x).find("report.rows_per_report = 100 is given without report.counters"),
+            std::string::npos)
+      << grouped_args_error(o, x);
+  x.report.rows_per_report = 0;
+  EXPECT_EQ(grouped_args_error(o, x), "") << "no report";
+  // A band's complete value: its covered rows times N.
+  static_assert(GroupedRowsDone::complete_value(100, 64) == 6400);
+  static_assert(GroupedRowsDone::complete_value(0, 64) == 0);
 }
 
 TEST(GroupedGemmChecks, ARowWhoseFlagIsOutOfRangeIsNamed) {

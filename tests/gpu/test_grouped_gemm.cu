@@ -11,7 +11,8 @@
 // its moment, counts that are negative or overflow the capacity and first
 // rows out of order are reported, autotune picks by timing and keeps its
 // choice by shape, tiles wait for the flags of their rows (GroupedRowWait)
-// before reading them, and bad options and operands are refused naming what was expected. Every rank runs each test on its own GPU share (any world size).
+// before reading them, tiles report their rows only once stored
+// (GroupedRowsDone), and bad options and operands are refused naming what was expected. Every rank runs each test on its own GPU share (any world size).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -30,6 +31,7 @@
 #include "half_bits.hpp"
 #include "routing.hpp"
 #include "weft/core/error.hpp"
+#include "weft/device.cuh"
 #include "weft/gemm/grouped_gemm.hpp"
 
 using namespace weft;
@@ -226,6 +228,24 @@ void expect_right_in_every_configuration(Case cs, std::uint64_t salt) {
     cs.name = base + ", " + name;
     EXPECT_EQ(expect_right(cs, salt++), name) << "a forced configuration runs as named";
   }
+}
+
+// One warp per band of out's rows, all in one block (one SM beside the GEMM's
+// grid, whose CTAs each hold a whole SM): lane 0 waits (bounded by the
+// World's timeout) until the band's counter reaches its complete value, then
+// the warp copies the band's rows into `snapshot` at once. A report raised
+// before its rows' stores had landed leaves the poison (NaNs) in the snapshot.
+__global__ void snapshot_reported_bands(dev::World w, const std::uint64_t* counters, const std::uint64_t* complete,
+                                        std::int64_t rows_per_band, std::int64_t rows, std::int64_t n,
+                                        const std::uint16_t* out, std::uint16_t* snapshot) {
+  const std::int64_t band = threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (lane == 0 && complete[band] > 0)
+    dev::wait_until(w, counters + band, dev::Cmp::ge, complete[band], dev::Scope::sys);
+  __syncwarp();
+  const std::int64_t begin = band * rows_per_band * n;
+  const std::int64_t end = std::min(rows, (band + 1) * rows_per_band) * n;
+  for (std::int64_t i = begin + lane; i < end; i += 32) snapshot[i] = out[i];
 }
 
 }  // namespace
@@ -595,6 +615,93 @@ TEST(GroupedGemm, TilesWaitForTheFlagsOfTheirRowsThenReadThem) {
   cudaStreamDestroy(late);
   cudaFree(flags);
   cudaFreeHost(host_flags);
+}
+
+TEST(GroupedGemm, TilesReportTheirStoredRowsOnlyOnceTheStoresHaveLanded) {
+  // GroupedRowsDone, as MoE + ReduceScatter would use it: bands of 100 rows
+  // (across tile edges and experts' edges), packed experts and experts at
+  // given first rows with gaps between them (rows no expert covers count for
+  // nothing). The GEMM leaves SMs free; on them, beside it, one block per
+  // band waits for the band's counter and copies the band at once. Every
+  // snapshot must equal the final output bitwise (a report before the stores
+  // landed would have copied NaNs), every counter must end at exactly its
+  // complete value (each tile reported once), and the output must match
+  // float64. Under every configuration of two type/layout pairs; then with
+  // autotune (a run that reports is never timed, or the counters would count twice).
+  cudaStream_t s = test::stream(), watch;
+  WEFT_CUDA(cudaStreamCreateWithFlags(&watch, cudaStreamNonBlocking));
+  const std::vector<std::int32_t> counts = {300, 0, 517, 129, 1, 256};
+  const std::vector<std::int32_t> gapped = {0, 300, 384, 960, 1100, 1120};  // ranges end at 300, 901, 1089, 1101, 1376
+  constexpr std::int64_t kBandRows = 100;
+  const int free_sms = 8;
+  std::uint64_t salt = 9300;
+  int tried = 0;
+  auto run_case = [&](Case cs, bool autotune) {
+    SCOPED_TRACE(cs.name);
+    cs.max_sms = std::max(1, ctx().team().sm_count - free_sms);
+    Problem pr(cs, salt++);
+    pr.o.autotune = autotune;
+    GroupedGemm gg(pr.o);
+    const std::int64_t rows = pr.o.max_rows, n = cs.n, bands = (rows + kBandRows - 1) / kBandRows;
+    std::vector<std::uint64_t> complete(bands, 0);
+    for (int e = 0; e < pr.o.experts; ++e)
+      for (std::int64_t r = cs.first_row(e); r < cs.first_row(e) + cs.counts[e]; ++r)
+        complete[r / kBandRows] += GroupedRowsDone::complete_value(1, n);
+    std::uint64_t *counters = nullptr, *dcomplete = nullptr;
+    std::uint16_t* snapshot = nullptr;
+    WEFT_CUDA(cudaMalloc(&counters, bands * 8));
+    WEFT_CUDA(cudaMalloc(&dcomplete, bands * 8));
+    WEFT_CUDA(cudaMalloc(&snapshot, rows * n * 2));
+    WEFT_CUDA(cudaMemcpyAsync(dcomplete, complete.data(), bands * 8, cudaMemcpyHostToDevice, s));
+    WEFT_CUDA(cudaMemsetAsync(counters, 0, bands * 8, s));
+    bench::poison(snapshot, rows * n * 2, 0xFF, s);
+    pr.poison(s);
+    WEFT_CUDA(cudaStreamSynchronize(s));
+    ASSERT_LE(bands, 32) << "one warp per band, in one block";
+    snapshot_reported_bands<<<1, static_cast<unsigned>(32 * bands), 0, watch>>>(
+        ctx().world(), counters, dcomplete, kBandRows, rows, n, static_cast<const std::uint16_t*>(pr.dout), snapshot);
+    WEFT_CUDA(cudaGetLastError());
+    GroupedGemmArgs args = pr.args();
+    args.report = GroupedRowsDone{.counters = counters, .rows_per_report = kBandRows};
+    gg.run(args, s);
+    WEFT_CUDA(cudaStreamSynchronize(watch));
+    gg.check_counts(s);
+    std::vector<std::uint16_t> out(rows * n), snap(rows * n);
+    std::vector<std::uint64_t> ended(bands);
+    WEFT_CUDA(cudaMemcpy(out.data(), pr.dout, out.size() * 2, cudaMemcpyDeviceToHost));
+    WEFT_CUDA(cudaMemcpy(snap.data(), snapshot, snap.size() * 2, cudaMemcpyDeviceToHost));
+    WEFT_CUDA(cudaMemcpy(ended.data(), counters, bands * 8, cudaMemcpyDeviceToHost));
+    std::int64_t early = 0, miscounted = 0;
+    for (std::int64_t i = 0; i < rows * n; ++i) early += snap[i] != out[i];
+    for (std::int64_t b = 0; b < bands; ++b) miscounted += ended[b] != complete[b];
+    EXPECT_EQ(early, 0) << gg.config() << ": elements copied at their band's report differ from the final output";
+    EXPECT_EQ(miscounted, 0) << gg.config() << ": counters that did not end at their band's rows x N";
+    const Problem::Verdict v = pr.check(s);
+    EXPECT_LE(v.worst, 1e-2) << gg.config() << ": expert " << v.worst_expert;
+    EXPECT_EQ(v.written_outside, 0) << gg.config() << ": elements written outside the experts' rows";
+    for (void* p : {static_cast<void*>(counters), static_cast<void*>(dcomplete), static_cast<void*>(snapshot)})
+      cudaFree(p);
+    ++tried;
+  };
+  for (auto [dtype, layout] : {std::pair{DType::bf16, BLayout::nk}, std::pair{DType::fp16, BLayout::kn}}) {
+    GroupedGemmOptions o;
+    o.experts = static_cast<int>(counts.size());
+    o.n = 256;
+    o.k = 512;
+    o.max_rows = 1;
+    o.dtype = dtype;
+    o.w_layout = layout;
+    for (const std::string& name : GroupedGemm(o).configurations()) {
+      const std::string what = std::string(to_string(dtype)) + ", " + name;
+      run_case(Case{"reports, packed, " + what, 256, 512, counts, dtype, layout, 64, name}, false);
+      Case gaps{"reports, first rows with gaps, " + what, 256, 512, counts, dtype, layout, 24, name};
+      gaps.first_rows = gapped;
+      run_case(gaps, false);
+    }
+  }
+  run_case(Case{"reports, autotune", 256, 512, counts}, true);
+  EXPECT_GE(tried, 9) << "every configuration of two type/layout pairs, packed and gapped, and autotune";
+  cudaStreamDestroy(watch);
 }
 
 TEST(GroupedGemm, CountsThatAreNegativeOrPastTheCapacityAreReported) {

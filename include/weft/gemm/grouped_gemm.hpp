@@ -28,6 +28,10 @@
 // and a tile's loads start once the flags of the rows it reads are up, while
 // tiles whose rows are present compute: the grouped kernel's hook seam for an
 // overlapped MoE layer, as the dense engine's RowSignals are for AllGather + GEMM.
+// And a run may report the rows of out it has stored (GroupedRowsDone):
+// counters per band of out's rows, raised as tiles' stores complete, which a
+// consumer (a ReduceScatter of the finished rows, say) waits on while the GEMM
+// goes on, as the dense engine's RowsDone serves GEMM + ReduceScatter.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -98,6 +102,27 @@ struct GroupedRowWait {
   int flags_per_rank = 1;
 };
 
+/// Where a run reports the rows of out it has stored. Once the TMA stores of
+/// a tile are complete, the tile adds (its rows in band b) x (its columns) to
+/// counters[b], band b = rows [b * rows_per_report, (b + 1) * rows_per_report)
+/// of out, with release semantics at system scope. Band b is complete when
+/// counters[b] reaches (its rows inside some expert's range) x N
+/// (complete_value): with packed rows summing to T, min(T, (b + 1) x
+/// rows_per_report) - b x rows_per_report of them. A tile is reported once
+/// its CTA has issued the stores of its next tile (or at the CTA's end), so
+/// reporting costs the consumers nothing; a band waits at most one tile of
+/// its last CTA longer. The counters are not reset by the run: zero them
+/// before it, in stream order. No counters: no report.
+struct GroupedRowsDone {
+  std::uint64_t* counters = nullptr;  ///< device memory, ceil(max_rows / rows_per_report) of them, 8-byte aligned
+  std::int64_t rows_per_report = 0;   ///< >= 1 where counters are given; 0 without
+
+  /// A band's counter once every tile has stored its `covered_rows` rows (those inside experts' ranges) of N columns.
+  static constexpr std::uint64_t complete_value(std::int64_t covered_rows, std::int64_t n) {
+    return static_cast<std::uint64_t>(covered_rows * n);
+  }
+};
+
 /// One run's operands: device pointers, 16-byte aligned.
 struct GroupedGemmArgs {
   const void* a = nullptr;    ///< [rows, K] row-major, rows sorted by expert
@@ -114,6 +139,9 @@ struct GroupedGemmArgs {
   /// that waits is never timed: with autotune, the configuration is the
   /// tuning cache's or the heuristic's unless prepare() ran without a wait.
   GroupedRowWait wait{};
+  /// Optional: the stored rows' report (GroupedRowsDone). A run that reports
+  /// is never timed either: a timing run would add to the counters again.
+  GroupedRowsDone report{};
 };
 
 namespace gemm_detail {
