@@ -210,6 +210,18 @@ std::string expect_right(const Case& cs, std::uint64_t salt) {
   return gg.config();
 }
 
+/// The compiled configurations' names for a type and layout (a plan of any shape lists them).
+std::vector<std::string> configuration_names(int experts, DType dtype, BLayout layout) {
+  GroupedGemmOptions o;
+  o.experts = experts;
+  o.n = 256;
+  o.k = 512;
+  o.max_rows = 1;
+  o.dtype = dtype;
+  o.w_layout = layout;
+  return GroupedGemm(o).configurations();
+}
+
 /// expect_right under every compiled configuration for the case's type and
 /// layout, each forced by name (the heuristic picks the narrow tile at test sizes).
 void expect_right_in_every_configuration(Case cs, std::uint64_t salt) {
@@ -598,14 +610,7 @@ TEST(GroupedGemm, TilesWaitForTheFlagsOfTheirRowsThenReadThem) {
     ++tried;
   };
   for (auto [dtype, layout] : {std::pair{DType::bf16, BLayout::nk}, std::pair{DType::fp16, BLayout::kn}}) {
-    GroupedGemmOptions o;
-    o.experts = static_cast<int>(counts.size());
-    o.n = 256;
-    o.k = 512;
-    o.max_rows = 1;
-    o.dtype = dtype;
-    o.w_layout = layout;
-    for (const std::string& name : GroupedGemm(o).configurations())
+    for (const std::string& name : configuration_names(static_cast<int>(counts.size()), dtype, layout))
       run_case(Case{std::string("waits, ") + to_string(dtype) + ", " + name, 256, 512, counts, dtype, layout, 64, name}, false, -1);
   }
   run_case(Case{"waits, autotune", 256, 512, counts}, true, -1);
@@ -684,14 +689,7 @@ TEST(GroupedGemm, TilesReportTheirStoredRowsOnlyOnceTheStoresHaveLanded) {
     ++tried;
   };
   for (auto [dtype, layout] : {std::pair{DType::bf16, BLayout::nk}, std::pair{DType::fp16, BLayout::kn}}) {
-    GroupedGemmOptions o;
-    o.experts = static_cast<int>(counts.size());
-    o.n = 256;
-    o.k = 512;
-    o.max_rows = 1;
-    o.dtype = dtype;
-    o.w_layout = layout;
-    for (const std::string& name : GroupedGemm(o).configurations()) {
+    for (const std::string& name : configuration_names(static_cast<int>(counts.size()), dtype, layout)) {
       const std::string what = std::string(to_string(dtype)) + ", " + name;
       run_case(Case{"reports, packed, " + what, 256, 512, counts, dtype, layout, 64, name}, false);
       Case gaps{"reports, first rows with gaps, " + what, 256, 512, counts, dtype, layout, 24, name};
