@@ -96,8 +96,8 @@ __device__ __forceinline__ void sum_f32_to(T* out, T* copy, Src src, int n, std:
 /// its own a rank has room for both (2 x 32 of 132 SMs); where ranks share a
 /// GPU, two launches of every rank fill it, so each takes half the share (at
 /// 4 ranks the whole share, 32 blocks, deadlocked back-to-back launches).
-/// weft now launches without PDL where ranks share a GPU (gpu_share.hpp); the
-/// half share stays for WEFT_PDL=1, which turns it back on.
+/// weft launches without PDL where ranks share a GPU (gpu_share.hpp); the
+/// half share stays for WEFT_PDL=1, which turns it back on there.
 inline int blocks_for(const Context& ctx, std::uint64_t bytes, int max_sms) {
   const Team& team = ctx.team();
   const int room = team.shares_gpus() ? std::max(1, team.sm_count / 2) : team.sm_count;
