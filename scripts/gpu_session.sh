@@ -616,14 +616,15 @@ for line in open(sys.argv[1]):
     (weft if r["op"] == "grouped_gemm" else torch)[key] = r
 print("grouped GEMM, bf16, W [E, N, K]; TFLOP/s = 2 x rows x N x K / time (medians of one run each)")
 print(f"{'rows':>6} {'N':>5} {'K':>5} {'E':>4} {'routing':>8} | {'weft':>6} {'torch':>6} {'cuBLAS dense':>12} | "
-      f"{'weft/torch':>10} {'weft/dense':>10} | weft config, rel err")
+      f"{'weft/torch':>10} {'weft/dense':>10} | weft config (chosen by), rel err")
 for key in sorted(set(weft) | set(torch)):
     w, t = weft.get(key), torch.get(key)
     wt = w["weft_tflops"] if w else float("nan")
     tt = t["torch_tflops"] if t else float("nan")
     dense = w["dense_tflops"] if w else float("nan")
     print(f"{key[0]:>6} {key[1]:>5} {key[2]:>5} {key[3]:>4} {key[4]:>8} | {wt:>6.1f} {tt:>6.1f} {dense:>12.1f} | "
-          f"{wt / tt:>10.3f} {wt / dense:>10.3f} | {w['config'] if w else '-'}, {w['rel_err'] if w else float('nan'):.1e}")
+          f"{wt / tt:>10.3f} {wt / dense:>10.3f} | {w['config'] if w else '-'} ({w.get('chosen_by', '?') if w else '-'}), "
+          f"{w['rel_err'] if w else float('nan'):.1e}")
 PY
   note "grouped ratio table" "-> grouped_table.txt"
   # Each compiled tile forced on the same shapes: the timings the size heuristic's prior (0056) is to be checked against.

@@ -306,6 +306,7 @@ bool GroupedGemm::choose(const GroupedGemmArgs& args, cudaStream_t stream) {
   for (std::size_t i = 0; i < runnable.size(); ++i)
     WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", runnable[i]->name, " ", ms[i], " ms");
   chosen_ = runnable[fastest_candidate(ms)];
+  timed_ = true;
   cache.store(key, chosen_->name);
   // The last timed run may have been another candidate's: out holds the chosen one's result.
   if (const char* err = launch(*chosen_, args, stream); *err)

@@ -479,6 +479,7 @@ TEST(GroupedGemm, AutotuneChoosesByTimingKeepsTheChoiceByShapeAndLeavesCapturesT
   const std::string chosen = first.config();
   EXPECT_NE(std::find(names.begin(), names.end(), chosen), names.end()) << chosen;
   EXPECT_FALSE(first.from_cache() && !std::getenv("WEFT_TUNE_CACHE")) << "a shape no plan tuned before";
+  if (names.size() > 1 && !first.from_cache()) EXPECT_STREQ(first.chosen_by(), "timing");
   {
     const Problem::Verdict v = pr.check(s);
     EXPECT_LE(v.worst, 1e-2) << "the tuned run (" << chosen << ")";
@@ -492,12 +493,14 @@ TEST(GroupedGemm, AutotuneChoosesByTimingKeepsTheChoiceByShapeAndLeavesCapturesT
   pr.poison(s);
   by_name.run(pr.args(), s);
   EXPECT_TRUE(output() == tuned_bits) << "the tuned run's output differs from " << chosen << " forced by name";
+  EXPECT_STREQ(by_name.chosen_by(), "forced");
 
   GroupedGemm second(tuned);
   pr.poison(s);
   second.run(pr.args(), s);
   EXPECT_EQ(second.config(), chosen);
   if (names.size() > 1) EXPECT_TRUE(second.from_cache()) << "a second plan of the shape timed again";
+  if (names.size() > 1) EXPECT_STREQ(second.chosen_by(), "tuning cache");
   EXPECT_TRUE(output() == tuned_bits) << "the cached choice's output differs";
 
   // First run under capture: nothing can be timed there, the heuristic's choice stays.
@@ -513,6 +516,7 @@ TEST(GroupedGemm, AutotuneChoosesByTimingKeepsTheChoiceByShapeAndLeavesCapturesT
   WEFT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   EXPECT_EQ(captured.config(), heuristic);
   EXPECT_FALSE(captured.from_cache());
+  EXPECT_STREQ(captured.chosen_by(), "heuristic");
   pr.poison(s);
   WEFT_CUDA(cudaGraphLaunch(exec, s));
   {

@@ -35,7 +35,7 @@ int bench_grouped_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs&
   const std::uint64_t elem = dtype_size(t);
   struct Row {
     GroupedCase c;
-    std::string config;
+    std::string config, chosen_by;  // the configuration, and how GroupedGemm chose it
     double weft_us, dense_us, rel_err;
     std::int32_t most_rows;
     int empty;
@@ -94,7 +94,7 @@ int bench_grouped_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs&
     const int calls = 5;
     const std::vector<double> us = time_interleaved(ctx, stream, {[&] { grouped.run(run_args, stream); }, run_dense},
                                                     calls, args.samples, args.warmup, args.hold, args.order);
-    rows.push_back({c, grouped.config(), us[0], us[1], err, *std::max_element(counts.begin(), counts.end()),
+    rows.push_back({c, grouped.config(), grouped.chosen_by(), us[0], us[1], err, *std::max_element(counts.begin(), counts.end()),
                     static_cast<int>(std::count(counts.begin(), counts.end(), 0))});
     for (void* p : {a, w, out, dense_out, static_cast<void*>(ref), static_cast<void*>(dcounts)}) cudaFree(p);
   }
@@ -105,12 +105,12 @@ int bench_grouped_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs&
     if (args.json) {
       for (const Row& r : rows)
         std::printf("{\"op\":\"grouped_gemm\",\"rows\":%lld,\"n\":%lld,\"k\":%lld,\"experts\":%d,\"routing\":\"%s\","
-                    "\"layout\":\"%s\",\"dtype\":\"%s\",\"config\":\"%s\",\"weft_us\":%.2f,\"weft_tflops\":%.1f,"
+                    "\"layout\":\"%s\",\"dtype\":\"%s\",\"config\":\"%s\",\"chosen_by\":\"%s\",\"weft_us\":%.2f,\"weft_tflops\":%.1f,"
                     "\"dense_us\":%.2f,\"dense_tflops\":%.1f,\"vs_dense\":%.3f,\"most_rows\":%d,\"empty_experts\":%d,"
                     "\"rel_err\":%.2e}\n",
                     static_cast<long long>(r.c.rows), static_cast<long long>(r.c.n), static_cast<long long>(r.c.k),
                     r.c.experts, routing_name(routing), args.b_layout.c_str(), args.dtype.c_str(), r.config.c_str(),
-                    r.weft_us, tflops(r.c, r.weft_us), r.dense_us, tflops(r.c, r.dense_us), r.dense_us / r.weft_us,
+                    r.chosen_by.c_str(), r.weft_us, tflops(r.c, r.weft_us), r.dense_us, tflops(r.c, r.dense_us), r.dense_us / r.weft_us,
                     r.most_rows, r.empty, r.rel_err);
     } else {
       std::printf("grouped_gemm %s, W %s, routing %s; us per call (median of %d samples of 5 back-to-back calls, weft "
@@ -119,12 +119,14 @@ int bench_grouped_gemm(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs&
                   "||weft - ref|| / ||ref||, ref = cuBLAS fp32 output per expert\n",
                   args.dtype.c_str(), layout == BLayout::nk ? "[E, N, K]" : "[E, K, N]", routing_name(routing),
                   args.samples, sample_order_name(args.order));
-      std::printf("%6s %6s %6s %5s | %9s %5s | %-28s | %9s %7s | %9s %7s | %6s | %s\n", "rows", "N", "K", "E",
-                  "most rows", "empty", "weft config", "weft us", "TFLOP/s", "dense us", "TFLOP/s", "ratio", "rel err");
+      std::printf("%6s %6s %6s %5s | %9s %5s | %-28s %-12s | %9s %7s | %9s %7s | %6s | %s\n", "rows", "N", "K", "E",
+                  "most rows", "empty", "weft config", "chosen by", "weft us", "TFLOP/s", "dense us", "TFLOP/s", "ratio",
+                  "rel err");
       for (const Row& r : rows)
-        std::printf("%6lld %6lld %6lld %5d | %9d %5d | %-28s | %9.1f %7.1f | %9.1f %7.1f | %6.3f | %.1e\n",
+        std::printf("%6lld %6lld %6lld %5d | %9d %5d | %-28s %-12s | %9.1f %7.1f | %9.1f %7.1f | %6.3f | %.1e\n",
                     static_cast<long long>(r.c.rows), static_cast<long long>(r.c.n), static_cast<long long>(r.c.k),
-                    r.c.experts, r.most_rows, r.empty, r.config.c_str(), r.weft_us, tflops(r.c, r.weft_us),
+                    r.c.experts, r.most_rows, r.empty, r.config.c_str(), r.chosen_by.c_str(), r.weft_us,
+                    tflops(r.c, r.weft_us),
                     r.dense_us, tflops(r.c, r.dense_us), r.dense_us / r.weft_us, r.rel_err);
     }
     std::fflush(stdout);
