@@ -45,13 +45,6 @@ struct GroupedWait {
   int flags_per_rank = 1;
 };
 
-/// The report as the grouped kernel takes it (GroupedRowsDone). counters ==
-/// nullptr: no report.
-struct GroupedReport {
-  std::uint64_t* counters = nullptr;
-  std::int64_t rows_per_report = 1;
-};
-
 /// Arguments every grouped configuration takes.
 struct GroupedProblem {
   int experts;
@@ -65,7 +58,7 @@ struct GroupedProblem {
   GroupedFaultRecord* faults;
   int sm_count;
   GroupedWait wait{};
-  GroupedReport report{};
+  GroupedRowsDone report{};  ///< counters == nullptr: no report
 };
 
 /// One instantiated grouped kernel: its types, its tile, and how to run it.

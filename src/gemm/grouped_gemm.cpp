@@ -216,6 +216,7 @@ GroupedGemm::GroupedGemm(const GroupedGemmOptions& options) : options_(options) 
   for (const auto* c : candidates_) tiles.push_back({c->tile_m, c->tile_n, c->cluster_m, c->cluster_n});
   const std::int64_t rows = o.expected_rows ? o.expected_rows : o.max_rows;
   chosen_ = candidates_[gemm_detail::choose_grouped_tile(tiles, o.n, rows, o.experts, sm_count_)];
+  if (!o.config.empty()) chosen_by_ = ChosenBy::forced;
   // Room for any candidate's workspace: the tuner runs each in this one.
   for (const auto* c : candidates_) workspace_bytes_ = std::max(workspace_bytes_, c->workspace(o.experts, sm_count_));
   workspace_ = DeviceBuffer(workspace_bytes_);
@@ -248,10 +249,9 @@ const char* GroupedGemm::launch(const gemm_detail::GroupedConfig& cfg, const Gro
                                 faults_.as<gemm_detail::GroupedFaultRecord>(),
                                 sm_count_,
                                 {},
-                                {}};
+                                args.report};
   if (const GroupedRowWait& w = args.wait; w.flags)
     p.wait = {*w.world, w.flags, w.row_flag, w.value, w.flag_count, w.flags_per_rank};
-  if (args.report.counters) p.report = {args.report.counters, args.report.rows_per_report};
   return cfg.run(p, stream);
 }
 
@@ -282,7 +282,7 @@ bool GroupedGemm::choose(const GroupedGemmArgs& args, cudaStream_t stream) {
     for (const auto* cfg : candidates_)
       if (cfg->name == *cached) {
         chosen_ = cfg;
-        from_cache_ = true;
+        chosen_by_ = ChosenBy::tuning_cache;
         if (const char* err = launch(*cfg, args, stream); *err)
           WEFT_FAIL("GroupedGemm ", describe(o), ": the cached configuration '", cfg->name, "' failed to launch: ", err);
         WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", cfg->name, " from the tuning cache");
@@ -306,12 +306,22 @@ bool GroupedGemm::choose(const GroupedGemmArgs& args, cudaStream_t stream) {
   for (std::size_t i = 0; i < runnable.size(); ++i)
     WEFT_LOG(debug, "GroupedGemm ", describe(o), ": ", runnable[i]->name, " ", ms[i], " ms");
   chosen_ = runnable[fastest_candidate(ms)];
-  timed_ = true;
+  chosen_by_ = ChosenBy::timing;
   cache.store(key, chosen_->name);
   // The last timed run may have been another candidate's: out holds the chosen one's result.
   if (const char* err = launch(*chosen_, args, stream); *err)
     WEFT_FAIL("GroupedGemm ", describe(o), " with ", chosen_->name, " failed to launch: ", err);
   return true;
+}
+
+const char* GroupedGemm::chosen_by() const {
+  switch (chosen_by_) {
+    case ChosenBy::forced: return "forced";
+    case ChosenBy::timing: return "timing";
+    case ChosenBy::tuning_cache: return "tuning cache";
+    case ChosenBy::heuristic: break;
+  }
+  return "heuristic";
 }
 
 void GroupedGemm::run(const GroupedGemmArgs& args, cudaStream_t stream) {

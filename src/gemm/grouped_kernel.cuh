@@ -35,6 +35,7 @@
 #include "cutlass_kernel.cuh"  // KernelSpec, CutlassElement
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "grouped_config.hpp"
+#include "row_bands.hpp"
 #include "weft/device/signal.cuh"
 
 namespace weft::gemm_detail {
@@ -124,7 +125,7 @@ struct WaitingGroupedMainloop : Base {
 /// What the reporting epilogue's parameters hold: the run's report and the
 /// prologue's per-expert first rows (of out, as of A).
 struct GroupedReportParams {
-  GroupedReport report{};
+  GroupedRowsDone report{};
   const std::int32_t* first_row = nullptr;
 };
 
@@ -202,10 +203,9 @@ struct ReportingGroupedEpilogue : Base {
     if (rows <= 0 || cols <= 0) return;
     dev::fence_proxy_async_global();  // the rows were written by the async proxy (TMA)
     const std::int64_t per = hook_->report.rows_per_report, row1 = std::int64_t{row0} + rows;
-    for (std::int64_t band = row0 / per; band * per < row1; ++band) {
-      const std::int64_t lo = band * per > row0 ? band * per : row0, hi = (band + 1) * per < row1 ? (band + 1) * per : row1;
-      dev::red_release(hook_->report.counters + band, static_cast<std::uint64_t>((hi - lo) * cols), dev::Scope::sys);
-    }
+    for (std::int64_t band = row0 / per; band * per < row1; ++band)
+      dev::red_release(hook_->report.counters + band, static_cast<std::uint64_t>(rows_in_band(row0, row1, band, per) * cols),
+                       dev::Scope::sys);
   }
 
   // The kernel's own (grid-constant) parameters, read in place: a copy in

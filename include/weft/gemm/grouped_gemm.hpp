@@ -171,13 +171,11 @@ class GroupedGemm {
   /// choice for good (nothing can be timed inside a capture). Once per plan.
   void prepare(const GroupedGemmArgs& args, cudaStream_t stream);
   /// True when prepare() took the choice from the tuning cache instead of timing.
-  bool from_cache() const { return from_cache_; }
+  bool from_cache() const { return chosen_by_ == ChosenBy::tuning_cache; }
   /// How the configuration in use was chosen: "forced" (options.config),
   /// "timing" (autotune timed the candidates), "tuning cache" (autotune found
   /// this shape's earlier choice) or "heuristic" (the size heuristic).
-  const char* chosen_by() const {
-    return !options_.config.empty() ? "forced" : timed_ ? "timing" : from_cache_ ? "tuning cache" : "heuristic";
-  }
+  const char* chosen_by() const;
   /// Synchronises `stream`, then throws weft::Error if a run since the last
   /// check was given a negative count, counts that summed past max_rows (such
   /// a run computes only the rows that fit) or, with first rows, an expert
@@ -197,7 +195,8 @@ class GroupedGemm {
   std::vector<const gemm_detail::GroupedConfig*> candidates_;
   const gemm_detail::GroupedConfig* chosen_ = nullptr;
   int sm_count_ = 0;
-  bool prepared_ = false, from_cache_ = false, timed_ = false;
+  bool prepared_ = false;
+  enum class ChosenBy { forced, heuristic, timing, tuning_cache } chosen_by_ = ChosenBy::heuristic;
   DeviceBuffer workspace_;  // the per-expert arrays, then CUTLASS's workspace: room for every candidate's
   std::size_t workspace_bytes_ = 0;
   DeviceBuffer faults_;  // GroupedFaultRecord: fault bits, the first total past max_rows, the first bad range, a bad flag row
