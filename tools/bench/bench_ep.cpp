@@ -89,9 +89,12 @@ void make_routing(std::int64_t T, int k, int E, std::uint64_t seed, std::vector<
 }
 
 // Identity experts (y = recv_x): combine must return out[t] = x[t] x (the sum of t's weights).
-// Values of T tokens outside bf16 tolerance of that; synchronises the device first.
+// Values of T tokens outside `roundings` bf16 roundings (2^-8 each, relative to that sum:
+// every term has x[t]'s sign) of it; synchronises the device first. The throughput mode
+// rounds each rank's partial and the sum (2), across nodes also a node's sum on its rail
+// GPU (3), as tests/gpu/test_ep.cu bounds it.
 std::int64_t identity_combine_errors(const void* d_x, const void* d_out, const std::vector<float>& weights,
-                                     std::int64_t T, int H, int k) {
+                                     std::int64_t T, int H, int k, int roundings) {
   WEFT_CUDA(cudaDeviceSynchronize());
   std::vector<std::uint16_t> x(static_cast<std::size_t>(T) * H), out(x.size());
   WEFT_CUDA(cudaMemcpy(x.data(), d_x, x.size() * 2, cudaMemcpyDeviceToHost));
@@ -102,7 +105,7 @@ std::int64_t identity_combine_errors(const void* d_x, const void* d_out, const s
     for (int j = 0; j < k; ++j) sw += weights[t * k + j];
     for (int c = 0; c < H; ++c) {
       const double xv = bf16_to_float(x[t * H + c]), got = bf16_to_float(out[t * H + c]);
-      if (!(std::fabs(got - xv * sw) <= std::fabs(xv) * sw / 128 + 1e-37)) ++bad;
+      if (!(std::fabs(got - xv * sw) <= std::fabs(xv) * sw * roundings / 256 + 1e-37)) ++bad;
     }
   }
   return bad;
@@ -171,7 +174,7 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
     if (args.check) {
       poison(d_out, static_cast<std::uint64_t>(T) * H * 2, 0x5A, stream);
       plan.combine(h, d_recv, d_out, stream);
-      const std::int64_t bad = identity_combine_errors(d_x, d_out, weights, T, H, k);
+      const std::int64_t bad = identity_combine_errors(d_x, d_out, weights, T, H, k, ctx.team().single_node() ? 2 : 3);
       check = bad ? str("FAIL(", bad, " values)") : "ok";
     } else {
       plan.combine(h, d_recv, d_out, stream);
@@ -400,7 +403,7 @@ int bench_ep(const std::shared_ptr<Context>& ctx_ptr, const BenchArgs& args) {
         poison(d_out_ll, static_cast<std::uint64_t>(T_ll) * H * 2, 0x5A, stream);
         ll_step(ll);
         ll.check_errors(stream);
-        const std::int64_t bad = identity_combine_errors(d_x, d_out_ll, weights_ll, T_ll, H, k);
+        const std::int64_t bad = identity_combine_errors(d_x, d_out_ll, weights_ll, T_ll, H, k, 2);
         ll_check = bad ? str("FAIL(", bad, " values)") : "ok";
       }
       for (auto& verdict : ctx.store().all_gather(ll_check, "ep low-latency check verdicts"))
