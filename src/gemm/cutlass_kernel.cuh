@@ -82,18 +82,20 @@ struct Kernel {
                 "wgmma narrower than the tile: build with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
   using Mainloop = std::conditional_t<kHooked, WaitingMainloop<BuiltMainloop>, BuiltMainloop>;
   // The hooked scheduler reports a tile once at most one tile's worth of TMA
-  // store groups (one per epilogue sub-tile) is in flight, and finds the
-  // storing warp where the cooperative kernel puts it.
+  // store groups (one per epilogue sub-tile) is in flight, from the warp that
+  // issued them: MMA warp 0, after the one load warpgroup (row_bands.hpp).
   static constexpr int kStoreGroupsPerTile = (TM * TN) / decltype(cute::size(typename Epilogue::EpilogueTile{}))::value;
+  static constexpr int kMmaThreads = decltype(cute::size(typename BuiltMainloop::TiledMma{}))::value;
+  static constexpr int kStoreWarp = first_tma_store_warp(128, kMmaThreads);
   // Reporting stored rows needs the one store warp of the cooperative kernel;
   // the pingpong kernel's two consumer warpgroups store in turn, so its
   // hooked configurations wait (A rows, source rows) but do not report.
   static constexpr bool kReports = kHooked && kCooperative;
-  using KernelScheduler = std::conditional_t<kHooked, HookedSchedulerFor<kStoreGroupsPerTile>, Scheduler>;
+  using KernelScheduler = std::conditional_t<kHooked, HookedSchedulerFor<kStoreGroupsPerTile, kStoreWarp>, Scheduler>;
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue, KernelScheduler>;
-  static_assert(!kHooked || GemmKernel::NumLoadWarpGroups == 1,
-                "the hooked scheduler's store warp is CTA warp 4, after the one load warpgroup");
+  static_assert(!kHooked || (GemmKernel::NumLoadWarpGroups == 1 && GemmKernel::NumMMAThreads == kMmaThreads),
+                "the hooked scheduler's store warp assumes one load warpgroup and the mainloop's MMA threads");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments arguments(const Problem& p) {

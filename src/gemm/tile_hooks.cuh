@@ -33,7 +33,8 @@
 //
 // Reporting (RowsDone, cooperative kernel only): the consumers ask for their next tile right after the
 // epilogue has issued the TMA stores of this one. The warp that issued them
-// (consumer warp 0, CTA warp 4 in the cooperative kernel) then waits for the
+// (MMA warp 0: CTA warp 8 in the cooperative kernel, row_bands.hpp's
+// issues_tma_stores) then waits for the
 // *previous* tile's stores to complete - long done by now, so it costs
 // nothing - and adds that tile's rows x columns to the counter of each row
 // band it covers (release, system scope). A tile whose successor on this CTA
@@ -237,16 +238,17 @@ struct WaitingEpilogue : WithRowWait<Base> {
 };
 
 /// What a configuration names to get the hooked scheduler (cutlass_kernel.cuh
-/// turns it into HookedSchedulerFor<its epilogue's store count>).
+/// turns it into HookedSchedulerFor<its epilogue's store count, its store warp>).
 struct HookedSchedulerTag {};
-/// Selects HookedScheduler<kStoreGroupsPerTile> in CUTLASS's GemmUniversal.
-template <int kStoreGroupsPerTile>
+/// Selects HookedScheduler<kStoreGroupsPerTile, kStoreWarp> in CUTLASS's GemmUniversal.
+template <int kStoreGroupsPerTile, int kStoreWarp>
 struct HookedSchedulerFor {};
 
 /// kStoreGroupsPerTile: the bulk async-groups the epilogue commits per tile
 /// (one per epilogue sub-tile), so that "at most this many in flight" means
-/// "the previous tile's stores are complete".
-template <int kStoreGroupsPerTile>
+/// "the previous tile's stores are complete". kStoreWarp: the CTA warp whose
+/// lane issues them (issues_tma_stores), the one that can wait for them.
+template <int kStoreGroupsPerTile, int kStoreWarp>
 class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
   using BaseParams = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params;
@@ -332,10 +334,6 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
   CUTLASS_DEVICE WorkTileInfo get_current_work() const { return rotated(Base::get_current_work()); }
 
  private:
-  /// The warp whose lanes issue the epilogue's TMA stores: the first warp of
-  /// the consumers, after the one producer warpgroup (cooperative kernel).
-  static constexpr int kStoreWarp = 4;
-
   /// Reports `work` one tile late (free: its stores are long complete by
   /// then) while this CTA's next tile lies in the same bands, since the bands
   /// cannot be complete before that next tile is anyway. Where the next tile
@@ -407,9 +405,9 @@ class HookedScheduler : public cutlass::gemm::kernel::detail::PersistentTileSche
 }  // namespace weft::gemm_detail
 
 namespace cutlass::gemm::kernel::detail {
-template <int kStoreGroupsPerTile, class ArchTag, class TileShape, class ClusterShape, uint32_t Stages>
-struct TileSchedulerSelector<weft::gemm_detail::HookedSchedulerFor<kStoreGroupsPerTile>, ArchTag, TileShape,
+template <int kStoreGroupsPerTile, int kStoreWarp, class ArchTag, class TileShape, class ClusterShape, uint32_t Stages>
+struct TileSchedulerSelector<weft::gemm_detail::HookedSchedulerFor<kStoreGroupsPerTile, kStoreWarp>, ArchTag, TileShape,
                              ClusterShape, Stages> {
-  using Scheduler = weft::gemm_detail::HookedScheduler<kStoreGroupsPerTile>;
+  using Scheduler = weft::gemm_detail::HookedScheduler<kStoreGroupsPerTile, kStoreWarp>;
 };
 }  // namespace cutlass::gemm::kernel::detail

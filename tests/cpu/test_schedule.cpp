@@ -186,6 +186,31 @@ TEST(Schedule, CopyChunksDivideTheRowsAndStayAboveTheMinimum) {
   EXPECT_EQ(copy_chunks(1024, 16384, 8), 1);  // 16 MB: one
 }
 
+TEST(RowBands, OnlyTheWarpThatIssuesTheTmaStoresReports) {
+  // CUTLASS's sm90 epilogue issues a tile's TMA stores from the threads whose
+  // MMA index (threadIdx.x % MMA threads) is in warp 0; a report waits for
+  // those stores' bulk groups, which only the issuing warp's lanes hold.
+  // Cooperative: one load warpgroup, two consumer warpgroups of 256 MMA
+  // threads; pingpong: each consumer warpgroup its own 128.
+  struct Kernel {
+    const char* name;
+    int mma_threads;
+    std::vector<int> store_warps;
+  };
+  for (const Kernel& k : {Kernel{"cooperative", 256, {8}}, Kernel{"pingpong", 128, {4, 8}}}) {
+    std::vector<int> issuing;
+    for (int thread = 128; thread < 128 + 256; ++thread)
+      if ((thread % k.mma_threads) / 32 == 0 && (issuing.empty() || issuing.back() != thread / 32))
+        issuing.push_back(thread / 32);
+    EXPECT_EQ(issuing, k.store_warps) << k.name;
+    std::vector<int> reporting;
+    for (int warp = 0; warp < 12; ++warp)
+      if (weft::gemm_detail::issues_tma_stores(warp, 128, k.mma_threads)) reporting.push_back(warp);
+    EXPECT_EQ(reporting, k.store_warps) << k.name << ": the warps that report";
+    EXPECT_EQ(weft::gemm_detail::first_tma_store_warp(128, k.mma_threads), k.store_warps.front()) << k.name;
+  }
+}
+
 TEST(RowBands, EveryBandCountsExactlyItsElementsWhateverTheTiles) {
   // The hooked GEMM's stored-row reports: each tile adds its share to every
   // band it touches; the copy engine waits for band_stored_value.
