@@ -20,7 +20,8 @@
 // The report seam (GroupedRowsDone): ReportingGroupedEpilogue wraps CUTLASS's
 // ptr-array epilogue collective. Its store() is handed the tile's coordinates
 // and its group (l), and issues the tile's TMA stores from one elected lane of
-// the first consumer warp (CTA warp 4). That warp then waits for the
+// MMA warp 0 (CTA warp 8 in the cooperative kernel: row_bands.hpp's
+// issues_tma_stores). That warp then waits for the
 // *previous* tile's stores to complete (long done: free) and adds its rows x
 // columns to the counter of each row band of out it covers (release, system
 // scope); store_tail, at the CTA's end, waits for and reports its last tile.
@@ -133,8 +134,9 @@ struct GroupedReportParams {
 /// stored tile's rows x columns to the counters of the row bands of out it
 /// covers once the tile's TMA stores are complete (GroupedRowsDone; nothing
 /// unless the run's counters are set). kStoreGroupsPerTile: the bulk
-/// async-groups Base::store commits per tile (one per epilogue subtile).
-template <class Base, int kStoreGroupsPerTile>
+/// async-groups Base::store commits per tile (one per epilogue subtile);
+/// kMmaThreads: the kernel's MMA threads, which place the store warp.
+template <class Base, int kStoreGroupsPerTile, int kMmaThreads>
 struct ReportingGroupedEpilogue : Base {
   struct Arguments : Base::Arguments {
     GroupedReportParams hook{};
@@ -163,7 +165,7 @@ struct ReportingGroupedEpilogue : Base {
                             TileCoordMNKL tile_coord, Rest&&... rest) {
     auto next = Base::store(load_pipeline, load_state, store_pipeline, store_state, problem, tile_shape, tile_coord,
                             static_cast<Rest&&>(rest)...);
-    if (hook_->report.counters && static_cast<int>(threadIdx.x / 32) == kStoreWarp) {
+    if (hook_->report.counters && stores_here()) {
       if (pending_rows_ > 0) {
         dev::bulk_stores_wait<kStoreGroupsPerTile>();  // at most this tile's stores still in flight
         __syncwarp();
@@ -180,11 +182,13 @@ struct ReportingGroupedEpilogue : Base {
     return next;
   }
 
-  /// Base::store_tail (the CTA's end); then the last tile's report, once its stores are complete.
+  /// Base::store_tail (the cooperative CTA's end; in pingpong after every
+  /// tile, once the tile's stores are complete, before the other warpgroup's
+  /// epilogue); then the pending tile's report, once its stores are complete.
   template <class... Args>
   CUTLASS_DEVICE auto store_tail(Args&&... args) {
     auto next = Base::store_tail(static_cast<Args&&>(args)...);
-    if (hook_->report.counters && static_cast<int>(threadIdx.x / 32) == kStoreWarp && pending_rows_ > 0) {
+    if (hook_->report.counters && stores_here() && pending_rows_ > 0) {
       dev::bulk_stores_wait<0>();
       __syncwarp();
       if (threadIdx.x % 32 == 0) add_rows(pending_row0_, pending_rows_, pending_cols_);
@@ -194,9 +198,11 @@ struct ReportingGroupedEpilogue : Base {
   }
 
  private:
-  /// The warp whose elected lane issues the epilogue's TMA stores: the first
-  /// consumer warp, after the producer warpgroup (the cooperative kernel).
-  static constexpr int kStoreWarp = 4;
+  /// True in the warp whose elected lane issues the epilogue's TMA stores
+  /// (after the one producer warpgroup): only its lanes can wait for them.
+  CUTLASS_DEVICE static bool stores_here() {
+    return issues_tma_stores(static_cast<int>(threadIdx.x / 32), 128, kMmaThreads);
+  }
 
   /// counters[band] += (rows of [row0, row0 + rows) in the band) x cols, for each band the rows cover.
   CUTLASS_DEVICE void add_rows(int row0, int rows, int cols) const {
@@ -215,8 +221,11 @@ struct ReportingGroupedEpilogue : Base {
 };
 
 /// One grouped configuration: Element in and out, W as [E, N, K] (LayoutB
-/// ColumnMajor in CUTLASS's K x N view) or [E, K, N] (RowMajor).
-template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN>
+/// ColumnMajor in CUTLASS's K x N view) or [E, K, N] (RowMajor); the
+/// cooperative schedule (two consumer warpgroups share each tile) or pingpong
+/// (each consumer warpgroup takes a tile of its own, its epilogue overlapping
+/// the other's mainloop).
+template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kPingpong>
 struct GroupedKernel {
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // M, N, K per group
   using Shape = typename ProblemShape::UnderlyingProblemShape;
@@ -229,17 +238,26 @@ struct GroupedKernel {
   using BaseEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      std::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
   static constexpr int kStoreGroupsPerTile =
       (TM * TN) / decltype(cute::size(typename BaseEpilogue::EpilogueTile{}))::value;
-  using Epilogue = ReportingGroupedEpilogue<BaseEpilogue, kStoreGroupsPerTile>;
-  using Mainloop = WaitingGroupedMainloop<typename cutlass::gemm::collective::CollectiveBuilder<
+  // The reporting wrapper adds no shared storage: the mainloop's stages are carved around the base's.
+  using BaseMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element, LayoutB*, kAlign, float,
       TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp>;
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename BaseEpilogue::SharedStorage))>,
+      std::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>>::CollectiveOp;
+  static constexpr int kMmaThreads = decltype(cute::size(typename BaseMainloop::TiledMma{}))::value;
+  using Epilogue = ReportingGroupedEpilogue<BaseEpilogue, kStoreGroupsPerTile, kMmaThreads>;
+  using Mainloop = WaitingGroupedMainloop<BaseMainloop>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  // Both ptr-array kernels index their MMA threads as threadIdx.x % size(TiledMma) after one load warpgroup.
+  static_assert(GemmKernel::NumLoadWarpGroups == 1 &&
+                    sizeof(typename Epilogue::SharedStorage) == sizeof(typename BaseEpilogue::SharedStorage),
+                "the store warp assumes one load warpgroup; the wrapper adds no shared storage");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   using StrideA = typename GemmKernel::InternalStrideA;
   using StrideB = typename GemmKernel::InternalStrideB;
@@ -390,8 +408,8 @@ __global__ void __launch_bounds__(kGroupedPrologueThreads) grouped_prologue(type
   }
 }
 
-template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN>
-const char* GroupedKernel<Element, LayoutB, TM, TN, TK, CM, CN>::run(const GroupedProblem& p, cudaStream_t stream) {
+template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kPingpong>
+const char* GroupedKernel<Element, LayoutB, TM, TN, TK, CM, CN, kPingpong>::run(const GroupedProblem& p, cudaStream_t stream) {
   const Arrays arr = carve(p.workspace, p.experts);
   grouped_prologue<GroupedKernel><<<1, kGroupedPrologueThreads, 0, stream>>>(arr, p);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cudaGetErrorString(e);
@@ -403,23 +421,24 @@ const char* GroupedKernel<Element, LayoutB, TM, TN, TK, CM, CN>::run(const Group
   return s == cutlass::Status::kSuccess ? "" : cutlass::cutlassGetStatusString(s);
 }
 
-/// GroupedKernel<...> for one grouped row of the table (a KernelSpec: cooperative, no hook).
+/// GroupedKernel<...> for one grouped row of the table (a KernelSpec: cooperative or pingpong, no hook field).
 template <KernelSpec S>
 struct GroupedKernelOfSpec {
   static_assert(S.input == S.output, "a grouped kernel's output is its input type");
-  static_assert(S.schedule == Schedule::cooperative && S.hook == Hook::none,
-                "grouped kernels: the cooperative schedule, no hook (for now)");
+  static_assert((S.schedule == Schedule::cooperative || S.schedule == Schedule::pingpong) && S.hook == Hook::none,
+                "grouped kernels: the cooperative or pingpong schedule; their seams need no hook field");
   using type = GroupedKernel<typename CutlassElement<S.input>::type,
                              std::conditional_t<S.b_layout == BLayout::nk, cutlass::layout::ColumnMajor,
                                                 cutlass::layout::RowMajor>,
-                             S.tile_m, S.tile_n, S.tile_k, S.cluster_m, S.cluster_n>;
+                             S.tile_m, S.tile_n, S.tile_k, S.cluster_m, S.cluster_n, S.schedule == Schedule::pingpong>;
 };
 
 /// The GroupedConfig of the table's grouped row S, named `name`.
 template <KernelSpec S>
 constexpr GroupedConfig grouped_spec_config(const char* name) {
   using K = typename GroupedKernelOfSpec<S>::type;
-  return GroupedConfig{S.input, S.b_layout, name, S.tile_m, S.tile_n, S.cluster_m, S.cluster_n, &K::workspace, &K::run};
+  return GroupedConfig{S.input,     S.b_layout,  name,        S.tile_m,      S.tile_n,
+                       S.cluster_m, S.cluster_n, S.schedule == Schedule::pingpong, &K::workspace, &K::run};
 }
 
 }  // namespace weft::gemm_detail

@@ -245,8 +245,10 @@ void expect_right_in_every_configuration(Case cs, std::uint64_t salt) {
 // One warp per band of out's rows, all in one block (one SM beside the GEMM's
 // grid, whose CTAs each hold a whole SM): lane 0 waits (bounded by the
 // World's timeout) until the band's counter reaches its complete value, then
-// the warp copies the band's rows into `snapshot` at once. A report raised
-// before its rows' stores had landed leaves the poison (NaNs) in the snapshot.
+// the warp copies the band's rows into `snapshot` at once, last rows first
+// (a tile's last epilogue subtile is stored last: the likeliest to be late).
+// A report raised before its rows' stores had landed leaves the poison (NaNs)
+// in the snapshot.
 __global__ void snapshot_reported_bands(dev::World w, const std::uint64_t* counters, const std::uint64_t* complete,
                                         std::int64_t rows_per_band, std::int64_t rows, std::int64_t n,
                                         const std::uint16_t* out, std::uint16_t* snapshot) {
@@ -257,7 +259,7 @@ __global__ void snapshot_reported_bands(dev::World w, const std::uint64_t* count
   __syncwarp();
   const std::int64_t begin = band * rows_per_band * n;
   const std::int64_t end = std::min(rows, (band + 1) * rows_per_band) * n;
-  for (std::int64_t i = begin + lane; i < end; i += 32) snapshot[i] = out[i];
+  for (std::int64_t i = end - 1 - lane; i >= begin; i -= 32) snapshot[i] = out[i];
 }
 
 }  // namespace
