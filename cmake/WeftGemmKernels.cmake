@@ -170,9 +170,9 @@ endfunction()
 # A grouped GEMM kernel (weft::GroupedGemm): the same fields as a dense row, one
 # KernelSpec, instantiated as CUTLASS's ptr-array grouped kernel
 # (src/gemm/grouped_kernel.cuh): OUTPUT the input type, B as the experts'
-# weights [E, N, K] (nk) or [E, K, N] (kn), the cooperative or pingpong
-# schedule, and HOOK none: every grouped kernel carries its seams (wait for
-# rows, report stored rows), taken at run time where a run asks for them.
+# weights [E, N, K] (nk) or [E, K, N] (kn), the cooperative schedule, and HOOK
+# none: every grouped kernel carries its seams (wait for rows, report stored
+# rows), taken at run time where a run asks for them.
 function(weft_grouped_gemm_kernel)
   _weft_kernel_row_fields(${ARGN})
   if(NOT input MATCHES "^(bf16|fp16)$")
@@ -182,16 +182,16 @@ function(weft_grouped_gemm_kernel)
     _weft_kernel_fail("${row}" "a grouped kernel's OUTPUT is its input type (got '${output}' for '${input}')")
   endif()
   _weft_kernel_row_shape()
-  if(NOT schedule MATCHES "^(cooperative|pingpong)$")
-    _weft_kernel_fail("${row}" "a grouped kernel's SCHEDULE is cooperative or pingpong (got '${schedule}')")
+  if(NOT schedule STREQUAL "cooperative")
+    _weft_kernel_fail("${row}" "a grouped kernel's SCHEDULE is cooperative (got '${schedule}')")
   endif()
   if(NOT hook STREQUAL "none")
-    _weft_kernel_fail("${row}" "a grouped kernel's HOOK is none: its seams are in every grouped kernel (got '${hook}')")
+    _weft_kernel_fail("${row}" "a grouped kernel's HOOK is none: its hooks are not built yet (got '${hook}')")
   endif()
 
   set(id "grouped_config_${input}_${layout}_${tile}_c${cluster}_${schedule}")
   set(name "${tile} c${cluster} ${schedule}")
-  set(spec "DType::${input}, DType::${output}, BLayout::${layout}, ${tm}, ${tn}, ${tk}, ${cm}, ${cn}, Schedule::${schedule}, Hook::none")
+  set(spec "DType::${input}, DType::${output}, BLayout::${layout}, ${tm}, ${tn}, ${tk}, ${cm}, ${cn}, Schedule::cooperative, Hook::none")
 
   list(FIND _weft_kernel_ids "${id}" dup)
   if(NOT dup EQUAL -1)

@@ -67,8 +67,6 @@ struct GroupedConfig {
   BLayout w_layout;
   const char* name;
   int tile_m, tile_n, cluster_m, cluster_n;
-  /// The pingpong schedule (each consumer warpgroup a tile of its own), else cooperative.
-  bool pingpong;
   /// Bytes of device workspace for `experts` groups on `sm_count` SMs.
   std::size_t (*workspace)(int experts, int sm_count);
   /// Enqueues the prologue and the kernel on `stream`; "" on success, else why not.
@@ -81,7 +79,6 @@ const std::vector<const GroupedConfig*>& all_grouped_configs();
 /// The tile of a candidate, for the size heuristic.
 struct GroupedTile {
   int tile_m, tile_n, cluster_m, cluster_n;
-  bool pingpong = false;
 };
 
 /// Output tiles the grouped scheduler walks when `rows` spread evenly over
@@ -94,10 +91,7 @@ std::int64_t grouped_tiles(const GroupedTile& t, std::int64_t n, std::int64_t ro
 /// a tile's cost is its area over the tile's relative throughput (a
 /// 128x128 cooperative tile does about 0.85 of a 128x256's work per SM-second:
 /// it loads more operand bytes per flop). Ties go to the earlier candidate.
-/// K scales every candidate alike and does not enter. Pingpong tiles have no
-/// measured prior: the heuristic passes them over (autotune or a forced
-/// config takes them), unless they are the only candidates.
-/// Returns the index into `tiles`.
+/// K scales every candidate alike and does not enter. Returns the index into `tiles`.
 std::size_t choose_grouped_tile(const std::vector<GroupedTile>& tiles, std::int64_t n, std::int64_t rows, int experts,
                                 int sm_count);
 

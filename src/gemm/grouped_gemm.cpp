@@ -65,11 +65,8 @@ std::size_t choose_grouped_tile(const std::vector<GroupedTile>& tiles, std::int6
                                 int sm_count) {
   std::size_t best = 0;
   double best_cost = std::numeric_limits<double>::infinity();
-  const bool any_cooperative =
-      std::any_of(tiles.begin(), tiles.end(), [](const GroupedTile& t) { return !t.pingpong; });
   for (std::size_t i = 0; i < tiles.size(); ++i) {
     const GroupedTile& t = tiles[i];
-    if (t.pingpong && any_cooperative) continue;
     const double waves = static_cast<double>(ceil_div(std::max<std::int64_t>(grouped_tiles(t, n, rows, experts), 1),
                                                       std::max(sm_count, 1)));
     const double cost = waves * t.tile_m * t.tile_n / tile_throughput(t);
@@ -216,7 +213,7 @@ GroupedGemm::GroupedGemm(const GroupedGemmOptions& options) : options_(options) 
   WEFT_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   if (o.max_sms > 0) sm_count_ = std::min(sm_count_, o.max_sms);
   std::vector<gemm_detail::GroupedTile> tiles;
-  for (const auto* c : candidates_) tiles.push_back({c->tile_m, c->tile_n, c->cluster_m, c->cluster_n, c->pingpong});
+  for (const auto* c : candidates_) tiles.push_back({c->tile_m, c->tile_n, c->cluster_m, c->cluster_n});
   const std::int64_t rows = o.expected_rows ? o.expected_rows : o.max_rows;
   chosen_ = candidates_[gemm_detail::choose_grouped_tile(tiles, o.n, rows, o.experts, sm_count_)];
   if (!o.config.empty()) chosen_by_ = ChosenBy::forced;

@@ -182,9 +182,7 @@ struct ReportingGroupedEpilogue : Base {
     return next;
   }
 
-  /// Base::store_tail (the cooperative CTA's end; in pingpong after every
-  /// tile, once the tile's stores are complete, before the other warpgroup's
-  /// epilogue); then the pending tile's report, once its stores are complete.
+  /// Base::store_tail (the CTA's end); then the last tile's report, once its stores are complete.
   template <class... Args>
   CUTLASS_DEVICE auto store_tail(Args&&... args) {
     auto next = Base::store_tail(static_cast<Args&&>(args)...);
@@ -221,11 +219,8 @@ struct ReportingGroupedEpilogue : Base {
 };
 
 /// One grouped configuration: Element in and out, W as [E, N, K] (LayoutB
-/// ColumnMajor in CUTLASS's K x N view) or [E, K, N] (RowMajor); the
-/// cooperative schedule (two consumer warpgroups share each tile) or pingpong
-/// (each consumer warpgroup takes a tile of its own, its epilogue overlapping
-/// the other's mainloop).
-template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kPingpong>
+/// ColumnMajor in CUTLASS's K x N view) or [E, K, N] (RowMajor).
+template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN>
 struct GroupedKernel {
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // M, N, K per group
   using Shape = typename ProblemShape::UnderlyingProblemShape;
@@ -238,8 +233,7 @@ struct GroupedKernel {
   using BaseEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
-      std::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
-                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
   static constexpr int kStoreGroupsPerTile =
       (TM * TN) / decltype(cute::size(typename BaseEpilogue::EpilogueTile{}))::value;
@@ -248,14 +242,13 @@ struct GroupedKernel {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element, LayoutB*, kAlign, float,
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename BaseEpilogue::SharedStorage))>,
-      std::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   static constexpr int kMmaThreads = decltype(cute::size(typename BaseMainloop::TiledMma{}))::value;
   using Epilogue = ReportingGroupedEpilogue<BaseEpilogue, kStoreGroupsPerTile, kMmaThreads>;
   using Mainloop = WaitingGroupedMainloop<BaseMainloop>;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-  // Both ptr-array kernels index their MMA threads as threadIdx.x % size(TiledMma) after one load warpgroup.
-  static_assert(GemmKernel::NumLoadWarpGroups == 1 &&
+  // The ptr-array kernel indexes its MMA threads as threadIdx.x % size(TiledMma), after one load warpgroup.
+  static_assert(GemmKernel::NumLoadWarpGroups == 1 && GemmKernel::NumMmaThreads == kMmaThreads &&
                     sizeof(typename Epilogue::SharedStorage) == sizeof(typename BaseEpilogue::SharedStorage),
                 "the store warp assumes one load warpgroup; the wrapper adds no shared storage");
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -408,8 +401,8 @@ __global__ void __launch_bounds__(kGroupedPrologueThreads) grouped_prologue(type
   }
 }
 
-template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN, bool kPingpong>
-const char* GroupedKernel<Element, LayoutB, TM, TN, TK, CM, CN, kPingpong>::run(const GroupedProblem& p, cudaStream_t stream) {
+template <class Element, class LayoutB, int TM, int TN, int TK, int CM, int CN>
+const char* GroupedKernel<Element, LayoutB, TM, TN, TK, CM, CN>::run(const GroupedProblem& p, cudaStream_t stream) {
   const Arrays arr = carve(p.workspace, p.experts);
   grouped_prologue<GroupedKernel><<<1, kGroupedPrologueThreads, 0, stream>>>(arr, p);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cudaGetErrorString(e);
@@ -421,24 +414,23 @@ const char* GroupedKernel<Element, LayoutB, TM, TN, TK, CM, CN, kPingpong>::run(
   return s == cutlass::Status::kSuccess ? "" : cutlass::cutlassGetStatusString(s);
 }
 
-/// GroupedKernel<...> for one grouped row of the table (a KernelSpec: cooperative or pingpong, no hook field).
+/// GroupedKernel<...> for one grouped row of the table (a KernelSpec: cooperative, no hook field).
 template <KernelSpec S>
 struct GroupedKernelOfSpec {
   static_assert(S.input == S.output, "a grouped kernel's output is its input type");
-  static_assert((S.schedule == Schedule::cooperative || S.schedule == Schedule::pingpong) && S.hook == Hook::none,
-                "grouped kernels: the cooperative or pingpong schedule; their seams need no hook field");
+  static_assert(S.schedule == Schedule::cooperative && S.hook == Hook::none,
+                "grouped kernels: the cooperative schedule; their seams need no hook field");
   using type = GroupedKernel<typename CutlassElement<S.input>::type,
                              std::conditional_t<S.b_layout == BLayout::nk, cutlass::layout::ColumnMajor,
                                                 cutlass::layout::RowMajor>,
-                             S.tile_m, S.tile_n, S.tile_k, S.cluster_m, S.cluster_n, S.schedule == Schedule::pingpong>;
+                             S.tile_m, S.tile_n, S.tile_k, S.cluster_m, S.cluster_n>;
 };
 
 /// The GroupedConfig of the table's grouped row S, named `name`.
 template <KernelSpec S>
 constexpr GroupedConfig grouped_spec_config(const char* name) {
   using K = typename GroupedKernelOfSpec<S>::type;
-  return GroupedConfig{S.input,     S.b_layout,  name,        S.tile_m,      S.tile_n,
-                       S.cluster_m, S.cluster_n, S.schedule == Schedule::pingpong, &K::workspace, &K::run};
+  return GroupedConfig{S.input, S.b_layout, name, S.tile_m, S.tile_n, S.cluster_m, S.cluster_n, &K::workspace, &K::run};
 }
 
 }  // namespace weft::gemm_detail

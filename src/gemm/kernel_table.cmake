@@ -71,16 +71,12 @@ weft_gemm_kernel(fp16 fp16 nk 128x128x64 1x2 pingpong hooked_source SUBSET)
 # Grouped GEMMs (weft::GroupedGemm, src/gemm/grouped_kernel.cuh): every expert's
 # rows times its weight in one persistent launch.
 #   weft_grouped_gemm_kernel(INPUT OUTPUT B_LAYOUT TILE_MxNxK CLUSTER_MxN SCHEDULE HOOK [SUBSET])
-#     the dense rows' fields; OUTPUT the input type, SCHEDULE cooperative or pingpong, HOOK none
-#     (every grouped kernel carries the wait and report seams).
+#     the dense rows' fields; OUTPUT the input type, SCHEDULE cooperative, HOOK none for now.
 # Per types and layout, a wide tile for experts with many rows (2x1 clusters
 # share each weight tile between two row tiles) and a narrow one for few rows
 # or narrow N; GroupedGemm's size heuristic picks between them
-# (docs/decisions/0056). A pingpong tile of 64 rows per consumer warpgroup,
-# whose epilogue overlaps the other warpgroup's mainloop, for experts of few
-# rows and short K; autotune or a forced config takes it, the heuristic not
-# (no measured prior yet). The subset compiles both types, both layouts and the
-# two cooperative tiles once.
+# (docs/decisions/0056). The subset compiles both types, both layouts and both
+# tiles once.
 weft_grouped_gemm_kernel(bf16 bf16 nk 128x256x64 2x1 cooperative none SUBSET)
 weft_grouped_gemm_kernel(bf16 bf16 nk 128x128x64 1x1 cooperative none)
 weft_grouped_gemm_kernel(bf16 bf16 kn 128x256x64 2x1 cooperative none)
@@ -89,7 +85,3 @@ weft_grouped_gemm_kernel(fp16 fp16 nk 128x256x64 2x1 cooperative none)
 weft_grouped_gemm_kernel(fp16 fp16 nk 128x128x64 1x1 cooperative none)
 weft_grouped_gemm_kernel(fp16 fp16 kn 128x256x64 2x1 cooperative none)
 weft_grouped_gemm_kernel(fp16 fp16 kn 128x128x64 1x1 cooperative none SUBSET)
-weft_grouped_gemm_kernel(bf16 bf16 nk 64x256x64 1x1 pingpong none)
-weft_grouped_gemm_kernel(bf16 bf16 kn 64x256x64 1x1 pingpong none)
-weft_grouped_gemm_kernel(fp16 fp16 nk 64x256x64 1x1 pingpong none)
-weft_grouped_gemm_kernel(fp16 fp16 kn 64x256x64 1x1 pingpong none)

@@ -51,7 +51,7 @@ std::string construct_error(const GroupedGemmOptions& o) {
 }
 
 TEST(GroupedGemmConfigs, NamesSayTileClusterAndScheduleOncePerTypeAndLayout) {
-  const std::regex name_re(R"(^(\d+)x(\d+)x(\d+) c(\d+)x(\d+) (cooperative|pingpong)$)");
+  const std::regex name_re(R"(^(\d+)x(\d+)x(\d+) c(\d+)x(\d+) cooperative$)");
   std::set<std::tuple<DType, BLayout, std::string>> seen;
   for (const auto* c : all_grouped_configs()) {
     SCOPED_TRACE(c->name);
@@ -61,7 +61,6 @@ TEST(GroupedGemmConfigs, NamesSayTileClusterAndScheduleOncePerTypeAndLayout) {
     EXPECT_EQ(std::stoi(m[2]), c->tile_n);
     EXPECT_EQ(std::stoi(m[4]), c->cluster_m);
     EXPECT_EQ(std::stoi(m[5]), c->cluster_n);
-    EXPECT_EQ(m[6] == "pingpong", c->pingpong);
     EXPECT_TRUE(c->dtype == DType::bf16 || c->dtype == DType::fp16);
     EXPECT_TRUE(seen.insert({c->dtype, c->w_layout, c->name}).second) << "a name twice for one type and layout";
     EXPECT_NE(c->workspace, nullptr);
@@ -111,21 +110,6 @@ TEST(GroupedGemmHeuristic, TheIssueShapesTakeTheWideTileAndSmallProblemsTheNarro
   EXPECT_EQ(choose_grouped_tile({both[0]}, 1024, 1024, 8, sms), 0u);
   // Zero rows (a plan sized for nothing yet) still chooses.
   EXPECT_LT(choose_grouped_tile(both, 1024, 0, 8, sms), 2u);
-}
-
-TEST(GroupedGemmHeuristic, PingpongTilesAreLeftToAutotuneWhileACooperativeOneIsThere) {
-  // A 64x256 pingpong tile has finer waves than either cooperative tile, but
-  // no measured prior: the heuristic passes it over, first or last in the list.
-  const GroupedTile pingpong{64, 256, 1, 1, true}, wide{128, 256, 2, 1}, narrow{128, 128, 1, 1};
-  const int sms = 132;
-  for (auto [n, rows, experts] : {std::tuple{7168, 16384, 8}, {768, 65536, 128}, {2048, 32768, 32}, {1024, 1024, 8}}) {
-    EXPECT_EQ(choose_grouped_tile({pingpong, wide, narrow}, n, rows, experts, sms),
-              choose_grouped_tile({wide, narrow}, n, rows, experts, sms) + 1)
-        << n << " x " << rows << " rows over " << experts;
-    EXPECT_LT(choose_grouped_tile({wide, narrow, pingpong}, n, rows, experts, sms), 2u);
-  }
-  // Alone, it is the choice.
-  EXPECT_EQ(choose_grouped_tile({pingpong}, 768, 65536, 128, sms), 0u);
 }
 
 TEST(GroupedGemmChecks, BadOptionsAreRefusedBeforeAnyCudaCallNamingWhatWasExpected) {
