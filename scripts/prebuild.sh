@@ -8,7 +8,8 @@
 #   bash scripts/prebuild.sh [BUILD_DIR]   build (default build-prebuilt) and pack
 #   bash scripts/prebuild.sh --stamp       print the hash of the sources a pack must match
 #
-# WEFT_CMAKE_ARGS adds configure settings (default -DWEFT_GEMM_KERNELS=all).
+# WEFT_CMAKE_ARGS adds configure settings (default -DWEFT_GEMM_KERNELS=all), to a
+# new build folder or, where given, to an existing one.
 # Writes .carry/prebuilt.tar.xz: the GPU test programs, weftrun, weft-info,
 # weft-bench, the examples, libweft.a (the python stage builds its extension
 # on it: WEFT_PREBUILT_LIBWEFT) and CMakeCache.txt (gpu_tests.sh reads its
@@ -35,10 +36,15 @@ PACK=.carry/prebuilt.tar.xz
 LIMIT_MB=${WEFT_PREBUILT_LIMIT_MB:-27}
 
 [ -d .deps ] || { echo "prebuild.sh: no .deps/: run bash scripts/setup.sh first" >&2; exit 1; }
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+# A new folder is configured with WEFT_CMAKE_ARGS (default: every kernel); an
+# existing one keeps its settings unless WEFT_CMAKE_ARGS is given, which then
+# applies to it too (a cached WEFT_GEMM_KERNELS would otherwise win silently).
+if [ ! -f "$BUILD/CMakeCache.txt" ] || [ -n "${WEFT_CMAKE_ARGS:-}" ]; then
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release ${WEFT_CMAKE_ARGS:--DWEFT_GEMM_KERNELS=all}
 fi
+# Name the kernel table the pack will hold: scripts/gpu_tests.sh refuses the suite on the CI subset.
+echo "prebuild.sh: $(grep -E '^WEFT_(GEMM|GROUPED)_KERNELS:STRING=' "$BUILD/CMakeCache.txt" | tr '\n' ' ')"
 stamp=$(source_stamp)
 # weft_internode_tests exists where NVSHMEM and its device library were found.
 mapfile -t optional < <(ninja -C "$BUILD" -t targets all | grep -oE '^(example_[A-Za-z0-9_]+|weft_internode_tests):' |
