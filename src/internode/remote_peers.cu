@@ -16,6 +16,7 @@
 #include "weft/core/driver.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
+#include "weft/core/rank_text.hpp"
 #include "weft/internode/remote_peers.hpp"
 #include "weft/ops/all_gather.hpp"
 
@@ -54,12 +55,6 @@ CUlibrary this_image() {
   WEFT_REQUIRE(cu == CUDA_SUCCESS && library, "cuKernelGetLibrary on weft::internode's probe kernel failed: ",
                driver_error_name(cu));
   return library;
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += str(i ? ", " : "", ranks[i]);
-  return s;
 }
 
 }  // namespace
@@ -162,7 +157,7 @@ void RemotePeers::withdraw() noexcept {
 
 std::string RemotePeers::describe() const {
   const std::string through =
-      remote_.empty() ? std::string("every peer by load and store") : str("ranks ", rank_list(remote_), " through NVSHMEM");
+      remote_.empty() ? std::string("every peer by load and store") : str(detail::ranks_text(remote_), " through NVSHMEM");
   if (!active()) return str(to_string(ctx_->heap().backend()), " heap: ", through);
   return str("NVSHMEM device state set (rank ", ctx_->rank(), " of ", ctx_->world_size(), "); ", through);
 }

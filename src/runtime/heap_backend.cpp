@@ -7,6 +7,7 @@
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
+#include "weft/core/rank_text.hpp"
 #include "weft/runtime/heap.hpp"
 #include "weft/runtime/store.hpp"
 
@@ -98,11 +99,9 @@ HeapBackend agree_heap_backend(std::optional<HeapBackend> option, const EnvMap& 
   }
   auto all = store.all_gather(parse_error ? "?" : to_string(requested), "heap backend");
   if (parse_error) std::rethrow_exception(parse_error);
-  std::string differ;
-  for (std::size_t r = 1; r < all.size(); ++r)
-    if (all[r] != all[0]) differ += str(", rank ", r, " asked for ", all[r] == "?" ? "a malformed value" : all[r]);
-  WEFT_REQUIRE(differ.empty(), "ranks disagree on the heap backend: rank 0 asked for ",
-               all[0] == "?" ? "a malformed value" : all[0], differ, " (set WEFT_HEAP_BACKEND the same on every rank)");
+  if (std::string why = detail::disagreement(all, "the heap backend", "set WEFT_HEAP_BACKEND the same on every rank");
+      !why.empty())
+    WEFT_FAIL(why);
   HeapBackend chosen = choose_heap_backend(requested, num_nodes, built_with_nvshmem, virtual_nodes);
   WEFT_LOG(info, "heap backend ", to_string(chosen), " (", to_string(requested), " from ", source, "; ", num_nodes,
            " node", num_nodes == 1 ? "" : "s", virtual_nodes > 1 ? " (virtual)" : "", ", NVSHMEM ",

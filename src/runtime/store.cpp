@@ -44,12 +44,15 @@
 
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
+#include "weft/core/rank_text.hpp"
 
 namespace weft {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
+using detail::rank_list;
+using detail::ranks_text;
 
 // ---- wire format -------------------------------------------------------------
 
@@ -243,26 +246,6 @@ std::string numeric_address(const sockaddr* sa, socklen_t len) {
   return host_port(host, std::atoi(serv));
 }
 
-// "0, 2, 5-9"
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ", ";
-    if (j - i >= 2) out += str(ranks[i], "-", ranks[j]);
-    else if (j > i) out += str(ranks[i], ", ", ranks[j]);
-    else out += std::to_string(ranks[i]);
-    i = j + 1;
-  }
-  return out;
-}
-
-// "rank 1", "ranks 0, 2", "no rank"
-std::string ranks_text(const std::vector<int>& ranks) {
-  if (ranks.empty()) return "no rank";
-  return (ranks.size() == 1 ? "rank " : "ranks ") + rank_list(ranks);
-}
 
 std::string this_host() {
   char buf[256] = {0};

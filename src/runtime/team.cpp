@@ -15,6 +15,7 @@
 #include "weft/core/error.hpp"
 #include "weft/core/gpu_diagnosis.hpp"
 #include "weft/core/log.hpp"
+#include "weft/core/rank_text.hpp"
 #include "nvml_links.hpp"  // private header in src/runtime
 
 namespace weft {
@@ -101,12 +102,7 @@ std::vector<std::string> split_fields(const std::string& blob) {
   return out;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += str(i ? ", " : "", ranks[i]);
-  return s;
-}
-
+using detail::ranks_text;
 using GpuRanks = std::map<std::pair<std::string, std::string>, std::vector<int>>;  // (host, bus) -> ranks
 
 // The checks on ranks that share a GPU, made alike on every rank (from what
@@ -115,14 +111,14 @@ void check_shared_gpus(const Team& t, const GpuRanks& by_gpu, const std::vector<
   for (const auto& [gpu, ranks] : by_gpu) {
     if (ranks.size() < 2) continue;
     const std::string where = str("GPU ", gpu.second, " on ", gpu.first);
-    WEFT_REQUIRE(t.sharing != GpuSharing::off, "ranks ", rank_list(ranks), " would share ", where,
+    WEFT_REQUIRE(t.sharing != GpuSharing::off, ranks_text(ranks), " would share ", where,
                  " but WEFT_SHARE_GPU=off: run at most one rank per GPU (or set WEFT_DEVICE per rank)");
     if (t.sharing == GpuSharing::timeslice) continue;
     std::vector<int> outside;
     for (int r : ranks)
       if (!mps[r]) outside.push_back(r);
-    WEFT_REQUIRE(outside.empty(), "ranks ", rank_list(ranks), " would share ", where,
-                 ", which needs NVIDIA MPS, but no MPS daemon serves rank(s) ", rank_list(outside),
+    WEFT_REQUIRE(outside.empty(), ranks_text(ranks), " would share ", where,
+                 ", which needs NVIDIA MPS, but no MPS daemon serves ", ranks_text(outside),
                  " (its pipe directory: ", mps_pipe_directory(std::getenv("CUDA_MPS_PIPE_DIRECTORY")),
                  "). Run one rank per GPU; or start an MPS daemon first (nvidia-cuda-mps-control -d), or launch with "
                  "weftrun --share-gpu, which starts one; or set WEFT_SHARE_GPU=timeslice to share without MPS "
@@ -218,14 +214,11 @@ Team Team::discover(const LaunchEnv& env, Store& store, std::optional<int> virtu
 
   // Virtual nodes: every rank asked for the same split, which must fit the job.
   if (split_error) std::rethrow_exception(split_error);
-  const std::string first = split_fields(all[0])[5];
-  std::string differ;
-  for (int r = 1; r < t.world_size; ++r) {
-    const std::string asked = split_fields(all[r])[5];
-    if (asked != first) differ += str(", rank ", r, " asked for ", asked == "?" ? "a malformed value" : asked);
-  }
-  WEFT_REQUIRE(differ.empty(), "ranks disagree on virtual nodes: rank 0 asked for ",
-               first == "?" ? "a malformed value" : first, differ, " (set WEFT_VIRTUAL_NODES the same on every rank)");
+  std::vector<std::string> splits;
+  for (const std::string& record : all) splits.push_back(split_fields(record)[5]);
+  if (std::string why = detail::disagreement(splits, "virtual nodes", "set WEFT_VIRTUAL_NODES the same on every rank");
+      !why.empty())
+    WEFT_FAIL(why);
   split_into_virtual_nodes(t, std::stoi(split));
   if (t.virtual_nodes > 1 && t.rank == 0)
     WEFT_LOG(info, "virtual nodes: ", t.world_size, " ranks on one machine split into ", t.num_nodes, " nodes of ",
