@@ -246,7 +246,6 @@ std::string numeric_address(const sockaddr* sa, socklen_t len) {
   return host_port(host, std::atoi(serv));
 }
 
-
 std::string this_host() {
   char buf[256] = {0};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "an unknown host";
