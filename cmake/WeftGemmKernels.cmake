@@ -186,7 +186,7 @@ function(weft_grouped_gemm_kernel)
     _weft_kernel_fail("${row}" "a grouped kernel's SCHEDULE is cooperative (got '${schedule}')")
   endif()
   if(NOT hook STREQUAL "none")
-    _weft_kernel_fail("${row}" "a grouped kernel's HOOK is none: its hooks are not built yet (got '${hook}')")
+    _weft_kernel_fail("${row}" "a grouped kernel's HOOK is none: its seams are in every grouped kernel (got '${hook}')")
   endif()
 
   set(id "grouped_config_${input}_${layout}_${tile}_c${cluster}_${schedule}")

@@ -71,7 +71,8 @@ weft_gemm_kernel(fp16 fp16 nk 128x128x64 1x2 pingpong hooked_source SUBSET)
 # Grouped GEMMs (weft::GroupedGemm, src/gemm/grouped_kernel.cuh): every expert's
 # rows times its weight in one persistent launch.
 #   weft_grouped_gemm_kernel(INPUT OUTPUT B_LAYOUT TILE_MxNxK CLUSTER_MxN SCHEDULE HOOK [SUBSET])
-#     the dense rows' fields; OUTPUT the input type, SCHEDULE cooperative, HOOK none for now.
+#     the dense rows' fields; OUTPUT the input type, SCHEDULE cooperative, HOOK none
+#     (every grouped kernel carries the wait and report seams).
 # Per types and layout, a wide tile for experts with many rows (2x1 clusters
 # share each weight tile between two row tiles) and a narrow one for few rows
 # or narrow N; GroupedGemm's size heuristic picks between them
