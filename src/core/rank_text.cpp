@@ -23,9 +23,8 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return (ranks.size() == 1 ? "rank " : "ranks ") + rank_list(ranks);
 }
 
-std::string disagreement(const std::vector<std::string>& asked, const std::string& what, const std::string& remedy,
-                         const std::string& malformed) {
-  auto value = [&](const std::string& v) { return v == malformed ? std::string("a malformed value") : v; };
+std::string disagreement(const std::vector<std::string>& asked, const std::string& what, const std::string& remedy) {
+  auto value = [](const std::string& v) { return v == "?" ? std::string("a malformed value") : v; };
   std::string differ;
   for (std::size_t r = 1; r < asked.size(); ++r)
     if (asked[r] != asked[0]) differ += str(", rank ", r, " asked for ", value(asked[r]));

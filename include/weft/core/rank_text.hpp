@@ -15,10 +15,9 @@ std::string rank_list(const std::vector<int>& ranks);
 std::string ranks_text(const std::vector<int>& ranks);
 
 /// Every rank's value of one setting, as gathered (index = rank), where a rank
-/// that could not parse its own value sent `malformed`. "" where every rank
-/// agrees with rank 0; else "ranks disagree on <what>: rank 0 asked for A,
-/// rank 3 asked for B (<remedy>)", the same text on every rank.
-std::string disagreement(const std::vector<std::string>& asked, const std::string& what, const std::string& remedy,
-                         const std::string& malformed = "?");
+/// that could not parse its own value sent "?". "" where every rank agrees
+/// with rank 0; else "ranks disagree on <what>: rank 0 asked for A, rank 3
+/// asked for B (<remedy>)", the same text on every rank.
+std::string disagreement(const std::vector<std::string>& asked, const std::string& what, const std::string& remedy);
 
 }  // namespace weft::detail
