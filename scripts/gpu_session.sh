@@ -11,7 +11,7 @@
 #    GROUPED_ROUTINGS, GROUPED_ARGS, GROUPED_CONFIGS the grouped stage's routings, extra weft-bench
 #    arguments and the tiles it also times forced, ';'-separated;
 #    AB_ENVS, AB_SPECS, AB_ROUNDS set the ab stage's settings, runs and rounds;
-#    MOE_ROUTINGS the moe stage's routings, default "uniform zipf";
+#    MOE_ROUTINGS, MOE_WORLDS the moe stage's routings, default "uniform zipf", and world sizes, default 1;
 #    EP_TEST_WORLDS the ep stage's world sizes for the EP GPU tests, default "1 2 4 8";
 #    DECODE_DTYPES, DECODE_ARGS, DECODE_SWEEP_ARGS the decode stage's types, weft-bench decode's extra
 #    arguments, and its --sweep's (e.g. "--dtype fp16" or "--cases ...");
@@ -581,10 +581,18 @@ if has ep; then  # MoE expert parallelism: weft-bench ep at world 1, then its GP
 fi
 
 if has moe; then  # MoE under tensor parallelism: weft-bench moe_tp (AgMoe and MoeRs, each on both paths, against their GEMMs alone), checked
-  for routing in ${MOE_ROUTINGS:-uniform zipf}; do
-    run_logged "weft-bench moe_tp, $routing" "moe_tp_$routing.txt" "$BUILD/weftrun" -n 1 --timeout 600 -- \
-      "$BUILD/weft-bench" moe_tp --check --routing "$routing"
-    grep -vE '^\[weft-bench\]' "$OUT/moe_tp_$routing.txt"
+  # MOE_WORLDS (default 1): at more ranks than GPUs the ranks share them and the
+  # run checks the full-size shapes; its times are not performance figures.
+  for n in ${MOE_WORLDS:-1}; do
+    share=()
+    [ "$GPUS" -ge "$n" ] || share=(--share-gpu)
+    suffix=""
+    [ "$n" = 1 ] || suffix="_w$n"
+    for routing in ${MOE_ROUTINGS:-uniform zipf}; do
+      run_logged "weft-bench moe_tp, $routing, world $n ${share[*]}" "moe_tp_$routing$suffix.txt" \
+        "$BUILD/weftrun" -n "$n" "${share[@]}" --timeout 600 -- "$BUILD/weft-bench" moe_tp --check --routing "$routing"
+      grep -vE '^\[weft-bench\]' "$OUT/moe_tp_$routing$suffix.txt"
+    done
   done
 fi
 

@@ -17,7 +17,7 @@
 //   - the layer's output against the float64 unsharded layer: relative
 //     error (Frobenius, per rank) under 1e-2 and every element within 1/32
 //     of its terms' magnitude;
-//   - cases: Mixtral-like (E 8, k 2), Qwen-like (E 128, k 8, uneven F
+//   - cases: Mixtral-like (E 8, k 2), DeepSeek-like (E 32, k 8), Qwen-like (E 128, k 8, uneven F
 //     slices) on 1001 tokens ragged over the ranks under Zipf routing, a rank
 //     whose tokens all go to one expert, -1 entries with repeated experts and
 //     empty experts (first, last, every fourth), one token per rank, fp16,
@@ -497,6 +497,13 @@ TEST(MoeTp, QwenLikeLayerOn1001RaggedTokensUnderZipfRouting) {
   const int world = ctx().world_size();
   // F = 520: 65 units of 8, so the slices differ by rank at 2, 4 and 8 ranks.
   expect_right({"Qwen-like", 128, 8, 128, 520, ragged(world, 1001), Routing::zipf, 2});
+}
+
+TEST(MoeTp, DeepSeekLikeLayerMatchesFloat64) {
+  ACROSS_NODES_SETUP();
+  const int world = ctx().world_size();
+  // E 32, top-8: the third model shape's routing fan-out, at test size.
+  expect_right({"DeepSeek-like", 32, 8, 512, 256, ragged(world, 512), Routing::uniform, 8});
 }
 
 TEST(MoeTp, ARankWhoseTokensAllGoToOneExpert) {
