@@ -7,7 +7,6 @@
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/log.hpp"
-#include "weft/core/rank_text.hpp"
 
 namespace weft {
 
@@ -38,12 +37,10 @@ BlockHeap::~BlockHeap() {
 
 void BlockHeap::check_same_capacity() {
   // Every rank must use the same heap size, or offsets would not be symmetric.
-  // Compared before anything is mapped, so every rank fails here and none waits on a peer's mapping.
   auto sizes = store_.all_gather(std::to_string(capacity_), "heap sizes");
-  if (std::string why = detail::disagreement(sizes, "the symmetric heap size in bytes",
-                                             "set WEFT_HEAP_SIZE the same on every rank");
-      !why.empty())
-    WEFT_FAIL(why);
+  for (int r = 0; r < world_; ++r)
+    WEFT_REQUIRE(sizes[r] == sizes[0], "ranks disagree on the symmetric heap size: rank 0 has ", sizes[0],
+                 " bytes but rank ", r, " has ", sizes[r], " bytes (set WEFT_HEAP_SIZE the same on every rank)");
 }
 
 void BlockHeap::publish_bases(bool exchange) {

@@ -17,12 +17,12 @@
 //   - the layer's output against the float64 unsharded layer: relative
 //     error (Frobenius, per rank) under 1e-2 and every element within 1/32
 //     of its terms' magnitude;
-//   - cases: Mixtral-like (E 8, k 2), DeepSeek-like (E 32, k 8), Qwen-like
-//     (E 128, k 8, uneven F slices) on 1001 tokens ragged over the ranks
-//     under Zipf routing, a rank whose tokens all go to one expert, -1
-//     entries with repeated experts and empty experts (first, last, every
-//     fourth), one token per rank, fp16, padding past the largest rank's
-//     count, every AllGather and ReduceScatter variant;
+//   - cases: Mixtral-like (E 8, k 2), DeepSeek-like (E 32, k 8), Qwen-like (E 128, k 8, uneven F
+//     slices) on 1001 tokens ragged over the ranks under Zipf routing, a rank
+//     whose tokens all go to one expert, -1 entries with repeated experts and
+//     empty experts (first, last, every fourth), one token per rank, fp16,
+//     padding past the largest rank's count, every AllGather and
+//     ReduceScatter variant;
 //   - every case on each mode (sequential, fused, automatic) of both plans,
 //     fused reporting its path; one case with AgMoe and MoeRs on different
 //     paths (MoeRs's regions come from the routing, whichever path sorted it);
